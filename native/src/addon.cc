@@ -1,0 +1,17 @@
+// dask-pmix native addon: a thin binding of the PMIx server library.
+#include <napi.h>
+
+#include "constants.h"
+#include "server.h"
+
+namespace {
+
+Napi::Object Init(Napi::Env env, Napi::Object exports) {
+  dpmix::InitServer(env, exports);
+  dpmix::InitConstants(env, exports);
+  return exports;
+}
+
+}  // namespace
+
+NODE_API_MODULE(dask_pmix_native, Init)

