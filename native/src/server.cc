@@ -96,7 +96,7 @@ Napi::Value RunOp(Napi::Env env, PendingOp* op, Start start) {
   return op->SettleNow(env, rc == PMIX_OPERATION_SUCCEEDED ? PMIX_SUCCESS : rc);
 }
 
-// init({info, handler, upcalls})
+// init({info, handler, upcalls, immediate})
 Napi::Value Init(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   if (g_initialized) throw Napi::Error::New(env, "the PMIx server is already initialized");
@@ -108,9 +108,14 @@ Napi::Value Init(const Napi::CallbackInfo& info) {
   if (!names.IsArray()) throw Napi::TypeError::New(env, "options.upcalls must be an array of upcall names");
   for (uint32_t i = 0; i < names.As<Napi::Array>().Length(); ++i)
     handled.push_back(names.As<Napi::Array>().Get(i).ToString().Utf8Value());
+  std::vector<std::string> immediate;
+  Napi::Value imm = opts.Get("immediate");
+  if (imm.IsArray())
+    for (uint32_t i = 0; i < imm.As<Napi::Array>().Length(); ++i)
+      immediate.push_back(imm.As<Napi::Array>().Get(i).ToString().Utf8Value());
   Info sinfo = Info::FromJs(opts.Get("info"));
 
-  upcalls::Install(env, opts.Get("handler").As<Napi::Function>(), handled, &g_module);
+  upcalls::Install(env, opts.Get("handler").As<Napi::Function>(), handled, immediate, &g_module);
   bridge::Open(env);
   pmix_status_t rc = PMIx_server_init(&g_module, sinfo.data(), sinfo.size());
   if (rc != PMIX_SUCCESS) {

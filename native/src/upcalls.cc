@@ -15,6 +15,15 @@ namespace {
 
 Napi::FunctionReference g_handler;  // JavaScript thread only
 std::atomic<bool> g_finalized{false};
+// Upcalls (or "upcall.op") that JavaScript only hears about: libpmix is answered at once with
+// PMIX_OPERATION_SUCCEEDED. Set at Install, read-only afterwards.
+std::vector<std::string> g_immediate;
+
+bool IsImmediate(const char* name) {
+  for (const auto& n : g_immediate)
+    if (n == name) return true;
+  return false;
+}
 
 // One upcall in flight. Constructed on the progress thread with copies of its arguments,
 // answered on the JavaScript thread (Reply) or wherever it is dropped (Fail).
@@ -58,12 +67,12 @@ class ModexUpcall : public Upcall {
   ModexUpcall(const char* name, pmix_modex_cbfunc_t cb, void* cbdata) : Upcall(name), cb_(cb), cbdata_(cbdata) {}
   void Reply(Napi::Env, pmix_status_t status, const Napi::Value& result) override {
     Bytes b = Bytes::FromJs(result);
-    if (!CanCallBack()) return free(b.data);
+    if (!cb_ || !CanCallBack()) return free(b.data);
     // libpmix keeps the blob until it calls FreeRelease.
     cb_(status, b.data, b.size, cbdata_, FreeRelease, b.data);
   }
   void Fail(pmix_status_t status) override {
-    if (CanCallBack()) cb_(status, nullptr, 0, cbdata_, nullptr, nullptr);
+    if (cb_ && CanCallBack()) cb_(status, nullptr, 0, cbdata_, nullptr, nullptr);
   }
 
  private:
@@ -86,14 +95,14 @@ class InfoUpcall : public Upcall {
   InfoUpcall(const char* name, pmix_info_cbfunc_t cb, void* cbdata) : Upcall(name), cb_(cb), cbdata_(cbdata) {}
   void Reply(Napi::Env, pmix_status_t status, const Napi::Value& result) override {
     Info info = Info::FromJs(result);
-    if (!CanCallBack()) return;
+    if (!cb_ || !CanCallBack()) return;
     size_t n = info.size();
     auto* rel = new InfoRelease{info.Release(), n};
     // libpmix keeps the array until it calls ReleaseInfo.
     cb_(status, rel->info, n, cbdata_, ReleaseInfo, rel);
   }
   void Fail(pmix_status_t status) override {
-    if (CanCallBack()) cb_(status, nullptr, 0, cbdata_, nullptr, nullptr);
+    if (cb_ && CanCallBack()) cb_(status, nullptr, 0, cbdata_, nullptr, nullptr);
   }
 
  private:
@@ -130,11 +139,11 @@ class LookupUpcall : public Upcall {
       throw Napi::TypeError::New(env, "lookup result must be an array");
     }
     // libpmix packs the data before returning, so it is freed right after.
-    if (CanCallBack()) cb_(status, pdata, n, cbdata_);
+    if (cb_ && CanCallBack()) cb_(status, pdata, n, cbdata_);
     if (pdata) PMIx_Pdata_free(pdata, n);
   }
   void Fail(pmix_status_t status) override {
-    if (CanCallBack()) cb_(status, nullptr, 0, cbdata_);
+    if (cb_ && CanCallBack()) cb_(status, nullptr, 0, cbdata_);
   }
 
  private:
@@ -153,12 +162,12 @@ class SpawnUpcall : public Upcall {
       if (s.size() > PMIX_MAX_NSLEN) throw Napi::TypeError::New(env, "spawned nspace too long");
       std::memcpy(ns, s.data(), s.size());
     }
-    if (CanCallBack()) cb_(status, ns, cbdata_);
+    if (cb_ && CanCallBack()) cb_(status, ns, cbdata_);
   }
   void Fail(pmix_status_t status) override {
     pmix_nspace_t ns;
     std::memset(ns, 0, sizeof ns);
-    if (CanCallBack()) cb_(status, ns, cbdata_);
+    if (cb_ && CanCallBack()) cb_(status, ns, cbdata_);
   }
 
  private:
@@ -174,10 +183,10 @@ class ToolUpcall : public Upcall {
     pmix_proc_t proc;
     PMIx_Proc_construct(&proc);
     if (result.IsObject()) proc = ProcFromJs(result);
-    if (CanCallBack()) cb_(status, &proc, cbdata_);
+    if (cb_ && CanCallBack()) cb_(status, &proc, cbdata_);
   }
   void Fail(pmix_status_t status) override {
-    if (CanCallBack()) cb_(status, nullptr, cbdata_);
+    if (cb_ && CanCallBack()) cb_(status, nullptr, cbdata_);
   }
 
  private:
@@ -202,11 +211,11 @@ class CredentialUpcall : public Upcall {
       throw;
     }
     pmix_byte_object_t bo{b.data, b.size};
-    if (CanCallBack()) cb_(status, &bo, info.data(), info.size(), cbdata_);
+    if (cb_ && CanCallBack()) cb_(status, &bo, info.data(), info.size(), cbdata_);
     free(b.data);
   }
   void Fail(pmix_status_t status) override {
-    if (CanCallBack()) cb_(status, nullptr, nullptr, 0, cbdata_);
+    if (cb_ && CanCallBack()) cb_(status, nullptr, nullptr, 0, cbdata_);
   }
 
  private:
@@ -220,10 +229,10 @@ class ValidationUpcall : public Upcall {
       : Upcall(name), cb_(cb), cbdata_(cbdata) {}
   void Reply(Napi::Env, pmix_status_t status, const Napi::Value& result) override {
     Info info = Info::FromJs(result);
-    if (CanCallBack()) cb_(status, info.data(), info.size(), cbdata_);
+    if (cb_ && CanCallBack()) cb_(status, info.data(), info.size(), cbdata_);
   }
   void Fail(pmix_status_t status) override {
-    if (CanCallBack()) cb_(status, nullptr, 0, cbdata_);
+    if (cb_ && CanCallBack()) cb_(status, nullptr, 0, cbdata_);
   }
 
  private:
@@ -891,6 +900,10 @@ class Group : public InfoUpcall {
 
 pmix_status_t group(pmix_group_operation_t op, char grp[], const pmix_proc_t procs[], size_t nprocs,
                     const pmix_info_t directives[], size_t ndirs, pmix_info_cbfunc_t cbfunc, void* cbdata) {
+  if (op == PMIX_GROUP_DESTRUCT && IsImmediate("group.destruct")) {
+    Post(new Group(op, grp, procs, nprocs, directives, ndirs, nullptr, nullptr));
+    return PMIX_OPERATION_SUCCEEDED;
+  }
   return Post(new Group(op, grp, procs, nprocs, directives, ndirs, cbfunc, cbdata));
 }
 
@@ -943,7 +956,8 @@ const std::vector<std::string>& Names() {
 }
 
 void Install(Napi::Env env, Napi::Function handler, const std::vector<std::string>& handled,
-             pmix_server_module_t* module) {
+             const std::vector<std::string>& immediate, pmix_server_module_t* module) {
+  g_immediate = immediate;
   std::memset(module, 0, sizeof *module);
   for (const auto& name : handled) {
     const Entry* found = nullptr;

@@ -19,10 +19,11 @@ namespace upcalls {
 // The JavaScript names of all upcalls, in pmix_server_module_t order.
 const std::vector<std::string>& Names();
 
-// Fills `module` with the upcalls named in `handled` and remembers `handler`.
-// Throws a TypeError naming an unknown upcall.
+// Fills `module` with the upcalls named in `handled` and remembers `handler`. Upcalls named in
+// `immediate` (supported: "group.destruct") reach the handler as notifications while libpmix is
+// answered PMIX_OPERATION_SUCCEEDED at once. Throws a TypeError naming an unknown upcall.
 void Install(Napi::Env env, Napi::Function handler, const std::vector<std::string>& handled,
-             pmix_server_module_t* module);
+             const std::vector<std::string>& immediate, pmix_server_module_t* module);
 // Forgets the handler; upcalls still in flight are answered with an error, or not at all once
 // libpmix is finalized.
 void Uninstall();

@@ -1,0 +1,6 @@
+export { PmixServer } from './server.js';
+export type * from './server.js';
+export { Keys } from './keys.js';
+export { Status, StatusName, Range, Persistence, Rank, PmixError } from './status.js';
+export * from './values.js';
+export * from './job-info.js';

@@ -1,0 +1,53 @@
+// Loads the native addon. Kept separate so that code that only needs types never loads libpmix.
+import { createRequire } from 'node:module';
+import { existsSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import type { Info, Proc } from './values.js';
+
+export type UpcallDispatcher = (name: string, args: unknown, done: (status?: number, result?: unknown) => void) => void;
+
+export interface NativeBinding {
+  init(options: { info: Info[]; upcalls: string[]; immediate?: string[]; handler: UpcallDispatcher }): void;
+  finalize(): void;
+  isInitialized(): boolean;
+  registerNspace(nspace: string, nlocalprocs: number, info: Info[]): Promise<void>;
+  deregisterNspace(nspace: string): Promise<void>;
+  registerClient(proc: Proc, uid: number, gid: number): Promise<void>;
+  deregisterClient(proc: Proc): Promise<void>;
+  setupFork(proc: Proc): Record<string, string>;
+  dmodexRequest(proc: Proc): Promise<Buffer>;
+  defineProcessSet(name: string, members: Proc[]): Promise<void>;
+  deleteProcessSet(name: string): Promise<void>;
+  notifyEvent(status: number, source: Proc, range: number, info: Info[]): Promise<void>;
+  generateRegex(input: string): Buffer;
+  generatePpn(input: string): Buffer;
+  version(): string;
+  errorString(status: number): string;
+  upcallNames(): string[];
+  constants: { keys: Record<string, string>; ints: Record<string, number>; headerVersion: string };
+}
+
+/** The repository root: the nearest directory above this file that holds package.json. */
+export function projectRoot(): string {
+  let dir = dirname(fileURLToPath(import.meta.url));
+  while (!existsSync(join(dir, 'package.json')) || existsSync(join(dir, 'CMakeLists.txt'))) {
+    const up = dirname(dir);
+    if (up === dir) throw new Error('cannot find the dask-pmix project root');
+    dir = up;
+  }
+  return dir;
+}
+
+let binding: NativeBinding | undefined;
+
+export function loadNative(): NativeBinding {
+  if (!binding) {
+    const path = join(projectRoot(), 'native', 'build', 'Release', 'dask_pmix_native.node');
+    if (!existsSync(path)) {
+      throw new Error(`the native addon is not built (${path}); run scripts/setup.sh`);
+    }
+    binding = createRequire(import.meta.url)(path) as NativeBinding;
+  }
+  return binding;
+}

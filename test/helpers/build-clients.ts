@@ -1,0 +1,41 @@
+// Builds the C programs the tests start as MPI ranks and PMIx clients.
+import { execFile } from 'node:child_process';
+import { existsSync, mkdirSync, statSync } from 'node:fs';
+import { join } from 'node:path';
+import { promisify } from 'node:util';
+import { BIN, PMIX_INCLUDE, PMIX_LIB_DIR, ROOT, VENV } from './paths.js';
+
+const run = promisify(execFile);
+
+interface Target {
+  out: string;
+  src: string;
+  cc: string;
+  flags: string[];
+}
+
+export function targets(): Target[] {
+  const src = (f: string) => join(ROOT, 'test', 'clients', f);
+  return [
+    {
+      out: 'pmix_client',
+      src: src('pmix_client.c'),
+      cc: 'gcc',
+      flags: ['-O', '-Wall', `-I${PMIX_INCLUDE}`, join(PMIX_LIB_DIR, 'libpmix.so.2'), `-Wl,-rpath,${PMIX_LIB_DIR}`],
+    },
+    { out: 'mpi_job_ompi5', src: src('mpi_job.c'), cc: join(VENV, 'bin', 'mpicc'), flags: ['-O'] },
+  ];
+}
+
+export async function buildClients(): Promise<void> {
+  mkdirSync(BIN, { recursive: true });
+  for (const t of targets()) {
+    const out = join(BIN, t.out);
+    if (existsSync(out) && statSync(out).mtimeMs > statSync(t.src).mtimeMs) continue;
+    await run(t.cc, ['-o', out, t.src, ...t.flags]);
+  }
+}
+
+export function bin(name: string): string {
+  return join(BIN, name);
+}
