@@ -1,3 +1,14 @@
-"""Run MPI jobs on the workers of a running Dask cluster, through the dask-pmix sidecar."""
+"""Run MPI jobs on the workers of a running Dask cluster, through the dask-pmix sidecar.
+
+    client.register_plugin(dask_pmix.SidecarPlugin())      # or: dask scheduler --preload dask_pmix
+    sums = dask_pmix.run_mpi(client, fn, n=3)              # fn(comm) on 3 workers, rank order
+"""
+
+from .errors import MPIJobError, SidecarError
+from .plugin import SidecarPlugin, dask_setup, wait_for_plugin
+from .rest import SidecarClient
+from .run import run_mpi
 
 __version__ = "0.1.0"
+__all__ = ["MPIJobError", "SidecarError", "SidecarPlugin", "SidecarClient", "run_mpi", "dask_setup",
+           "wait_for_plugin", "__version__"]

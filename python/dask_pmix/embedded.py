@@ -1,0 +1,84 @@
+"""Starts `dask-pmix serve` as a child process when no sidecar URL is configured."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .errors import SidecarError
+from .rest import SidecarClient
+
+
+def find_executable() -> str:
+    """The dask-pmix command: $DASK_PMIX_BIN, then the checkout this package lives in, then PATH."""
+    explicit = os.environ.get("DASK_PMIX_BIN")
+    if explicit:
+        return explicit
+    checkout = Path(__file__).resolve().parents[2] / "bin" / "dask-pmix"
+    if checkout.exists():
+        return str(checkout)
+    found = shutil.which("dask-pmix")
+    if found:
+        return found
+    raise SidecarError(0, "cannot find the dask-pmix command; set DASK_PMIX_BIN or a sidecar URL")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class EmbeddedSidecar:
+    """A sidecar process owned by the scheduler; stopped (SIGTERM) with it."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int | None = None, token: str | None = None,
+                 extra_args: list[str] | None = None, log_path: str | None = None):
+        self.host = host
+        self.port = port or free_port(host)
+        self.token = token
+        self.extra_args = list(extra_args or [])
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 120.0) -> str:
+        args = [find_executable(), "serve", "--host", self.host, "--port", str(self.port), *self.extra_args]
+        env = dict(os.environ)
+        if self.token:
+            env["DASK_PMIX_TOKEN"] = self.token
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        self.proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT if self.log_path else None,
+                                     start_new_session=True)
+        client = SidecarClient(self.url, self.token)
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise SidecarError(0, f"dask-pmix serve exited with {self.proc.returncode} during start-up")
+            try:
+                client.health(timeout=2)
+                return self.url
+            except SidecarError:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise SidecarError(0, f"dask-pmix serve did not answer within {timeout:.0f} s") from None
+                time.sleep(0.1)
+
+    def stop(self, timeout: float = 15.0) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,39 @@
+"""Errors raised by dask_pmix."""
+
+from __future__ import annotations
+
+
+class SidecarError(RuntimeError):
+    """The sidecar refused a request (HTTP 4xx/5xx) or could not be reached."""
+
+    def __init__(self, status: int, message: str, method: str = "", path: str = ""):
+        self.status = status
+        self.message = message
+        self.method = method
+        self.path = path
+        where = f" ({method} {path})" if method else ""
+        super().__init__(f"sidecar answered {status}: {message}{where}" if status else f"{message}{where}")
+
+
+class MPIJobError(RuntimeError):
+    """An MPI job failed: names the job, the rank and worker that failed first, and why."""
+
+    def __init__(self, reason: str, *, job_id: str = "", rank: int | None = None, worker: str | None = None):
+        self.reason = reason
+        self.job_id = job_id
+        self.rank = rank
+        self.worker = worker
+        who = []
+        if rank is not None:
+            who.append(f"rank {rank}")
+        if worker:
+            who.append(f"worker {worker}")
+        prefix = f"MPI job {job_id}" if job_id else "MPI job"
+        super().__init__(f"{prefix} failed" + (f" ({', '.join(who)})" if who else "") + f": {reason}")
+
+    def __reduce__(self):
+        return (_rebuild_job_error, (self.reason, self.job_id, self.rank, self.worker))
+
+
+def _rebuild_job_error(reason, job_id, rank, worker):
+    return MPIJobError(reason, job_id=job_id, rank=rank, worker=worker)

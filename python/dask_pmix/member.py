@@ -1,0 +1,212 @@
+"""One rank of an MPI job inside a Dask worker.
+
+The worker process never initialises MPI itself: Open MPI 5.0 cannot initialise again in a
+process after finalizing (openpmix 5.0.11 frees its topology twice), and one worker takes part in
+many jobs. So each job runs in a child forked from the worker: it inherits the worker's memory
+(the data already there), sets the job's environment, joins through MPI Sessions, runs the
+function, sends the result back over a pipe and exits. A failed or hung rank is contained: the
+child is killed and the worker lives on.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import signal
+import struct
+import time
+import traceback
+from typing import Any, Callable
+
+from .errors import MPIJobError
+
+_HEADER = struct.Struct("!Q")
+
+
+def mpi_module():
+    """mpi4py.MPI, imported without initialising MPI (so forking stays safe)."""
+    import mpi4py
+
+    if "mpi4py.MPI" not in __import__("sys").modules:
+        mpi4py.rc.initialize = False
+        mpi4py.rc.finalize = False
+        mpi4py.rc.threads = True
+    from mpi4py import MPI
+
+    return MPI
+
+
+def library_name() -> str:
+    MPI = mpi_module()
+    text = MPI.Get_library_version()
+    if "Open MPI" in text:
+        return "openmpi"
+    if "Intel" in text:
+        return "intelmpi"
+    if "MPICH" in text:
+        return "mpich"
+    return "unknown"
+
+
+def connect(MPI, tag: str):
+    """A communicator over the job's world, built with MPI Sessions."""
+    session = MPI.Session.Init()
+    group = session.Create_group("mpi://WORLD")
+    try:
+        comm = MPI.Intracomm.Create_from_group(group, stringtag=tag)
+    finally:
+        group.Free()
+    return session, comm
+
+
+def _send(fd: int, message: Any) -> None:
+    try:
+        payload = pickle.dumps(message, protocol=5)
+    except Exception:
+        import cloudpickle
+
+        payload = cloudpickle.dumps(message, protocol=5)
+    data = _HEADER.pack(len(payload)) + payload
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def _describe(exc: BaseException) -> dict:
+    desc = {"type": type(exc).__name__, "message": str(exc),
+            "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))}
+    try:
+        pickle.dumps(exc)
+        desc["exception"] = exc
+    except Exception:
+        pass
+    return desc
+
+
+def _child(fd: int, env: dict, tag: str, fn: Callable, args: tuple, kwargs: dict) -> None:
+    code = 1
+    try:
+        os.environ.update(env)
+        MPI = mpi_module()
+        session, comm = connect(MPI, tag)
+        try:
+            value = fn(comm, *args, **kwargs)
+        except BaseException as exc:
+            # Leave without finalizing: the sidecar sees the rank go and fails the job, which
+            # releases the others instead of leaving them in a collective.
+            _send(fd, ("error", _describe(exc)))
+            os._exit(1)
+        _send(fd, ("ok", value))
+        comm.Free()
+        session.Finalize()
+        code = 0
+    except BaseException as exc:
+        try:
+            _send(fd, ("error", _describe(exc)))
+        except BaseException:
+            pass
+    finally:
+        os._exit(code)
+
+
+class _Reader:
+    def __init__(self):
+        self.buf = bytearray()
+        self.message: Any = None
+        self.complete = False
+
+    def feed(self, data: bytes) -> None:
+        self.buf += data
+        if not self.complete and len(self.buf) >= _HEADER.size:
+            (n,) = _HEADER.unpack_from(self.buf)
+            if len(self.buf) >= _HEADER.size + n:
+                self.message = pickle.loads(bytes(self.buf[_HEADER.size:_HEADER.size + n]))
+                self.complete = True
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+
+
+def _exit_description(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        return f"the rank's process was killed by signal {signal.Signals(sig).name}"
+    return f"the rank's process exited with status {os.WEXITSTATUS(status)} before returning a result"
+
+
+def run_rank(*, job_id: str, rank: int, worker: str, env: dict, fn: Callable, args: tuple = (),
+             kwargs: dict | None = None, job_state: Callable[[], dict], timeout: float | None = None,
+             poll_interval: float = 0.2, finalize_grace: float = 30.0) -> Any:
+    """Runs `fn(comm, *args, **kwargs)` as `rank` of `job_id` in a forked child; returns its value.
+
+    `job_state()` returns the sidecar's view of the job ({"state", "error"}); when the job fails
+    the child is killed and MPIJobError is raised, so no rank waits on a peer that is gone.
+    """
+    MPI = mpi_module()
+    if MPI.Is_initialized():
+        raise MPIJobError("MPI is already initialised in this worker process; dask-pmix forks a fresh "
+                          "rank per job and needs the worker itself to stay uninitialised",
+                          job_id=job_id, rank=rank, worker=worker)
+    tag = f"dask-pmix:{job_id}"
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the rank
+        os.close(r)
+        _child(w, env, tag, fn, args, kwargs or {})
+    os.close(w)
+    reader = _Reader()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    finalize_deadline: float | None = None  # set once the result is in: the child finalizes
+    next_poll = 0.0
+    exit_status: int | None = None
+    try:
+        while True:
+            ready, _, _ = select.select([r], [], [], poll_interval)
+            if ready:
+                data = os.read(r, 1 << 20)
+                if data:
+                    reader.feed(data)
+            done_pid, status = os.waitpid(pid, os.WNOHANG)
+            if done_pid == pid:
+                exit_status = status
+                while data := os.read(r, 1 << 20):  # what the child wrote before it exited
+                    reader.feed(data)
+                break
+            now = time.monotonic()
+            if reader.complete and finalize_deadline is None:
+                finalize_deadline = now + finalize_grace
+            if finalize_deadline is not None and now > finalize_deadline:
+                _kill(pid)  # the result is in; a finalize that hangs must not hold the worker
+                break
+            if deadline is not None and now > deadline and not reader.complete:
+                _kill(pid)
+                raise MPIJobError(f"timed out after {timeout:.0f} s", job_id=job_id, rank=rank, worker=worker)
+            if now >= next_poll:
+                next_poll = now + poll_interval
+                state = job_state()
+                if state.get("state") in ("failed", "aborted"):
+                    _kill(pid)
+                    if not reader.complete:
+                        raise MPIJobError(state.get("error") or f"the job was {state.get('state')}",
+                                          job_id=job_id, rank=rank, worker=worker)
+                    break
+    finally:
+        os.close(r)
+    if reader.complete:
+        kind, value = reader.message
+        if kind == "ok":
+            return value
+        exc = value.get("exception")
+        reason = f"{value['type']}: {value['message']}"
+        raise MPIJobError(reason, job_id=job_id, rank=rank, worker=worker) from exc
+    raise MPIJobError(_exit_description(exit_status or 0), job_id=job_id, rank=rank, worker=worker)

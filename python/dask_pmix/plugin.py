@@ -1,0 +1,238 @@
+"""The scheduler side: keeps the sidecar's worker pool in step with Dask, freezes job members,
+and relays job requests from clients and workers to the sidecar (which usually listens on the
+scheduler's loopback only)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+from .embedded import EmbeddedSidecar
+from .errors import SidecarError
+from .rest import SidecarClient
+
+logger = logging.getLogger("dask_pmix")
+
+ACTIVE_STATES = ("pending", "wiring", "running")
+
+
+class SidecarPlugin(SchedulerPlugin):
+    """Connects a Dask scheduler to a dask-pmix sidecar.
+
+    With no `url` (and no DASK_PMIX_URL), the plugin starts `dask-pmix serve` as a child of the
+    scheduler on a free loopback port and stops it when the scheduler closes.
+    """
+
+    name = "dask-pmix"
+    idempotent = True
+
+    def __init__(self, url: str | None = None, token: str | None = None, *, sidecar_args: list[str] | None = None,
+                 sidecar_log: str | None = None):
+        self.url = url or os.environ.get("DASK_PMIX_URL") or None
+        self.token = token or os.environ.get("DASK_PMIX_TOKEN") or None
+        self.sidecar_args = list(sidecar_args or [])
+        self.sidecar_log = sidecar_log
+        self.embedded: EmbeddedSidecar | None = None
+        self.rest: SidecarClient | None = None
+        self.scheduler = None
+        self._frozen: dict[str, set[str]] = {}  # job id -> member worker ids
+        self._owners: dict[str, str] = {}       # job id -> client id
+        self._lock = threading.Lock()
+        self._registrations: dict[str, asyncio.Future] = {}
+        self._stop = threading.Event()
+        self._events_thread: threading.Thread | None = None
+
+    # -- life cycle -----------------------------------------------------------------------------
+    async def start(self, scheduler) -> None:
+        self.scheduler = scheduler
+        if not self.url:
+            self.embedded = EmbeddedSidecar(token=self.token, extra_args=self.sidecar_args, log_path=self.sidecar_log)
+            self.url = await asyncio.to_thread(self.embedded.start)
+        self.rest = SidecarClient(self.url, self.token)
+        await asyncio.to_thread(self.rest.health)
+        scheduler.handlers.update({
+            "dask_pmix_info": self.info,
+            "dask_pmix_create_job": self.create_job,
+            "dask_pmix_job": self.job,
+            "dask_pmix_release_job": self.release_job,
+        })
+        for address in list(scheduler.workers):
+            self._register_soon(address)
+        self._events_thread = threading.Thread(target=self._follow_events, name="dask-pmix-events", daemon=True)
+        self._events_thread.start()
+
+    async def close(self) -> None:
+        self._stop.set()
+        if self.embedded is not None:
+            await asyncio.to_thread(self.embedded.stop)
+            self.embedded = None
+
+    # -- membership -----------------------------------------------------------------------------
+    def add_worker(self, scheduler, worker: str) -> None:
+        self._register_soon(worker)
+
+    def remove_worker(self, scheduler, worker: str, *, stimulus_id: str | None = None, **kwargs) -> None:
+        # The sidecar fails any job this worker is in, which releases the other members.
+        pending = self._registrations.pop(worker, None)
+
+        async def remove() -> None:
+            if pending is not None:
+                await asyncio.wait([pending])
+            try:
+                await asyncio.to_thread(self.rest.remove_worker, worker)
+            except SidecarError as e:
+                if e.status != 404:
+                    logger.warning("dask-pmix: could not remove worker %s: %s", worker, e)
+
+        asyncio.ensure_future(remove())
+
+    def remove_client(self, scheduler, client: str) -> None:
+        with self._lock:
+            owned = [job for job, owner in self._owners.items() if owner == client]
+        for job_id in owned:
+            asyncio.ensure_future(self.release_job(job_id=job_id))
+
+    def valid_workers_downscaling(self, scheduler, workers: list) -> list:
+        frozen = self.frozen_workers()
+        return [ws for ws in workers if ws.address not in frozen]
+
+    def frozen_workers(self) -> set[str]:
+        with self._lock:
+            return set().union(*self._frozen.values()) if self._frozen else set()
+
+    def _register_soon(self, address: str) -> None:
+        ws = self.scheduler.workers.get(address)
+        if ws is None:
+            return
+        body = {
+            "id": address,
+            "address": address,
+            "host": ws.host,
+            "pid": int(ws.pid or 0),
+            # The scheduler cannot see a worker's uid; PMIx checks the one the rank reports, so
+            # workers are assumed to run as the scheduler's user.
+            "uid": os.getuid(),
+            "gid": os.getgid(),
+            "resources": {k: float(v) for k, v in (ws.resources or {}).items()},
+        }
+
+        async def register() -> None:
+            try:
+                await asyncio.to_thread(self.rest.register_worker, body)
+            except SidecarError as e:
+                if e.status != 409:  # already known: a re-registration after a restart
+                    logger.warning("dask-pmix: could not register worker %s: %s", address, e)
+
+        self._registrations[address] = asyncio.ensure_future(register())
+
+    async def _registered(self, addresses: list[str] | None = None) -> None:
+        pending = [f for a, f in self._registrations.items() if addresses is None or a in addresses]
+        if pending:
+            await asyncio.wait(pending)
+
+    # -- handlers (called by clients and workers through the scheduler) -------------------------
+    async def info(self) -> dict:
+        return {"url": self.url, "embedded": self.embedded is not None}
+
+    async def create_job(self, workers: list[str] | None = None, n: int | None = None, pset: str | None = None,
+                         impl: str = "openmpi", owner: str | None = None, timeout: float | None = None,
+                         wiring_timeout: float | None = None, labels: dict | None = None,
+                         placement: str | None = None) -> dict:
+        await self._registered(workers)
+        request: dict[str, Any] = {"impl": impl}
+        if pset:
+            request["pset"] = pset
+        elif workers:
+            request["members"] = list(workers)
+        else:
+            selector: dict[str, Any] = {"count": int(n or len(self.scheduler.workers))}
+            if placement:
+                selector["placement"] = placement
+            request["selector"] = selector
+        if owner:
+            request["owner"] = owner
+        if timeout:
+            request["timeoutSeconds"] = float(timeout)
+        if wiring_timeout:
+            request["wiringTimeoutSeconds"] = float(wiring_timeout)
+        if labels:
+            request["labels"] = {str(k): str(v) for k, v in labels.items()}
+        try:
+            job = await asyncio.to_thread(self.rest.create_job, request)
+            members = [m["workerId"] for m in job.get("members", [])]
+            with self._lock:
+                self._frozen[job["id"]] = set(members)
+                if owner:
+                    self._owners[job["id"]] = owner
+            envs = {}
+            for member in members:
+                envs[member] = (await asyncio.to_thread(self.rest.member_env, job["id"], member))["env"]
+        except SidecarError as e:
+            return {"error": str(e), "status": e.status}
+        return {"job": job, "envs": envs}
+
+    async def job(self, job_id: str) -> dict:
+        try:
+            job = await asyncio.to_thread(self.rest.job, job_id)
+        except SidecarError as e:
+            return {"id": job_id, "state": "failed" if e.status == 404 else "unknown", "error": str(e)}
+        if job.get("state") not in ACTIVE_STATES:
+            self._forget(job_id)
+        return job
+
+    async def release_job(self, job_id: str) -> dict | None:
+        try:
+            job = await asyncio.to_thread(self.rest.delete_job, job_id)
+        except SidecarError as e:
+            job = {"id": job_id, "error": str(e)}
+        self._forget(job_id)
+        return job
+
+    def _forget(self, job_id: str) -> None:
+        with self._lock:
+            self._frozen.pop(job_id, None)
+            self._owners.pop(job_id, None)
+
+    # -- the sidecar's event stream: jobs created by others freeze their members too ------------
+    def _follow_events(self) -> None:
+        while not self._stop.is_set():
+            try:
+                for event in self.rest.events():
+                    if self._stop.is_set():
+                        return
+                    changed = event.get("jobStateChanged")
+                    if not changed:
+                        continue
+                    job = changed.get("job") or {}
+                    job_id = changed.get("jobId") or job.get("id")
+                    if changed.get("to") in ACTIVE_STATES:
+                        with self._lock:
+                            self._frozen[job_id] = {m["workerId"] for m in job.get("members", [])}
+                    else:
+                        self._forget(job_id)
+            except Exception:  # the stream broke or the sidecar restarted: reconnect
+                if self._stop.wait(1.0):
+                    return
+
+
+def dask_setup(scheduler) -> None:
+    """`dask scheduler --preload dask_pmix`: installs the plugin with its defaults."""
+    scheduler.add_plugin(SidecarPlugin(), name=SidecarPlugin.name)
+
+
+def wait_for_plugin(client, timeout: float = 60.0) -> dict:
+    """Blocks until the scheduler has the plugin's handlers (its start is asynchronous)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return client.sync(client.scheduler.dask_pmix_info)
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)

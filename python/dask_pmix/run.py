@@ -1,0 +1,126 @@
+"""run_mpi: an MPI job over workers the cluster already has."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Iterable
+
+from .errors import MPIJobError
+
+FAILED_STATES = ("failed", "aborted")
+
+
+def _job_state_from_worker(job_id: str) -> Callable[[], dict]:
+    """Asks the scheduler (which relays to the sidecar) for the job's state, from a task thread."""
+    from distributed import get_worker
+    from distributed.utils import sync
+
+    worker = get_worker()
+
+    def state() -> dict:
+        try:
+            return sync(worker.loop, worker.scheduler.dask_pmix_job, job_id=job_id)
+        except Exception as e:  # the scheduler is unreachable: keep running, the rank decides
+            return {"state": "unknown", "error": str(e)}
+
+    return state
+
+
+def _member_task(job_id: str, rank: int, worker_id: str, env: dict, fn: Callable, args: tuple, kwargs: dict,
+                 timeout: float | None, local: list | None) -> Any:
+    from distributed import secede
+
+    from .member import run_rank
+
+    # Off the worker's thread pool: the worker keeps running other tasks while the job runs,
+    # and a worker with a long-running task is never picked for downscaling.
+    secede()
+    if local is not None:
+        kwargs = {**kwargs, "local": local}
+    return run_rank(job_id=job_id, rank=rank, worker=worker_id, env=env, fn=fn, args=args, kwargs=kwargs,
+                    job_state=_job_state_from_worker(job_id), timeout=timeout)
+
+
+def _holders(client, futures: Iterable) -> dict[str, list]:
+    """worker address -> the futures whose data it already holds."""
+    futures = list(futures)
+    who_has = client.who_has(futures)
+    by_worker: dict[str, list] = {}
+    for f in futures:
+        holders = who_has.get(f.key) or []
+        if holders:
+            by_worker.setdefault(sorted(holders)[0], []).append(f)
+    return by_worker
+
+
+def run_mpi(client, fn: Callable, *args, n: int | None = None, workers: list[str] | None = None,
+            pset: str | None = None, impl: str = "openmpi", timeout: float | None = None,
+            wiring_timeout: float | None = None, local: Iterable | None = None, **kwargs) -> list:
+    """Runs ``fn(comm, *args, **kwargs)`` on each chosen worker as one MPI job; results in rank order.
+
+    Members are ``workers`` (addresses), the members of ``pset``, ``n`` workers chosen by the
+    sidecar, or, given ``local`` (futures of data already in the cluster), the workers holding
+    that data; each rank then also gets ``local=[...]``: the values of the futures its own worker
+    holds, which do not move. ``comm`` is an mpi4py communicator over exactly the members, built
+    through MPI Sessions. The members are frozen (Dask will not retire them) until the job ends,
+    and released afterwards whatever happens. Raises MPIJobError naming the rank, the worker and
+    the reason when the job fails.
+    """
+    local_by_worker = None
+    if local is not None:
+        local_by_worker = _holders(client, local)
+        if workers is None and pset is None and n is None:
+            workers = sorted(local_by_worker)
+    created = client.sync(client.scheduler.dask_pmix_create_job, workers=workers, n=n, pset=pset, impl=impl,
+                          owner=client.id, timeout=timeout, wiring_timeout=wiring_timeout)
+    if "error" in created:
+        raise MPIJobError(created["error"])
+    job = created["job"]
+    job_id = job["id"]
+    envs = created["envs"]
+    members = sorted(job["members"], key=lambda m: m["rank"])
+    futures = []
+    try:
+        for m in members:
+            worker_id = m["workerId"]
+            mine = local_by_worker.get(worker_id, []) if local_by_worker is not None else None
+            futures.append(client.submit(
+                _member_task, job_id, m["rank"], worker_id, envs[worker_id], fn, args, kwargs, timeout, mine,
+                key=f"dask-pmix-{job_id}-rank-{m['rank']}", workers=[worker_id], allow_other_workers=False,
+                pure=False, retries=0))
+        return _gather(client, job_id, members, futures)
+    finally:
+        for f in futures:
+            if not f.done():
+                f.cancel()
+        client.sync(client.scheduler.dask_pmix_release_job, job_id=job_id)
+
+
+def _gather(client, job_id: str, members: list[dict], futures: list) -> list:
+    """Waits for every rank, but stops as soon as the sidecar fails the job: a rank whose worker
+    died has a task that will never run, so its future alone would wait forever."""
+    from distributed import wait
+
+    while True:
+        done, pending = wait(futures, timeout=0.25, return_when="FIRST_EXCEPTION")
+        errored = [f for f in done if f.status == "error"]
+        if not pending and not errored:
+            return client.gather(futures)
+        job = client.sync(client.scheduler.dask_pmix_job, job_id=job_id)
+        if errored or job.get("state") in FAILED_STATES:
+            raise _job_error(client, job_id, job, members, futures, errored)
+
+
+def _job_error(client, job_id: str, job: dict, members: list[dict], futures: list, errored: list) -> MPIJobError:
+    # The sidecar's verdict names the rank that was lost or aborted first; prefer it.
+    if job.get("state") in FAILED_STATES or job.get("error"):
+        culprit = next((m for m in job.get("members", []) if m.get("state") == "lost"), None)
+        return MPIJobError(job.get("error") or f"the job was {job.get('state')}", job_id=job_id,
+                           rank=culprit["rank"] if culprit else None,
+                           worker=culprit["workerId"] if culprit else None)
+    f = errored[0]
+    exc = f.exception()
+    if isinstance(exc, MPIJobError):
+        return exc
+    rank = futures.index(f)
+    return MPIJobError(f"{type(exc).__name__}: {exc}", job_id=job_id, rank=rank, worker=members[rank]["workerId"])
