@@ -1,0 +1,192 @@
+/* A long-lived rank process for the `repeat` column: it stays up across jobs, the way a Dask
+ * worker does, and takes one job per line on stdin (fields separated by tabs):
+ *
+ *   fork   JOB  K=V ...   fork a child that sets the env, joins with MPI Sessions, checks an
+ *                         Allreduce and exits (the worker process itself never initialises MPI)
+ *   forkw  JOB  K=V ...   the same with MPI_Init/MPI_Finalize (libraries without Sessions)
+ *   reinit JOB  K=V ...   in this process: set the env, Session_init ... Session_finalize
+ *   exec   JOB  PROGRAM  ARGS  K=V ...
+ *                         fork a child that sets the env and runs PROGRAM (ARGS: comma list,
+ *                         or "-" for none); reports {"started":JOB,"pid":..} and, when it ends,
+ *                         {"exited":JOB,"status":..,"signal":..}
+ *   pinit  K=V ...        pool mode: set the env of the pool namespace and Session_init once
+ *   pjob   JOB  R1,R2,..  pool mode: a communicator over these pool ranks, Allreduce, free
+ *   quit
+ *
+ * Every job prints one JSON line {"feature":"repeat","job":...,"ok":...}. */
+#include <sys/wait.h>
+
+#include "compat.h"
+
+static const char *F = "repeat";
+
+static void set_env(char **fields, int n) {
+    for (int i = 0; i < n; i++) {
+        char *eq = strchr(fields[i], '=');
+        if (!eq) continue;
+        *eq = 0;
+        setenv(fields[i], eq + 1, 1);
+        *eq = '=';
+    }
+}
+
+#if MPI_VERSION >= 4
+static int session_job(const char *job, double t0) {
+    MPI_Session session;
+    MPI_Group group;
+    MPI_Comm comm;
+    int rc = MPI_Session_init(MPI_INFO_NULL, MPI_ERRORS_RETURN, &session);
+    if (rc != MPI_SUCCESS) { compat_error(F, "MPI_Session_init", rc); return 4; }
+    rc = MPI_Group_from_session_pset(session, "mpi://WORLD", &group);
+    if (rc != MPI_SUCCESS) { compat_error(F, "MPI_Group_from_session_pset", rc); return 4; }
+    rc = MPI_Comm_create_from_group(group, job, MPI_INFO_NULL, MPI_ERRORS_RETURN, &comm);
+    if (rc != MPI_SUCCESS) { compat_error(F, "MPI_Comm_create_from_group", rc); return 4; }
+    double t1 = compat_now();
+    int rank, size, sum = 0;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+    int ok = compat_allreduce_ok(comm, &sum);
+    compat_report(F, rank, size, ok, "\"job\":\"%s\",\"sum\":%d,\"comm_s\":%.4f,\"pid\":%d", job, sum, t1 - t0,
+                  (int)getpid());
+    MPI_Comm_free(&comm);
+    MPI_Group_free(&group);
+    MPI_Session_finalize(&session);
+    return ok ? 0 : 3;
+}
+#else
+/* MPI 3.x (Open MPI 4.1): no Sessions; only the forkw mode applies. */
+static int session_job(const char *job, double t0) {
+    (void)t0;
+    printf("{\"feature\":\"repeat\",\"job\":\"%s\",\"ok\":false,\"error\":\"no MPI Sessions in MPI %d.%d\"}\n", job,
+           MPI_VERSION, MPI_SUBVERSION);
+    return 6;
+}
+#endif
+
+static int world_job(const char *job, double t0) {
+    MPI_Init(NULL, NULL);
+    double t1 = compat_now();
+    int rank, size, sum = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    int ok = compat_allreduce_ok(MPI_COMM_WORLD, &sum);
+    compat_report(F, rank, size, ok, "\"job\":\"%s\",\"sum\":%d,\"comm_s\":%.4f,\"pid\":%d", job, sum, t1 - t0,
+                  (int)getpid());
+    MPI_Finalize();
+    return ok ? 0 : 3;
+}
+
+static void forked(const char *job, char **env, int nenv, int world) {
+    double t0 = compat_now();
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        set_env(env, nenv);
+        _exit(world ? world_job(job, t0) : session_job(job, t0));
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        printf("{\"feature\":\"%s\",\"job\":\"%s\",\"ok\":false,\"child_status\":%d}\n", F, job, status);
+    printf("{\"done\":\"%s\"}\n", job);
+    fflush(stdout);
+}
+
+static void exec_job(const char *job, const char *program, char *args_csv, char **env, int nenv) {
+    char *argv[64];
+    int argc = 0;
+    argv[argc++] = (char *)program;
+    if (strcmp(args_csv, "-") != 0)
+        for (char *tok = strtok(args_csv, ","); tok && argc < 63; tok = strtok(NULL, ",")) argv[argc++] = tok;
+    argv[argc] = NULL;
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        set_env(env, nenv);
+        execv(program, argv);
+        printf("{\"exec_failed\":\"%s\"}\n", program);
+        _exit(127);
+    }
+    printf("{\"started\":\"%s\",\"pid\":%d}\n", job, (int)pid);
+    fflush(stdout);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    printf("{\"exited\":\"%s\",\"status\":%d,\"signal\":%d,\"t\":%.6f}\n", job,
+           WIFEXITED(status) ? WEXITSTATUS(status) : -1, WIFSIGNALED(status) ? WTERMSIG(status) : 0, compat_now());
+    fflush(stdout);
+}
+
+#if MPI_VERSION >= 4
+static MPI_Session pool_session = MPI_SESSION_NULL;
+static MPI_Group pool_world;
+
+static void pool_job(const char *job, char *ranks_csv) {
+    double t0 = compat_now();
+    int ranks[1024], n = 0, me = -1;
+    for (char *tok = strtok(ranks_csv, ","); tok && n < 1024; tok = strtok(NULL, ",")) ranks[n++] = atoi(tok);
+    MPI_Group_rank(pool_world, &me);
+    MPI_Group sub;
+    MPI_Group_incl(pool_world, n, ranks, &sub);
+    MPI_Comm comm;
+    int rc = MPI_Comm_create_from_group(sub, job, MPI_INFO_NULL, MPI_ERRORS_RETURN, &comm);
+    if (rc != MPI_SUCCESS) {
+        compat_error(F, "MPI_Comm_create_from_group", rc);
+    } else {
+        double t1 = compat_now();
+        int rank, size, sum = 0;
+        MPI_Comm_rank(comm, &rank);
+        MPI_Comm_size(comm, &size);
+        int ok = compat_allreduce_ok(comm, &sum);
+        compat_report(F, rank, size, ok, "\"job\":\"%s\",\"sum\":%d,\"comm_s\":%.4f,\"pool_rank\":%d", job, sum,
+                      t1 - t0, me);
+        MPI_Comm_free(&comm);
+    }
+    MPI_Group_free(&sub);
+    printf("{\"done\":\"%s\"}\n", job);
+    fflush(stdout);
+}
+#endif
+
+int main(void) {
+    char line[65536];
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    printf("{\"agent\":\"ready\",\"pid\":%d}\n", (int)getpid());
+    fflush(stdout);
+    while (fgets(line, sizeof line, stdin)) {
+        line[strcspn(line, "\n")] = 0;
+        char *fields[512];
+        int n = 0;
+        for (char *tok = strtok(line, "\t"); tok && n < 512; tok = strtok(NULL, "\t")) fields[n++] = tok;
+        if (n == 0) continue;
+        if (!strcmp(fields[0], "quit")) break;
+        if ((!strcmp(fields[0], "fork") || !strcmp(fields[0], "forkw")) && n >= 2) {
+            forked(fields[1], fields + 2, n - 2, fields[0][4] == 'w');
+        } else if (!strcmp(fields[0], "exec") && n >= 4) {
+            exec_job(fields[1], fields[2], fields[3], fields + 4, n - 4);
+        } else if (!strcmp(fields[0], "reinit") && n >= 2) {
+            set_env(fields + 2, n - 2);
+            session_job(fields[1], compat_now());
+            printf("{\"done\":\"%s\"}\n", fields[1]);
+#if MPI_VERSION >= 4
+        } else if (!strcmp(fields[0], "pinit")) {
+            set_env(fields + 1, n - 1);
+            int rc = MPI_Session_init(MPI_INFO_NULL, MPI_ERRORS_RETURN, &pool_session);
+            if (rc == MPI_SUCCESS) rc = MPI_Group_from_session_pset(pool_session, "mpi://WORLD", &pool_world);
+            if (rc != MPI_SUCCESS) compat_error(F, "pool init", rc);
+            printf("{\"pool\":\"%s\"}\n", rc == MPI_SUCCESS ? "ready" : "failed");
+        } else if (!strcmp(fields[0], "pjob") && n >= 3) {
+            pool_job(fields[1], fields[2]);
+#endif
+        } else {
+            printf("{\"agent\":\"unknown command\"}\n");
+        }
+        fflush(stdout);
+    }
+#if MPI_VERSION >= 4
+    if (pool_session != MPI_SESSION_NULL) {
+        MPI_Group_free(&pool_world);
+        MPI_Session_finalize(&pool_session);
+    }
+#endif
+    return 0;
+}
