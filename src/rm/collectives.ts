@@ -1,0 +1,156 @@
+// Collectives of one job: a PMIx fence, a PMI-1 barrier and a PMI-2 kvs-fence are all a join
+// under one name over a set of participating ranks. Each rank's n-th join under a name and
+// participant set meets the other ranks' n-th join, so repeated barriers need no ids from the
+// protocols. A collective completes when every participant has joined, and fails instead of
+// hanging when a participant dies, the job ends, or its deadline passes.
+import type { Clock, TimerHandle } from './clock.js';
+import { RmError } from './errors.js';
+
+export interface JoinRequest {
+  /** e.g. 'fence' (PMIx fence, PMI-1 barrier, PMI-2 kvs-fence) or 'group:<name>'. */
+  name: string;
+  /** Ranks that take part; 'all' is every rank of the job. */
+  participants: readonly number[] | 'all';
+  /** Ranks this call joins for: one for a PMI client, all local ones for a PMIx server upcall. */
+  contributors: readonly number[];
+  /** What the contributors bring (PMIx fence data, PMIx group endpoint data). */
+  data?: Uint8Array;
+  timeoutMs?: number;
+}
+
+export interface Contribution {
+  ranks: number[];
+  data?: Uint8Array;
+}
+
+export interface CollectiveResult {
+  /** Every join's contribution, ordered by its lowest rank. */
+  contributions: Contribution[];
+  /** From the first join to the last. */
+  seconds: number;
+}
+
+interface Instance {
+  key: string;
+  name: string;
+  participants: Set<number>;
+  arrived: Set<number>;
+  contributions: Contribution[];
+  waiters: { resolve: (r: CollectiveResult) => void; reject: (e: Error) => void }[];
+  startedAt: number;
+  timer?: TimerHandle;
+}
+
+export type CollectiveObserver = (name: string, seconds: number, outcome: 'ok' | 'failed' | 'timeout') => void;
+
+export class Collectives {
+  private readonly pending = new Map<string, Instance>();
+  private readonly epochs = new Map<string, number>();
+  private readonly dead = new Map<number, string>();
+  private closedReason: string | undefined;
+
+  constructor(
+    private readonly size: number,
+    private readonly clock: Clock,
+    private readonly defaultTimeoutMs: number,
+    private readonly observer?: CollectiveObserver,
+  ) {}
+
+  join(req: JoinRequest): Promise<CollectiveResult> {
+    try {
+      return this.joinOrThrow(req);
+    } catch (e) {
+      return Promise.reject(e);
+    }
+  }
+
+  private joinOrThrow(req: JoinRequest): Promise<CollectiveResult> {
+    if (this.closedReason !== undefined) throw new RmError('aborted', this.closedReason);
+    const participants = req.participants === 'all' ? range(this.size) : [...new Set(req.participants)].sort((a, b) => a - b);
+    if (participants.length === 0) throw new RmError('bad_request', `collective '${req.name}' has no participants`);
+    for (const r of participants) {
+      if (!Number.isInteger(r) || r < 0 || r >= this.size) throw new RmError('bad_request', `rank ${r} is not in the job (size ${this.size})`);
+    }
+    if (req.contributors.length === 0) throw new RmError('bad_request', `a join of '${req.name}' needs a contributor`);
+    const pset = new Set(participants);
+    for (const r of req.contributors) {
+      if (!pset.has(r)) throw new RmError('bad_request', `rank ${r} is not a participant of '${req.name}'`);
+    }
+    const sig = participants.length === this.size ? '*' : participants.join(',');
+    let epoch = 0;
+    for (const r of req.contributors) epoch = Math.max(epoch, this.epochs.get(`${req.name}|${sig}|${r}`) ?? 0);
+    for (const r of req.contributors) this.epochs.set(`${req.name}|${sig}|${r}`, epoch + 1);
+    const key = `${req.name}|${sig}|${epoch}`;
+    let inst = this.pending.get(key);
+    for (const r of participants) {
+      // A rank that is gone and has not joined this instance never will.
+      const why = this.dead.get(r);
+      if (why !== undefined && !req.contributors.includes(r) && !inst?.arrived.has(r)) {
+        for (const c of req.contributors) this.epochs.set(`${req.name}|${sig}|${c}`, epoch);
+        throw new RmError('aborted', `collective '${req.name}' cannot complete: rank ${r} ${why}`);
+      }
+    }
+    if (!inst) {
+      inst = { key, name: req.name, participants: pset, arrived: new Set(), contributions: [], waiters: [], startedAt: this.clock.now() };
+      const timeoutMs = req.timeoutMs ?? this.defaultTimeoutMs;
+      if (timeoutMs > 0) {
+        const i = inst;
+        inst.timer = this.clock.setTimer(timeoutMs, () => {
+          const missing = [...i.participants].filter((r) => !i.arrived.has(r));
+          this.fail(i, new RmError('timeout', `collective '${i.name}' timed out after ${timeoutMs} ms waiting for ranks ${missing.join(',')}`), 'timeout');
+        });
+      }
+      this.pending.set(key, inst);
+    }
+    for (const r of req.contributors) {
+      if (inst.arrived.has(r)) throw new RmError('bad_request', `rank ${r} joined '${req.name}' twice`);
+    }
+    for (const r of req.contributors) inst.arrived.add(r);
+    const c: Contribution = { ranks: [...req.contributors].sort((a, b) => a - b) };
+    if (req.data) c.data = req.data;
+    inst.contributions.push(c);
+    const done = new Promise<CollectiveResult>((resolve, reject) => inst.waiters.push({ resolve, reject }));
+    if (inst.arrived.size === inst.participants.size) this.complete(inst);
+    return done;
+  }
+
+  private complete(inst: Instance): void {
+    this.pending.delete(inst.key);
+    inst.timer?.cancel();
+    const seconds = (this.clock.now() - inst.startedAt) / 1000;
+    const contributions = [...inst.contributions].sort((a, b) => (a.ranks[0] ?? 0) - (b.ranks[0] ?? 0));
+    this.observer?.(inst.name, seconds, 'ok');
+    for (const w of inst.waiters) w.resolve({ contributions, seconds });
+  }
+
+  private fail(inst: Instance, err: RmError, outcome: 'failed' | 'timeout'): void {
+    if (!this.pending.delete(inst.key)) return;
+    inst.timer?.cancel();
+    this.observer?.(inst.name, (this.clock.now() - inst.startedAt) / 1000, outcome);
+    for (const w of inst.waiters) w.reject(err);
+  }
+
+  /** A rank that will never join again (lost, or finalized): fails the collectives it owes. */
+  markGone(rank: number, why: string): void {
+    if (!this.dead.has(rank)) this.dead.set(rank, why);
+    for (const inst of [...this.pending.values()]) {
+      if (inst.participants.has(rank) && !inst.arrived.has(rank)) {
+        this.fail(inst, new RmError('aborted', `collective '${inst.name}' cannot complete: rank ${rank} ${why}`), 'failed');
+      }
+    }
+  }
+
+  /** The job ended: every pending collective fails, and so does every later join. */
+  close(reason: string): void {
+    this.closedReason = reason;
+    for (const inst of [...this.pending.values()]) this.fail(inst, new RmError('aborted', reason), 'failed');
+  }
+
+  get pendingCount(): number {
+    return this.pending.size;
+  }
+}
+
+function range(n: number): number[] {
+  return Array.from({ length: n }, (_, i) => i);
+}

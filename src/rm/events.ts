@@ -1,0 +1,58 @@
+// What happened in the core, in order. Subscribers (the REST event stream, metrics, the
+// protocol servers) see every event synchronously as it is emitted; a bounded history lets a
+// client that reconnects replay what it missed.
+import type { Job, JobState, MemberState, ProcessSet, Worker, WorkerState } from './types.js';
+
+export type RmEvent =
+  | { kind: 'workerJoined'; worker: Worker }
+  | { kind: 'workerLeft'; workerId: string; reason: string }
+  | { kind: 'workerStateChanged'; workerId: string; from: WorkerState; to: WorkerState; jobId?: string }
+  | { kind: 'psetDefined'; pset: ProcessSet }
+  | { kind: 'psetDeleted'; name: string }
+  | { kind: 'jobStateChanged'; jobId: string; from?: JobState; to: JobState; reason?: string; job: Job }
+  | { kind: 'memberStateChanged'; jobId: string; workerId: string; rank: number; from: MemberState; to: MemberState; reason?: string };
+
+export interface SequencedEvent {
+  seq: number;
+  /** Milliseconds since the epoch. */
+  time: number;
+  event: RmEvent;
+}
+
+export type EventListener = (e: SequencedEvent) => void;
+
+export class EventLog {
+  private seq = 0;
+  private readonly history: SequencedEvent[] = [];
+  private readonly listeners = new Set<EventListener>();
+
+  constructor(private readonly now: () => number, private readonly capacity = 1000) {}
+
+  emit(event: RmEvent): SequencedEvent {
+    const e: SequencedEvent = { seq: ++this.seq, time: this.now(), event };
+    this.history.push(e);
+    if (this.history.length > this.capacity) this.history.shift();
+    for (const l of [...this.listeners]) {
+      try {
+        l(e);
+      } catch {
+        // A listener's failure is its own; the core and the other listeners go on.
+      }
+    }
+    return e;
+  }
+
+  subscribe(listener: EventListener): () => void {
+    this.listeners.add(listener);
+    return () => this.listeners.delete(listener);
+  }
+
+  /** Events after `seq` that are still in the history, oldest first. */
+  since(seq: number): SequencedEvent[] {
+    return this.history.filter((e) => e.seq > seq);
+  }
+
+  get lastSeq(): number {
+    return this.seq;
+  }
+}

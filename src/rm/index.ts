@@ -1,0 +1,12 @@
+// The resource-manager core: plain TypeScript, no I/O.
+export * from './types.js';
+export * from './errors.js';
+export * from './clock.js';
+export * from './events.js';
+export * from './backend.js';
+export * from './collectives.js';
+export * from './name-service.js';
+export * from './kv-store.js';
+export * from './context-ids.js';
+export * from './layout.js';
+export { ResourceManager, type RmOptions } from './manager.js';

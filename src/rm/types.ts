@@ -1,0 +1,128 @@
+// The resource manager's domain: plain data, no behaviour. The names and states mirror
+// proto/dask_pmix.proto (the model of record); src/api converts between the two.
+
+export type Impl = 'openmpi' | 'mpich' | 'intelmpi';
+export const IMPLS: readonly Impl[] = ['openmpi', 'mpich', 'intelmpi'];
+
+export type WorkerState = 'available' | 'frozen' | 'gone';
+export type JobState = 'pending' | 'wiring' | 'running' | 'completed' | 'failed' | 'aborted';
+export type MemberState = 'assigned' | 'connected' | 'finalized' | 'lost';
+export type Placement = 'pack' | 'spread';
+/** How a member joins: a child forked by the worker per job (default), or the worker itself. */
+export type JobMode = 'fork' | 'process';
+
+export const ACTIVE_JOB_STATES: readonly JobState[] = ['pending', 'wiring', 'running'];
+export function isActive(state: JobState): boolean {
+  return state === 'pending' || state === 'wiring' || state === 'running';
+}
+
+export interface Worker {
+  id: string;
+  address: string;
+  host: string;
+  pid: number;
+  /** The user its ranks run as; the sidecar's own when absent. */
+  uid?: number;
+  gid?: number;
+  resources: Record<string, number>;
+  tags: string[];
+  state: WorkerState;
+  /** The job it is frozen for. */
+  jobId?: string;
+  registeredAt: string;
+}
+
+export interface WorkerSpec {
+  id: string;
+  address?: string;
+  host: string;
+  pid?: number;
+  uid?: number;
+  gid?: number;
+  resources?: Record<string, number>;
+  tags?: string[];
+}
+
+/** How to pick workers when no explicit list is given. */
+export interface Selector {
+  count: number;
+  placement?: Placement;
+  /** Every tag must be present on a chosen worker. */
+  tags?: string[];
+  /** Minimum amount of each resource. */
+  resources?: Record<string, number>;
+  /** Only these hosts. */
+  hosts?: string[];
+}
+
+export interface ProcessSet {
+  name: string;
+  /** Worker ids in rank order. */
+  members: string[];
+  selector?: Selector;
+  createdAt: string;
+  /** The active job created from it. */
+  jobId?: string;
+}
+
+export interface PsetSpec {
+  name: string;
+  members?: string[];
+  selector?: Selector;
+}
+
+export interface JobMember {
+  workerId: string;
+  rank: number;
+  host: string;
+  /** Rank among this job's ranks on the same host. */
+  localRank: number;
+  /** Rank among all ranks on the host; one job per worker, so equal to localRank. */
+  nodeRank: number;
+  /** Index of the host among the job's hosts, in order of first appearance by rank. */
+  nodeId: number;
+  state: MemberState;
+  /** Why it was lost. */
+  reason?: string;
+}
+
+export interface Job {
+  id: string;
+  impl: Impl;
+  mode: JobMode;
+  /** PMIx namespace or PMI kvsname; unique for the life of the sidecar. */
+  namespace: string;
+  members: JobMember[];
+  state: JobState;
+  createdAt: string;
+  startedAt?: string;
+  endedAt?: string;
+  /** When its protocol state was torn down and its workers unfrozen. */
+  releasedAt?: string;
+  error?: string;
+  pset?: string;
+  owner?: string;
+  wiringTimeoutSeconds: number;
+  /** 0: no limit. */
+  timeoutSeconds: number;
+  labels: Record<string, string>;
+}
+
+/** POST /v1/jobs: exactly one of pset, members or selector. */
+export interface JobSpec {
+  impl: Impl;
+  mode?: JobMode;
+  pset?: string;
+  members?: string[];
+  selector?: Selector;
+  owner?: string;
+  wiringTimeoutSeconds?: number;
+  timeoutSeconds?: number;
+  labels?: Record<string, string>;
+}
+
+/** A process in a job, as the protocols name it. */
+export interface RankRef {
+  namespace: string;
+  rank: number;
+}
