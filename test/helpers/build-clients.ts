@@ -3,7 +3,7 @@ import { execFile } from 'node:child_process';
 import { existsSync, mkdirSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
-import { BIN, PMIX_INCLUDE, PMIX_LIB_DIR, ROOT, VENV } from './paths.js';
+import { BIN, PMIX_INCLUDE, PMIX_LIB_DIR, ROOT, VENV, VENV_MPICH } from './paths.js';
 
 const run = promisify(execFile);
 
@@ -24,6 +24,9 @@ export function targets(): Target[] {
       flags: ['-O', '-Wall', `-I${PMIX_INCLUDE}`, join(PMIX_LIB_DIR, 'libpmix.so.2'), `-Wl,-rpath,${PMIX_LIB_DIR}`],
     },
     { out: 'mpi_job_ompi5', src: src('mpi_job.c'), cc: join(VENV, 'bin', 'mpicc'), flags: ['-O'] },
+    // MPICH: Debian's 4.0.2 (PMI-1 only) and the PyPI wheel's 5.0.x (PMI-1 and PMI-2).
+    { out: 'mpi_job_mpich4', src: src('mpi_job.c'), cc: 'mpicc.mpich', flags: ['-O'] },
+    { out: 'mpi_job_mpich5', src: src('mpi_job.c'), cc: join(VENV_MPICH, 'bin', 'mpicc'), flags: ['-O'] },
   ];
 }
 

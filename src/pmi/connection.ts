@@ -1,0 +1,179 @@
+// One client connection: bytes in, frames, the protocol handlers, replies out.
+//
+// PMI-1 commands are answered strictly in order (the client reads replies in order and has at
+// most one command outstanding); PMI-2 commands run concurrently and are matched by thrid.
+// Whatever a client sends, the worst outcome is an error reply or this connection closing;
+// closing before finalize tells the core the member is lost, so no job waits on a dead peer.
+import type { Socket } from 'node:net';
+import { ConnectionState } from './connection-state.js';
+import { PmiError, errorMessage } from './errors.js';
+import type { PmiJobCore } from './job-core.js';
+import { formatPmi1Error, parsePmi1Line } from './pmi1-codec.js';
+import { PMI1_RESPONSE, PMI1_UNKNOWN_RESPONSE, Pmi1Session, type Reply } from './pmi1-session.js';
+import { formatPmi2Error, parsePmi2Body } from './pmi2-codec.js';
+import { Pmi2Session } from './pmi2-session.js';
+import { WireFramer, type Frame } from './wire-framer.js';
+
+const MAX_IN_FLIGHT = 64;
+const RESUME_BELOW = 8;
+
+export type TraceEvent =
+  | { conn: number; dir: 'in' | 'out'; text: string }
+  | { conn: number; dir: 'open' | 'close'; text: string };
+
+export type Trace = (ev: TraceEvent) => void;
+
+export class PmiConnection {
+  readonly state: ConnectionState;
+  private readonly framer = new WireFramer();
+  private readonly pmi1: Pmi1Session;
+  private readonly pmi2: Pmi2Session;
+  /** Tail of the PMI-1 queue: each line's reply waits for the previous one. */
+  private serial: Promise<void> = Promise.resolve();
+  private closed = false;
+  private releasedByCore = false;
+  private inFlight = 0;
+  private readonly closedPromise: Promise<void>;
+
+  constructor(
+    readonly id: number,
+    private readonly socket: Socket,
+    core: PmiJobCore,
+    private readonly trace?: Trace,
+  ) {
+    const peer = `${socket.remoteAddress ?? '?'}:${socket.remotePort ?? '?'}`;
+    this.state = new ConnectionState(core, { peer, hangUp: () => this.hangUp() });
+    this.pmi1 = new Pmi1Session(this.state);
+    this.pmi2 = new Pmi2Session(this.state);
+    socket.setNoDelay(true);
+    trace?.({ conn: id, dir: 'open', text: peer });
+    socket.on('data', (chunk: Buffer) => this.onData(chunk));
+    // Errors (ECONNRESET...) are followed by 'close'; handling them here keeps them from being thrown.
+    socket.on('error', () => {});
+    this.closedPromise = new Promise((resolve) => {
+      socket.on('close', () => {
+        this.onClose();
+        resolve();
+      });
+    });
+  }
+
+  /** Resolves once the socket has closed and the core has been told. */
+  get done(): Promise<void> {
+    return this.closedPromise;
+  }
+
+  /** Hangs up (listener shutdown). The member, if not finalized, is reported lost. */
+  destroy(): void {
+    this.socket.destroy();
+  }
+
+  /** The core released the job: close without reporting the member lost. */
+  private hangUp(): void {
+    this.releasedByCore = true;
+    this.socket.destroy();
+  }
+
+  private onData(chunk: Buffer): void {
+    for (const frame of this.framer.push(chunk)) this.dispatch(frame);
+  }
+
+  private dispatch(frame: Frame): void {
+    switch (frame.kind) {
+      case 'line': {
+        this.traceIn(frame.text);
+        let cmd;
+        try {
+          cmd = parsePmi1Line(frame.text);
+        } catch (e) {
+          const name = /^cmd=([A-Za-z0-9_-]{1,40})/.exec(frame.text)?.[1];
+          const response = (name && PMI1_RESPONSE[name]) ?? PMI1_UNKNOWN_RESPONSE;
+          this.inOrder(async () => ({ text: formatPmi1Error(response, asPmiError(e)) }));
+          return;
+        }
+        this.inOrder(() => this.pmi1.handleLine(cmd));
+        return;
+      }
+      case 'block':
+        this.traceIn(frame.lines.join('\\n'));
+        this.inOrder(() => this.pmi1.handleSpawnBlock(frame.lines));
+        return;
+      case 'pmi2': {
+        this.traceIn(frame.body);
+        let cmd;
+        try {
+          cmd = parsePmi2Body(frame.body);
+        } catch (e) {
+          const name = /^cmd=([A-Za-z0-9_-]{1,40})/.exec(frame.body)?.[1] ?? 'error';
+          this.send({ text: formatPmi2Error(`${name}-response`, asPmiError(e)) });
+          return;
+        }
+        this.track(this.pmi2.handle(cmd).then((r) => this.send(r), (e) => this.fail(e)));
+        return;
+      }
+      case 'error': {
+        this.traceIn(`<framing error: ${frame.message}>`);
+        const err = new PmiError(frame.message);
+        const text = frame.wire === 2 ? formatPmi2Error('error-response', err) : formatPmi1Error(PMI1_UNKNOWN_RESPONSE, err);
+        if (frame.fatal) {
+          // Nothing after this can be framed: answer, then hang up.
+          this.inOrder(async () => ({ text, close: true }));
+        } else if (frame.wire === 2) {
+          this.send({ text });
+        } else {
+          this.inOrder(async () => ({ text }));
+        }
+        return;
+      }
+    }
+  }
+
+  private inOrder(work: () => Promise<Reply | null>): void {
+    this.track(this.serial = this.serial.then(work).then((r) => this.send(r), (e) => this.fail(e)));
+  }
+
+  /**
+   * Counts commands not yet answered. A client that keeps sending without reading its replies
+   * is stopped being read from, so its queue (and our memory) stays bounded.
+   */
+  private track(p: Promise<void>): void {
+    if (++this.inFlight === MAX_IN_FLIGHT) this.socket.pause();
+    void p.finally(() => {
+      if (--this.inFlight === RESUME_BELOW && !this.closed) this.socket.resume();
+    });
+  }
+
+  private send(r: Reply | null): void {
+    if (!r || this.closed) return;
+    this.trace?.({ conn: this.id, dir: 'out', text: r.text });
+    if (r.close) this.socket.end(r.text, 'latin1');
+    else this.socket.write(r.text, 'latin1');
+  }
+
+  /** A handler threw outside its own error handling: a bug, but it only costs this connection. */
+  private fail(e: unknown): void {
+    this.trace?.({ conn: this.id, dir: 'close', text: `internal error: ${errorMessage(e)}` });
+    this.socket.destroy();
+  }
+
+  private traceIn(text: string): void {
+    this.trace?.({ conn: this.id, dir: 'in', text });
+  }
+
+  private onClose(): void {
+    if (this.closed) return;
+    this.closed = true;
+    const { member, phase } = this.state;
+    this.trace?.({ conn: this.id, dir: 'close', text: phase });
+    if (!member || this.releasedByCore) return;
+    try {
+      member.disconnected(phase === 'bound' ? 'its PMI connection closed before PMI finalize' : `connection closed after ${phase}`);
+    } catch {
+      // The core's trouble, not this connection's.
+    }
+  }
+}
+
+function asPmiError(e: unknown): PmiError {
+  return e instanceof PmiError ? e : new PmiError(errorMessage(e));
+}

@@ -1,0 +1,10 @@
+// The PMI-1 / PMI-2 wire server for MPICH and Intel MPI.
+export { PmiListener, type PmiListenerOptions } from './listener.js';
+export type { Trace, TraceEvent } from './connection.js';
+export type {
+  KvsLookup, PmiConnectionHandle, PmiJobCore, PmiMember, PmiMemberInfo, SpawnApp, SpawnRequest,
+} from './job-core.js';
+export { PmiError, PMI_FAIL } from './errors.js';
+export { LIMITS } from './connection-state.js';
+export { nodeLayout, processMapping, parseProcessMapping, type NodeLayout } from './process-mapping.js';
+export { PmiBackend, FENCE, type PmiBackendOptions } from './rm-backend.js';

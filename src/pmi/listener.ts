@@ -1,0 +1,77 @@
+// The PMI TCP listener: one port serves PMI-1 and PMI-2 clients of every MPICH / Intel MPI job
+// the core knows. Members find it through PMI_PORT=<host>:<port> and say who they are with
+// PMI_ID; see job-core.ts for what PMI_ID must be.
+import { createServer, type Server, type Socket } from 'node:net';
+import { PmiConnection, type Trace } from './connection.js';
+import type { PmiJobCore } from './job-core.js';
+
+export interface PmiListenerOptions {
+  core: PmiJobCore;
+  /** Address to bind; 127.0.0.1 unless workers on other hosts must reach it (then 0.0.0.0). */
+  host?: string;
+  /** 0 picks a free port. */
+  port?: number;
+  /** Sees every command, reply, open and close (tests, debugging). */
+  trace?: Trace;
+}
+
+export class PmiListener {
+  private readonly connections = new Set<PmiConnection>();
+  private nextId = 1;
+
+  private constructor(
+    private readonly server: Server,
+    readonly host: string,
+    readonly port: number,
+  ) {}
+
+  static async start(opts: PmiListenerOptions): Promise<PmiListener> {
+    const host = opts.host ?? '127.0.0.1';
+    let self: PmiListener | undefined;
+    const early: Socket[] = [];
+    const server = createServer((socket) => {
+      if (!self) {
+        early.push(socket);
+        return;
+      }
+      self.accept(socket, opts);
+    });
+    await new Promise<void>((resolve, reject) => {
+      server.once('error', reject);
+      server.listen(opts.port ?? 0, host, () => {
+        server.off('error', reject);
+        resolve();
+      });
+    });
+    const addr = server.address();
+    if (!addr || typeof addr === 'string') throw new Error('PMI listener has no TCP address');
+    self = new PmiListener(server, host, addr.port);
+    for (const s of early) self.accept(s, opts);
+    return self;
+  }
+
+  /** PMI_PORT for members: `<host>:<port>`, where host is how members reach this machine. */
+  pmiPort(advertisedHost?: string): string {
+    const h = advertisedHost ?? (this.host === '0.0.0.0' || this.host === '::' ? '127.0.0.1' : this.host);
+    return `${h}:${this.port}`;
+  }
+
+  get connectionCount(): number {
+    return this.connections.size;
+  }
+
+  /** Stops accepting, hangs up every connection (unfinalized members are reported lost). */
+  async close(): Promise<void> {
+    const closed = new Promise<void>((resolve) => this.server.close(() => resolve()));
+    const conns = [...this.connections];
+    for (const c of conns) c.destroy();
+    await Promise.all(conns.map((c) => c.done));
+    await closed;
+  }
+
+  private accept(socket: Socket, opts: PmiListenerOptions): void {
+    const conn = new PmiConnection(this.nextId++, socket, opts.core, opts.trace);
+    this.connections.add(conn);
+    void conn.done.then(() => this.connections.delete(conn));
+  }
+}

@@ -1,0 +1,270 @@
+// The PMI backend of the resource manager: MPICH and Intel MPI jobs of src/rm, served by one
+// PMI listener. It is both sides of the adapter:
+//   - a JobBackend for the core (prepare → memberEnv → release), which hands each member
+//     PMI_PORT, a PMI_ID and PMI_RANK / PMI_SIZE;
+//   - the PmiJobCore of the wire server, which turns each connected member's commands into the
+//     core's calls: the job's collectives, key-value store, name service and state machine.
+//
+// The one thing PMI adds on top of the core is when a put becomes visible: PMI says at the next
+// barrier / kvs-fence (hydra caches puts until then), so a member's puts are staged here and
+// committed to the job's store when that member's fence completes. All members' fences
+// complete in one synchronous step in the core, and each commit runs before any further
+// command can be read, so no rank sees a half-committed epoch.
+import { randomInt } from 'node:crypto';
+import { hostname } from 'node:os';
+import type { Job, JobBackend, JobMember, ResourceManager, Worker } from '../rm/index.js';
+import { isActive } from '../rm/index.js';
+import type { Trace } from './connection.js';
+import { PmiError } from './errors.js';
+import type { KvsLookup, PmiConnectionHandle, PmiJobCore, PmiMember, PmiMemberInfo } from './job-core.js';
+import { PmiListener } from './listener.js';
+
+/** The collective a PMI-1 barrier and a PMI-2 kvs-fence join: the same one a PMIx fence joins. */
+export const FENCE = 'fence';
+
+export interface PmiBackendOptions {
+  rm: ResourceManager;
+  /** Address to bind (default 127.0.0.1; 0.0.0.0 when workers on other hosts join). */
+  host?: string;
+  /** 0 (default) picks a free port. */
+  port?: number;
+  /** Host name members use in PMI_PORT; default: the bound address, or this host's name for 0.0.0.0. */
+  advertisedHost?: string;
+  /** Added to every member's environment (e.g. settings that make idle ranks yield). */
+  extraEnv?: Readonly<Record<string, string>>;
+  trace?: Trace;
+  onError?: (what: string, err: unknown) => void;
+}
+
+/** What the backend keeps per job. */
+interface PmiJob {
+  job: Readonly<Job>;
+  pmiIds: number[];
+  hosts: string[];
+  /** Puts of each rank not yet committed by a fence. */
+  staged: Map<string, string>[];
+  /** The live connection of each rank. */
+  conns: (PmiConnectionHandle | undefined)[];
+}
+
+export class PmiBackend implements JobBackend, PmiJobCore {
+  readonly impls = ['mpich', 'intelmpi'] as const;
+  private readonly byPmiId = new Map<number, { pj: PmiJob; rank: number }>();
+  private readonly jobs = new Map<string, PmiJob>();
+
+  private constructor(
+    private readonly opts: PmiBackendOptions,
+    readonly listener: PmiListener,
+  ) {}
+
+  /** Starts the listener. Install the result with `rm.addBackend`. */
+  static async start(opts: PmiBackendOptions): Promise<PmiBackend> {
+    let self: PmiBackend | undefined;
+    // The listener needs its core before it accepts anything; the backend is that core.
+    const core: PmiJobCore = { attach: (id, conn) => self!.attach(id, conn) };
+    const listener = await PmiListener.start({ core, host: opts.host, port: opts.port, trace: opts.trace });
+    self = new PmiBackend(opts, listener);
+    return self;
+  }
+
+  /** PMI_PORT handed to members. */
+  get pmiPort(): string {
+    const bound = this.listener.host;
+    const host = this.opts.advertisedHost ?? (bound === '0.0.0.0' || bound === '::' ? hostname() : bound);
+    return `${host}:${this.listener.port}`;
+  }
+
+  // ---- JobBackend ----------------------------------------------------------------------------
+
+  async prepare(job: Readonly<Job>): Promise<void> {
+    const pj: PmiJob = {
+      job,
+      pmiIds: job.members.map(() => this.newPmiId()),
+      hosts: job.members.map((m) => m.host),
+      staged: job.members.map(() => new Map()),
+      conns: job.members.map(() => undefined),
+    };
+    pj.pmiIds.forEach((id, rank) => this.byPmiId.set(id, { pj, rank }));
+    this.jobs.set(job.id, pj);
+  }
+
+  memberEnv(job: Readonly<Job>, member: Readonly<JobMember>, _worker: Readonly<Worker>): Record<string, string> {
+    const pj = this.require(job.id);
+    return {
+      ...this.opts.extraEnv,
+      PMI_PORT: this.pmiPort,
+      PMI_ID: String(pj.pmiIds[member.rank]),
+      // Only read by clients that skip the PMI_ID handshake (MPICH 4.0.x without PMI_ID);
+      // MPICH 5's auto-detection also takes PMI_SIZE as the sign of a PMI-1 launcher.
+      PMI_RANK: String(member.rank),
+      PMI_SIZE: String(job.members.length),
+    };
+  }
+
+  /**
+   * Nothing to push: PMI has no server-initiated message. Members waiting in a fence or a
+   * node-attribute wait have had their error replies from the core already, and every later
+   * command of the job's members is answered with the job's error.
+   */
+  async notifyEnded(): Promise<void> {}
+
+  async release(job: Readonly<Job>): Promise<void> {
+    const pj = this.jobs.get(job.id);
+    if (!pj) return;
+    this.jobs.delete(job.id);
+    for (const id of pj.pmiIds) this.byPmiId.delete(id);
+    for (const c of pj.conns) c?.hangUp();
+  }
+
+  async close(): Promise<void> {
+    await this.listener.close();
+  }
+
+  // ---- PmiJobCore ----------------------------------------------------------------------------
+
+  attach(pmiId: number, conn: PmiConnectionHandle): PmiMember {
+    const e = this.byPmiId.get(pmiId);
+    if (!e) throw new PmiError(`unknown PMI_ID ${pmiId}: no active MPICH/Intel MPI job has such a member`);
+    const { pj, rank } = e;
+    if (pj.conns[rank]) throw new PmiError(`PMI_ID ${pmiId} (rank ${rank} of job ${pj.job.id}) is already connected`);
+    this.opts.rm.memberConnected(pj.job.namespace, rank);
+    pj.conns[rank] = conn;
+    return new RmPmiMember(this.opts.rm, pj, rank, () => {
+      if (pj.conns[rank] === conn) pj.conns[rank] = undefined;
+    });
+  }
+
+  private require(jobId: string): PmiJob {
+    const pj = this.jobs.get(jobId);
+    if (!pj) throw new Error(`job ${jobId} was not prepared by the PMI backend`);
+    return pj;
+  }
+
+  /** A random positive int32 no live member has: a stale env from another job cannot hit it by chance. */
+  private newPmiId(): number {
+    for (;;) {
+      const id = randomInt(1, 2 ** 31 - 1);
+      if (!this.byPmiId.has(id)) return id;
+    }
+  }
+}
+
+/** Keys of node attributes inside the job's store: control characters never occur in PMI keys. */
+const nodeKey = (host: string, key: string) => `\u0001node\u0001${host}\u0001${key}`;
+
+class RmPmiMember implements PmiMember {
+  readonly info: PmiMemberInfo;
+  private readonly ns: string;
+  private readonly host: string;
+
+  constructor(
+    private readonly rm: ResourceManager,
+    private readonly pj: PmiJob,
+    private readonly rank: number,
+    private readonly detach: () => void,
+  ) {
+    const job = pj.job;
+    this.ns = job.namespace;
+    this.host = pj.hosts[rank]!;
+    this.info = {
+      jobId: job.id,
+      kvsname: job.namespace,
+      rank,
+      size: job.members.length,
+      appnum: 0,
+      universeSize: job.members.length,
+      hosts: pj.hosts,
+    };
+  }
+
+  /** Throws the job's end as the client's error once it failed, was aborted or completed. */
+  private live(): void {
+    const job = this.rm.jobByNamespace(this.ns);
+    if (!job) throw new PmiError(`job ${this.info.jobId} has been released`);
+    if (!isActive(job.state)) throw new PmiError(`job ${job.id} ${job.state}${job.error ? `: ${job.error}` : ''}`);
+  }
+
+  private get publisher() {
+    return { jobId: this.info.jobId, namespace: this.ns, rank: this.rank };
+  }
+
+  put(key: string, value: string): void {
+    this.live();
+    this.pj.staged[this.rank]!.set(key, value);
+  }
+
+  get(key: string): KvsLookup {
+    this.live();
+    const own = this.pj.staged[this.rank]!.get(key);
+    if (own !== undefined) return { found: true, value: own };
+    const v = this.rm.kv(this.ns).get(key);
+    if (v !== undefined) return { found: true, value: v };
+    return this.pj.staged.some((s) => s.has(key)) ? { found: false, why: 'unfenced' } : { found: false, why: 'unknown' };
+  }
+
+  async fence(): Promise<void> {
+    this.live();
+    await this.rm.collective(this.ns, { name: FENCE, participants: 'all', contributors: [this.rank] });
+    // Runs in the same microtask drain as every other member's commit (see the file comment).
+    const staged = this.pj.staged[this.rank]!;
+    const kv = this.rm.kv(this.ns);
+    for (const [k, v] of staged) kv.put(this.rank, k, v);
+    staged.clear();
+  }
+
+  jobAttr(): string | undefined {
+    this.live();
+    return undefined;
+  }
+
+  putNodeAttr(key: string, value: string): void {
+    this.live();
+    this.rm.kv(this.ns).put(this.rank, nodeKey(this.host, key), value);
+  }
+
+  async getNodeAttr(key: string, wait: boolean): Promise<string | undefined> {
+    this.live();
+    const kv = this.rm.kv(this.ns);
+    const k = nodeKey(this.host, key);
+    return wait ? kv.waitFor(k) : kv.get(k);
+  }
+
+  publish(service: string, port: string): void {
+    this.live();
+    this.rm.names.publish(this.publisher, [{ key: service, value: port }], { range: 'session' });
+  }
+
+  async lookup(service: string): Promise<string> {
+    this.live();
+    const [d] = await this.rm.names.lookup(this.publisher, [service], { range: 'session' });
+    const v = d?.value as unknown;
+    if (typeof v === 'string') return v;
+    // Published through PMIx by an Open MPI job: a typed value.
+    if (v && typeof v === 'object' && typeof (v as { value?: unknown }).value === 'string') return (v as { value: string }).value;
+    throw new PmiError(`service ${service} was published with a value PMI cannot carry`);
+  }
+
+  unpublish(service: string): void {
+    this.live();
+    if (this.rm.names.unpublish(this.publisher, [service]) === 0) {
+      throw new PmiError(`service ${service} is not published by this process`);
+    }
+  }
+
+  abort(exitCode: number, message: string): void {
+    this.rm.abort(this.ns, this.rank, exitCode, message);
+  }
+
+  finalize(): void {
+    this.pj.staged[this.rank]!.clear();
+    this.rm.memberFinalized(this.ns, this.rank);
+  }
+
+  disconnected(reason: string): void {
+    this.detach();
+    const job = this.rm.jobByNamespace(this.ns);
+    if (!job) return;
+    const m = job.members[this.rank];
+    if (m && m.state === 'connected') this.rm.memberLost(this.ns, this.rank, reason);
+  }
+}

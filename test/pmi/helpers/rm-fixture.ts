@@ -1,0 +1,88 @@
+// The real resource manager with the PMI backend installed, as the sidecar runs them, plus
+// helpers to create MPICH jobs over registered workers and wait for their ends.
+import { PmiBackend, type TraceEvent } from '../../../src/pmi/index.js';
+import { ResourceManager, type Impl, type Job, type JobState } from '../../../src/rm/index.js';
+import { defaultPolicy } from '../../../src/policy/index.js';
+
+export interface FixtureJob {
+  job: Readonly<Job>;
+  workers: string[];
+  envs: Record<string, string>[];
+  pmiIds: number[];
+}
+
+export class PmiRmFixture {
+  private nextWorker = 0;
+
+  private constructor(
+    readonly rm: ResourceManager,
+    readonly backend: PmiBackend,
+    readonly trace: TraceEvent[],
+  ) {}
+
+  static async start(opts: { traceOn?: boolean; extraEnv?: Record<string, string>; releaseGraceMs?: number } = {}): Promise<PmiRmFixture> {
+    const rm = new ResourceManager({ policy: defaultPolicy({ releaseGraceMs: opts.releaseGraceMs ?? 2000 }), wiringTimeoutSeconds: 60 });
+    const trace: TraceEvent[] = [];
+    const backend = await PmiBackend.start({
+      rm,
+      ...(opts.extraEnv ? { extraEnv: opts.extraEnv } : {}),
+      ...(opts.traceOn ? { trace: (e: TraceEvent) => trace.push(e) } : {}),
+    });
+    rm.addBackend(backend);
+    return new PmiRmFixture(rm, backend, trace);
+  }
+
+  get port(): number {
+    return this.backend.listener.port;
+  }
+
+  /** Registers `n` workers on `hosts` (default all on this host) and creates a job over them. */
+  async job(n: number, opts: { hosts?: string[]; impl?: Impl } = {}): Promise<FixtureJob> {
+    const workers: string[] = [];
+    for (let i = 0; i < n; i++) {
+      const id = `w${++this.nextWorker}`;
+      this.rm.registerWorker({ id, host: opts.hosts?.[i] ?? 'localhost' });
+      workers.push(id);
+    }
+    const job = await this.rm.createJob({ impl: opts.impl ?? 'mpich', members: workers });
+    const envs = workers.map((w) => this.rm.memberEnv(job.id, w).env);
+    return { job, workers, envs, pmiIds: envs.map((e) => Number(e.PMI_ID)) };
+  }
+
+  state(jobId: string): JobState {
+    return this.rm.getJob(jobId).state;
+  }
+
+  /** Resolves when the job reaches one of `states`; rejects after `ms`. */
+  waitFor(jobId: string, states: JobState[], ms = 20_000): Promise<Readonly<Job>> {
+    return new Promise((resolve, reject) => {
+      const check = () => {
+        const j = this.rm.getJob(jobId);
+        if (states.includes(j.state)) {
+          off();
+          clearTimeout(t);
+          resolve(j);
+        }
+      };
+      const off = this.rm.events.subscribe(check);
+      const t = setTimeout(() => {
+        off();
+        reject(new Error(`job ${jobId} is ${this.rm.getJob(jobId).state}, not ${states.join('|')}, after ${ms} ms`));
+      }, ms);
+      check();
+    });
+  }
+
+  /** Resolves once the job has been released by the core. */
+  async released(jobId: string): Promise<void> {
+    await this.rm.released(jobId);
+  }
+
+  async stop(): Promise<void> {
+    await this.rm.shutdown();
+  }
+
+  transcript(): string {
+    return this.trace.map((e) => `${e.conn} ${e.dir} ${e.text.trimEnd()}`).join('\n');
+  }
+}
