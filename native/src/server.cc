@@ -124,6 +124,8 @@ Napi::Value Init(const Napi::CallbackInfo& info) {
     throw StatusError(env, "PMIx_server_init", rc);
   }
   g_initialized = true;
+  rc = upcalls::RegisterLocalEvents();
+  if (rc != PMIX_SUCCESS) throw StatusError(env, "PMIx_Register_event_handler", rc);
   return env.Undefined();
 }
 

@@ -1,5 +1,7 @@
 #include "upcalls.h"
 
+#include <pmix.h>
+
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -650,6 +652,38 @@ pmix_status_t notify_event(pmix_status_t code, const pmix_proc_t* source, pmix_d
   return Post(new NotifyEvent(code, source, range, info, ninfo, cbfunc, cbdata));
 }
 
+// Not an upcall: an event libpmix raises inside the server itself, e.g. PMIX_ERR_LOST_CONNECTION
+// when a client's connection drops before it finalized (libpmix tells the host no other way).
+// JavaScript only hears about it; the event is marked complete at once.
+class LocalEvent : public OpUpcall {
+ public:
+  LocalEvent(pmix_status_t code, const pmix_proc_t* source, const pmix_info_t* info, size_t ninfo)
+      : OpUpcall("localEvent", nullptr, nullptr), code_(code), hasSource_(source != nullptr), info_(info, ninfo) {
+    if (source) source_ = *source;
+  }
+  Napi::Object Args(Napi::Env env) const override {
+    Napi::Object a = Napi::Object::New(env);
+    a.Set("status", Napi::Number::New(env, code_));
+    a.Set("source", ProcOrNull(env, &source_, hasSource_));
+    a.Set("info", info_.ToJs(env));
+    return a;
+  }
+
+ private:
+  pmix_status_t code_;
+  bool hasSource_;
+  pmix_proc_t source_{};
+  Info info_;
+};
+
+void local_event(size_t, pmix_status_t status, const pmix_proc_t* source, pmix_info_t info[], size_t ninfo,
+                 pmix_info_t*, size_t, pmix_event_notification_cbfunc_fn_t cbfunc, void* cbdata) {
+  Post(new LocalEvent(status, source, info, ninfo));
+  if (cbfunc) cbfunc(PMIX_EVENT_ACTION_COMPLETE, nullptr, 0, nullptr, nullptr, cbdata);
+}
+
+bool g_local_events = false;
+
 class Query : public InfoUpcall {
  public:
   Query(const pmix_proc_t* proc, const pmix_query_t* queries, size_t nqueries, pmix_info_cbfunc_t cb, void* cbdata)
@@ -942,6 +976,8 @@ const Entry kEntries[] = {
     {"group", [](pmix_server_module_t* m) { m->group = group; }},
     {"fabric", [](pmix_server_module_t* m) { m->fabric = fabric; }},
     {"sessionControl", [](pmix_server_module_t* m) { m->session_control = session_control; }},
+    // Not in pmix_server_module_t: an event handler registered after init (RegisterLocalEvents).
+    {"localEvent", [](pmix_server_module_t*) { g_local_events = true; }},
 };
 
 }  // namespace
@@ -958,6 +994,7 @@ const std::vector<std::string>& Names() {
 void Install(Napi::Env env, Napi::Function handler, const std::vector<std::string>& handled,
              const std::vector<std::string>& immediate, pmix_server_module_t* module) {
   g_immediate = immediate;
+  g_local_events = false;
   std::memset(module, 0, sizeof *module);
   for (const auto& name : handled) {
     const Entry* found = nullptr;
@@ -968,6 +1005,16 @@ void Install(Napi::Env env, Napi::Function handler, const std::vector<std::strin
   }
   g_handler = Napi::Persistent(handler);
   g_finalized = false;
+}
+
+pmix_status_t RegisterLocalEvents() {
+  if (!g_local_events) return PMIX_SUCCESS;
+  pmix_status_t codes[] = {PMIX_ERR_LOST_CONNECTION, PMIX_ERR_UNREACH, PMIX_ERR_PROC_TERM_WO_SYNC};
+  // Without a registration callback the call blocks until libpmix's progress thread has
+  // registered the handler: brief, and we are on the JavaScript thread, not in an upcall.
+  pmix_status_t rc = PMIx_Register_event_handler(codes, sizeof codes / sizeof codes[0], nullptr, 0, local_event,
+                                                 nullptr, nullptr);
+  return rc < 0 ? rc : PMIX_SUCCESS;  // a non-negative result is the handler's id
 }
 
 void Uninstall() { g_handler.Reset(); }

@@ -24,6 +24,9 @@ const std::vector<std::string>& Names();
 // answered PMIX_OPERATION_SUCCEEDED at once. Throws a TypeError naming an unknown upcall.
 void Install(Napi::Env env, Napi::Function handler, const std::vector<std::string>& handled,
              const std::vector<std::string>& immediate, pmix_server_module_t* module);
+// Registers the "localEvent" handler, if JavaScript takes it, for the events libpmix raises
+// inside the server when a client is lost. Call once PMIx_server_init has succeeded.
+pmix_status_t RegisterLocalEvents();
 // Forgets the handler; upcalls still in flight are answered with an error, or not at all once
 // libpmix is finalized.
 void Uninstall();

@@ -1,5 +1,111 @@
-// `dask-pmix serve` — to be completed with the sidecar service.
-export async function serve(_args: string[]): Promise<number> {
-  process.stderr.write('dask-pmix serve: not implemented yet\n');
-  return 1;
+// `dask-pmix serve`: runs the sidecar until SIGTERM or SIGINT, then refuses new jobs, aborts the
+// running ones with notice to their members, finalizes PMIx and exits 0.
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { parseArgs } from 'node:util';
+import pino from 'pino';
+import { projectVersion } from './version.js';
+
+const HELP = `usage: dask-pmix serve [options]
+
+  --host HOST              REST bind address              [DASK_PMIX_HOST, default 127.0.0.1]
+  --port PORT              REST port (0: any free one)    [DASK_PMIX_PORT, default 8790]
+  --token TOKEN            require Authorization: Bearer TOKEN on mutating routes
+                                                          [DASK_PMIX_TOKEN]
+  --pmix-tmpdir DIR        libpmix rendezvous directory   [DASK_PMIX_TMPDIR, default a new temp dir]
+  --log-level LEVEL        trace|debug|info|warn|error|silent  [DASK_PMIX_LOG_LEVEL, default info]
+  --wiring-timeout SECS    default time for all members to connect  [default 60]
+  --max-jobs N             active jobs at once            [default 64]
+  --release-grace SECS     how long members of a failed job may linger before it is released [10]
+  --remote                 accept PMIx clients on other hosts over TCP
+  --pmix-if IFACE          interface or subnet for remote PMIx clients (implies --remote)
+  --pmix-port PORT         fixed TCP port for PMIx clients
+  --ompi-env K=V           an Open MPI setting for every member (repeatable; replaces the defaults
+                           OMPI_MCA_btl=^ofi OMPI_MCA_mpi_yield_when_idle=1)
+  -h, --help
+`;
+
+function num(name: string, v: string | undefined, dflt?: number): number | undefined {
+  if (v === undefined || v === '') return dflt;
+  const n = Number(v);
+  if (!Number.isFinite(n) || n < 0) throw new Error(`--${name} must be a non-negative number, not '${v}'`);
+  return n;
+}
+
+export async function serve(argv: string[]): Promise<number> {
+  const { values } = parseArgs({
+    args: argv,
+    options: {
+      host: { type: 'string' },
+      port: { type: 'string' },
+      token: { type: 'string' },
+      'pmix-tmpdir': { type: 'string' },
+      'log-level': { type: 'string' },
+      'wiring-timeout': { type: 'string' },
+      'max-jobs': { type: 'string' },
+      'release-grace': { type: 'string' },
+      remote: { type: 'boolean' },
+      'pmix-if': { type: 'string' },
+      'pmix-port': { type: 'string' },
+      'ompi-env': { type: 'string', multiple: true },
+      help: { type: 'boolean', short: 'h' },
+    },
+    strict: true,
+  });
+  if (values.help) {
+    process.stdout.write(HELP);
+    return 0;
+  }
+  const env = process.env;
+  const log = pino({ level: values['log-level'] ?? env.DASK_PMIX_LOG_LEVEL ?? 'info', base: { svc: 'dask-pmix' } });
+  let ompiEnv: Record<string, string> | undefined;
+  if (values['ompi-env']) {
+    ompiEnv = {};
+    for (const kv of values['ompi-env']) {
+      const i = kv.indexOf('=');
+      if (i < 1) throw new Error(`--ompi-env wants KEY=VALUE, not '${kv}'`);
+      ompiEnv[kv.slice(0, i)] = kv.slice(i + 1);
+    }
+  }
+  const pmixPort = num('pmix-port', values['pmix-port']);
+  const wiring = num('wiring-timeout', values['wiring-timeout']);
+  const maxJobs = num('max-jobs', values['max-jobs']);
+  const grace = num('release-grace', values['release-grace']);
+  const token = values.token ?? env.DASK_PMIX_TOKEN;
+
+  const { Sidecar } = await import('../service/sidecar.js');
+  const sidecar = await Sidecar.start({
+    host: values.host ?? env.DASK_PMIX_HOST ?? '127.0.0.1',
+    port: num('port', values.port ?? env.DASK_PMIX_PORT, 8790)!,
+    tmpdir: values['pmix-tmpdir'] ?? env.DASK_PMIX_TMPDIR ?? mkdtempSync(join(tmpdir(), 'dask-pmix-')),
+    logger: log,
+    version: projectVersion(),
+    ...(token ? { token } : {}),
+    ...(wiring !== undefined ? { wiringTimeoutSeconds: wiring } : {}),
+    ...(maxJobs !== undefined ? { maxActiveJobs: maxJobs } : {}),
+    ...(grace !== undefined ? { releaseGraceMs: grace * 1000 } : {}),
+    ...(values.remote || values['pmix-if'] ? { remoteConnections: true } : {}),
+    ...(values['pmix-if'] ? { tcpIfInclude: values['pmix-if'] } : {}),
+    ...(pmixPort !== undefined ? { tcpPort: pmixPort } : {}),
+    ...(ompiEnv ? { ompiEnv } : {}),
+  });
+  // One line on stdout that a parent process can wait for.
+  process.stdout.write(`dask-pmix listening on ${sidecar.url}\n`);
+
+  return new Promise<number>((resolve) => {
+    const stop = (signal: NodeJS.Signals) => {
+      process.off('SIGTERM', stop);
+      process.off('SIGINT', stop);
+      sidecar.stop(`the sidecar received ${signal}`).then(
+        () => resolve(0),
+        (err: unknown) => {
+          log.error({ err }, 'stopping failed');
+          resolve(1);
+        },
+      );
+    };
+    process.on('SIGTERM', stop);
+    process.on('SIGINT', stop);
+  });
 }

@@ -92,6 +92,7 @@ export const Keys = {
   EVENT_AFFECTED_PROCS: 'pmix.evaffected',
   EVENT_TERMINATE_JOB: 'pmix.evterm.job',
   EVENT_TEXT_MESSAGE: 'pmix.evtext',
+  PROCID: 'pmix.procid',
   EXIT_CODE: 'pmix.exit.code',
   JOB_TERM_STATUS: 'pmix.job.term.status',
   USERID: 'pmix.euid',

@@ -30,6 +30,12 @@ export interface LogArgs { proc: Proc; data: Info[]; directives: Info[] }
 export interface RequestArgs { proc: Proc; directives: Info[] }
 export interface GroupArgs { op: 'construct' | 'destruct' | 'none'; group: string; procs: Proc[]; directives: Info[] }
 export interface PublishedDatum { proc: Proc; key: string; value: Value }
+/**
+ * An event libpmix raises inside the server (not an upcall): PMIX_ERR_LOST_CONNECTION (or
+ * UNREACH, PROC_TERM_WO_SYNC) when a client's connection dropped before it finalized. libpmix
+ * batches losses within its event window: further lost procs come as PMIX_PROCID infos.
+ */
+export interface LocalEventArgs { status: number; source: Proc | null; info: Info[] }
 
 /** One optional handler per pmix_server_module_t upcall. */
 export interface UpcallHandlers {
@@ -60,6 +66,8 @@ export interface UpcallHandlers {
   group?(a: GroupArgs): Promise<Info[]>;
   fabric?(a: RequestArgs & { op: number }): Promise<Info[]>;
   sessionControl?(a: RequestArgs & { sessionId: number }): Promise<Info[]>;
+  /** Events libpmix raises in the server about its clients; the answer is ignored. */
+  localEvent?(a: LocalEventArgs): Promise<void>;
 }
 
 export type UpcallName = keyof UpcallHandlers;

@@ -1,0 +1,149 @@
+// The REST routes under /v1: workers, process sets, jobs and each member's environment.
+import type { FastifyInstance, FastifyRequest } from 'fastify';
+import type { ResourceManager } from '../rm/manager.js';
+import { HttpError } from './errors.js';
+import { requests, responses, type JsonSchema } from './schemas.js';
+import { jobSpec, psetSpec, toJson, workerSpec } from './wire.js';
+
+export interface RouteContext {
+  rm: ResourceManager;
+  auth: (req: FastifyRequest) => Promise<void>;
+  version: string;
+  pmixVersion: string;
+  startedAt: number;
+}
+
+const errors = (...codes: number[]) => Object.fromEntries(codes.map((c) => [c, responses.error]));
+const params = (...names: string[]): JsonSchema => ({
+  type: 'object',
+  properties: Object.fromEntries(names.map((n) => [n, { type: 'string', minLength: 1, maxLength: 256 }])),
+  required: names,
+});
+
+type Body<T> = { Body: T };
+type P<T> = { Params: T };
+
+export function v1Routes(app: FastifyInstance, ctx: RouteContext): void {
+  const { rm, auth } = ctx;
+  const guarded = { preHandler: auth };
+
+  app.get('/v1/health', {
+    schema: { summary: 'Liveness and versions', tags: ['service'], response: { 200: responses.health } },
+  }, async () =>
+    toJson.health({
+      status: rm.isStopping ? 'stopping' : 'ok',
+      version: ctx.version,
+      pmixVersion: ctx.pmixVersion,
+      uptimeSeconds: (Date.now() - ctx.startedAt) / 1000,
+      impls: rm.impls,
+    }),
+  );
+
+  // ---- workers -------------------------------------------------------------------------------
+  app.post<Body<Parameters<typeof workerSpec>[0]>>('/v1/workers', {
+    ...guarded,
+    schema: { summary: 'Register a Dask worker', tags: ['workers'], body: requests.registerWorker, response: { 201: responses.worker, ...errors(400, 401, 409) } },
+  }, async (req, reply) => reply.code(201).send(toJson.worker(rm.registerWorker(workerSpec(req.body)))));
+
+  app.get('/v1/workers', {
+    schema: { summary: 'List workers', tags: ['workers'], response: { 200: responses.workerList } },
+  }, async () => ({ workers: rm.listWorkers().map(toJson.worker) }));
+
+  app.get<P<{ id: string }>>('/v1/workers/:id', {
+    schema: { summary: 'Get a worker', tags: ['workers'], params: params('id'), response: { 200: responses.worker, ...errors(404) } },
+  }, async (req) => toJson.worker(rm.getWorker(req.params.id)));
+
+  app.delete<P<{ id: string }> & { Querystring: { reason?: string } }>('/v1/workers/:id', {
+    ...guarded,
+    schema: {
+      summary: 'Remove a worker (it left the cluster); its job, if any, fails',
+      tags: ['workers'],
+      params: params('id'),
+      querystring: { type: 'object', properties: { reason: { type: 'string', maxLength: 1024 } }, additionalProperties: false },
+      response: { 200: responses.worker, ...errors(401, 404) },
+    },
+  }, async (req) => toJson.worker(rm.removeWorker(req.params.id, req.query.reason || 'removed over REST')));
+
+  // ---- process sets --------------------------------------------------------------------------
+  type PsetBody = { name: string } & Parameters<typeof psetSpec>[1];
+  app.post<Body<PsetBody>>('/v1/psets', {
+    ...guarded,
+    schema: { summary: 'Define a process set (explicit members or a selector)', tags: ['psets'], body: requests.definePset, response: { 201: responses.pset, ...errors(400, 401, 409, 422) } },
+  }, async (req, reply) => reply.code(201).send(toJson.pset(rm.definePset(psetSpec(req.body.name, req.body)))));
+
+  app.get('/v1/psets', {
+    schema: { summary: 'List process sets', tags: ['psets'], response: { 200: responses.psetList } },
+  }, async () => ({ psets: rm.listPsets().map(toJson.pset) }));
+
+  app.get<P<{ name: string }>>('/v1/psets/:name', {
+    schema: { summary: 'Get a process set', tags: ['psets'], params: params('name'), response: { 200: responses.pset, ...errors(404) } },
+  }, async (req) => toJson.pset(rm.getPset(req.params.name)));
+
+  app.put<P<{ name: string }> & Body<PsetBody>>('/v1/psets/:name', {
+    ...guarded,
+    schema: { summary: 'Redefine a process set no active job uses', tags: ['psets'], params: params('name'), body: requests.redefinePset, response: { 200: responses.pset, ...errors(400, 401, 404, 409, 422) } },
+  }, async (req) => {
+    if (req.body.name !== undefined && req.body.name !== req.params.name) {
+      throw new HttpError(400, `the body names pset '${req.body.name}' but the path names '${req.params.name}'`);
+    }
+    return toJson.pset(rm.redefinePset(psetSpec(req.params.name, req.body)));
+  });
+
+  app.delete<P<{ name: string }>>('/v1/psets/:name', {
+    ...guarded,
+    schema: { summary: 'Delete a process set no active job uses', tags: ['psets'], params: params('name'), response: { 200: responses.pset, ...errors(401, 404, 409) } },
+  }, async (req) => toJson.pset(rm.deletePset(req.params.name)));
+
+  // ---- jobs ----------------------------------------------------------------------------------
+  app.post<Body<Parameters<typeof jobSpec>[0]>>('/v1/jobs', {
+    ...guarded,
+    schema: {
+      summary: 'Create an MPI job from a pset, an explicit member list or a selector',
+      tags: ['jobs'],
+      body: requests.createJob,
+      response: { 201: responses.job, ...errors(400, 401, 409, 422, 503) },
+    },
+  }, async (req, reply) => reply.code(201).send(toJson.job(await rm.createJob(jobSpec(req.body)))));
+
+  app.get<{ Querystring: { state?: string } }>('/v1/jobs', {
+    schema: {
+      summary: 'List jobs',
+      tags: ['jobs'],
+      querystring: { type: 'object', properties: { state: (responses.job.properties as Record<string, JsonSchema>).state! }, additionalProperties: false },
+      response: { 200: responses.jobList },
+    },
+  }, async (req) => ({ jobs: rm.listJobs().filter((j) => !req.query.state || j.state === req.query.state).map(toJson.job) }));
+
+  app.get<P<{ id: string }>>('/v1/jobs/:id', {
+    schema: { summary: 'Get a job', tags: ['jobs'], params: params('id'), response: { 200: responses.job, ...errors(404) } },
+  }, async (req) => toJson.job(rm.getJob(req.params.id)));
+
+  app.delete<P<{ id: string }>>('/v1/jobs/:id', {
+    ...guarded,
+    schema: { summary: 'Abort the job if active, release its members, forget it', tags: ['jobs'], params: params('id'), response: { 200: responses.job, ...errors(401, 404) } },
+  }, async (req) => toJson.job(await rm.deleteJob(req.params.id)));
+
+  app.get<P<{ id: string; workerId: string }>>('/v1/jobs/:id/env/:workerId', {
+    ...guarded,
+    schema: {
+      summary: 'The complete environment a member must set to join the job as its rank',
+      tags: ['jobs'],
+      params: params('id', 'workerId'),
+      response: { 200: responses.memberEnv, ...errors(401, 404, 409) },
+    },
+  }, async (req) => {
+    const { job, member, env } = rm.memberEnv(req.params.id, req.params.workerId);
+    return toJson.memberEnv({ jobId: job.id, workerId: member.workerId, rank: member.rank, size: job.members.length, impl: job.impl, env });
+  });
+
+  app.post<P<{ id: string; workerId: string }> & Body<{ reason?: string }>>('/v1/jobs/:id/members/:workerId/lost', {
+    ...guarded,
+    schema: {
+      summary: "Report that a member's process died (as its worker saw it); the job fails",
+      tags: ['jobs'],
+      params: params('id', 'workerId'),
+      body: requests.reportMemberLost,
+      response: { 200: responses.job, ...errors(400, 401, 404) },
+    },
+  }, async (req) => toJson.job(rm.reportMemberLost(req.params.id, req.params.workerId, req.body?.reason || 'reported lost by its worker')));
+}

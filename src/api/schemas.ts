@@ -1,0 +1,124 @@
+// JSON Schemas for the REST API, derived from proto/dask_pmix.proto so that the model of record
+// is the one place a field is defined. Request schemas refuse unknown fields and add the few
+// constraints proto3 cannot say (required fields, lengths, ranges).
+import { join } from 'node:path';
+import protobuf from 'protobufjs';
+import { projectRoot } from '../pmix/native.js';
+
+export type JsonSchema = Record<string, unknown>;
+
+let root: protobuf.Root | undefined;
+function protoRoot(): protobuf.Root {
+  root ??= protobuf.loadSync(join(projectRoot(), 'proto', 'dask_pmix.proto'));
+  return root;
+}
+
+const INT_RANGES: Record<string, [number, number]> = {
+  int32: [-(2 ** 31), 2 ** 31 - 1], sint32: [-(2 ** 31), 2 ** 31 - 1], sfixed32: [-(2 ** 31), 2 ** 31 - 1],
+  uint32: [0, 2 ** 32 - 1], fixed32: [0, 2 ** 32 - 1],
+  int64: [Number.MIN_SAFE_INTEGER, Number.MAX_SAFE_INTEGER], sint64: [Number.MIN_SAFE_INTEGER, Number.MAX_SAFE_INTEGER],
+  uint64: [0, Number.MAX_SAFE_INTEGER], fixed64: [0, Number.MAX_SAFE_INTEGER],
+};
+
+function scalar(type: string): JsonSchema | undefined {
+  if (type === 'string') return { type: 'string' };
+  if (type === 'bool') return { type: 'boolean' };
+  if (type === 'double' || type === 'float') return { type: 'number' };
+  const r = INT_RANGES[type];
+  if (r) return { type: 'integer', minimum: r[0], maximum: r[1] };
+  if (type === 'bytes') return { type: 'string', contentEncoding: 'base64' };
+  return undefined;
+}
+
+interface Options {
+  /** Request schemas: unknown fields are refused and UNSPECIFIED enum values are not accepted. */
+  request: boolean;
+}
+
+function fieldSchema(field: protobuf.Field, opts: Options): JsonSchema {
+  field.resolve();
+  let s: JsonSchema;
+  const rt = field.resolvedType;
+  if (rt instanceof protobuf.Enum) {
+    const names = Object.keys(rt.values).filter((n) => !(opts.request && rt.values[n] === 0));
+    s = { type: 'string', enum: names };
+  } else if (rt instanceof protobuf.Type) {
+    s = messageSchema(rt, opts);
+  } else {
+    s = scalar(field.type) ?? {};
+  }
+  if (field instanceof protobuf.MapField) return { type: 'object', additionalProperties: s };
+  if (field.repeated) return { type: 'array', items: s };
+  return s;
+}
+
+function messageSchema(type: protobuf.Type, opts: Options): JsonSchema {
+  const properties: Record<string, JsonSchema> = {};
+  for (const f of type.fieldsArray) {
+    const s = fieldSchema(f, opts);
+    if (f.comment) s.description = f.comment;
+    properties[f.name] = s;
+  }
+  const out: JsonSchema = { type: 'object', properties, additionalProperties: false };
+  if (type.comment) out.description = type.comment;
+  return out;
+}
+
+/** The JSON Schema of `dask_pmix.v1.<name>`, with `refine` applied to its properties. */
+export function schemaOf(name: string, opts: Options, refine: Record<string, JsonSchema> = {}, required: string[] = []): JsonSchema {
+  const type = protoRoot().lookupType(`dask_pmix.v1.${name}`);
+  const s = messageSchema(type, opts);
+  const props = s.properties as Record<string, JsonSchema>;
+  for (const [k, extra] of Object.entries(refine)) {
+    if (!props[k]) throw new Error(`${name} has no field ${k}`);
+    props[k] = { ...props[k], ...extra };
+  }
+  if (required.length) s.required = required;
+  return s;
+}
+
+const ID = { minLength: 1, maxLength: 256 };
+const REQ = { request: true };
+const RES = { request: false };
+
+const selectorRefine = { count: { minimum: 1, maximum: 100_000 } };
+
+/** Request body schemas. */
+export const requests = {
+  registerWorker: schemaOf('RegisterWorkerRequest', REQ, { id: ID, host: { minLength: 1, maxLength: 255 }, pid: { minimum: 0 } }, ['id', 'host']),
+  definePset: (() => {
+    const s = schemaOf('DefinePsetRequest', REQ, { name: { minLength: 1, maxLength: 128 }, members: { minItems: 1, uniqueItems: true } }, ['name']);
+    (s.properties as Record<string, JsonSchema>).selector = schemaOf('Selector', REQ, selectorRefine, ['count']);
+    return s;
+  })(),
+  redefinePset: (() => {
+    const s = schemaOf('DefinePsetRequest', REQ, { members: { minItems: 1, uniqueItems: true } });
+    (s.properties as Record<string, JsonSchema>).selector = schemaOf('Selector', REQ, selectorRefine, ['count']);
+    return s;
+  })(),
+  createJob: (() => {
+    const s = schemaOf('CreateJobRequest', REQ, {
+      members: { minItems: 1, uniqueItems: true },
+      wiringTimeoutSeconds: { minimum: 0, maximum: 86_400 },
+      timeoutSeconds: { minimum: 0, maximum: 31_536_000 },
+      owner: { maxLength: 512 },
+    }, ['impl']);
+    (s.properties as Record<string, JsonSchema>).selector = schemaOf('Selector', REQ, selectorRefine, ['count']);
+    return s;
+  })(),
+  reportMemberLost: schemaOf('ReportMemberLostRequest', REQ, { reason: { maxLength: 1024 } }),
+};
+
+/** Response schemas (for the OpenAPI document and fast serialization). */
+export const responses = {
+  worker: schemaOf('Worker', RES),
+  workerList: schemaOf('WorkerList', RES),
+  pset: schemaOf('ProcessSet', RES),
+  psetList: schemaOf('PsetList', RES),
+  job: schemaOf('Job', RES),
+  jobList: schemaOf('JobList', RES),
+  memberEnv: schemaOf('MemberEnv', RES),
+  health: schemaOf('Health', RES),
+  error: schemaOf('ApiError', RES),
+  event: schemaOf('Event', RES),
+};

@@ -1,0 +1,121 @@
+// The PMIx backend: an Open MPI job is a PMIx namespace of exactly its members, registered with
+// the embedded libpmix server. Each member's environment is what PMIx_server_setup_fork gives
+// for its rank, with PMIX_HOSTNAME set to its worker's host and the Open MPI settings that make
+// a joining rank behave.
+import { rmSync } from 'node:fs';
+import { join } from 'node:path';
+import {
+  encodeNamespace, info, Keys, Rank, Range, Status, v, type Info, type NamespaceLayout, type PmixServer, type Proc,
+} from '../pmix/index.js';
+import type { Job, JobBackend, JobMember, Worker } from '../rm/index.js';
+
+export interface PmixBackendOptions {
+  server: PmixServer;
+  /** The server's rendezvous directory; each job's session files go below it. */
+  tmpdir: string;
+  /** Added to every member's environment (OMPI_MCA_* settings). */
+  ompiEnv: Record<string, string>;
+  onError?: (what: string, err: unknown) => void;
+}
+
+/**
+ * The Open MPI settings every member gets by default. The wheel's libfabric transport costs about
+ * a second per init where there is no fabric; ranks that wait busy-poll, which starves the other
+ * ranks on a small machine. The async-modex settings are left alone on purpose: with them a
+ * member that connects late hangs.
+ */
+export const DEFAULT_OMPI_ENV: Readonly<Record<string, string>> = {
+  OMPI_MCA_btl: '^ofi',
+  OMPI_MCA_mpi_yield_when_idle: '1',
+};
+
+export class PmixBackend implements JobBackend {
+  readonly impls = ['openmpi'] as const;
+  private readonly server: PmixServer;
+  /** Jobs whose pset is defined in libpmix, to delete it on release. */
+  private readonly definedPsets = new Map<string, string>();
+
+  constructor(private readonly opts: PmixBackendOptions) {
+    this.server = opts.server;
+  }
+
+  private procOf(job: Readonly<Job>, rank: number): Proc {
+    return { nspace: job.namespace, rank };
+  }
+
+  async prepare(job: Readonly<Job>, workers: ReadonlyMap<string, Readonly<Worker>>): Promise<void> {
+    const layout: NamespaceLayout = {
+      nspace: job.namespace,
+      tmpdir: join(this.opts.tmpdir, 'jobs', job.namespace),
+      ranks: job.members.map((m) => ({
+        rank: m.rank,
+        host: m.host,
+        localRank: m.localRank,
+        nodeRank: m.nodeRank,
+        nodeId: m.nodeId,
+        // Open MPI 5.0.x resolves a custom pset by each rank's PMIX_PSET_NAME; harmless otherwise.
+        ...(job.pset ? { psetName: job.pset } : {}),
+      })),
+    };
+    // Every rank is a client of this one server, wherever it runs: nlocalprocs is the job size,
+    // so libpmix completes the job's fences itself.
+    await this.server.registerNspace(job.namespace, job.members.length, encodeNamespace(layout, this.server));
+    const registered: Proc[] = [];
+    try {
+      for (const m of job.members) {
+        const w = workers.get(m.workerId);
+        const proc = this.procOf(job, m.rank);
+        await this.server.registerClient(proc, w?.uid ?? process.getuid?.() ?? 0, w?.gid ?? process.getgid?.() ?? 0);
+        registered.push(proc);
+      }
+      if (job.pset) {
+        await this.server.defineProcessSet(job.pset, job.members.map((m) => this.procOf(job, m.rank)));
+        this.definedPsets.set(job.id, job.pset);
+      }
+    } catch (err) {
+      for (const p of registered) await this.server.deregisterClient(p).catch(() => undefined);
+      await this.server.deregisterNspace(job.namespace).catch(() => undefined);
+      throw err;
+    }
+  }
+
+  memberEnv(job: Readonly<Job>, member: Readonly<JobMember>, worker: Readonly<Worker>): Record<string, string> {
+    const env = this.server.setupFork(this.procOf(job, member.rank));
+    // setup_fork names the server's host; the rank must believe it runs where it does, or Open
+    // MPI assumes shared memory with ranks on other hosts.
+    env.PMIX_HOSTNAME = worker.host;
+    return { ...env, ...this.opts.ompiEnv };
+  }
+
+  async notifyEnded(job: Readonly<Job>): Promise<void> {
+    const lost = job.members.filter((m) => m.state === 'lost').map((m) => this.procOf(job, m.rank));
+    const status = job.state === 'aborted' ? Status.ERR_JOB_ABORTED : Status.ERR_JOB_TERMINATED;
+    const items: Info[] = [
+      info(Keys.EVENT_TEXT_MESSAGE, v.string(`dask-pmix: job ${job.id} ${job.state}: ${job.error ?? ''}`)),
+      info(Keys.EVENT_TERMINATE_JOB, v.bool(true)),
+      info(Keys.JOB_TERM_STATUS, v.status(status)),
+    ];
+    if (lost.length > 0) items.push(info(Keys.EVENT_AFFECTED_PROCS, v.procs(lost)));
+    // Range NAMESPACE: every client of the job's namespace, and no one else.
+    await this.server.notifyEvent(status, { nspace: job.namespace, rank: Rank.WILDCARD }, Range.NAMESPACE, items).catch((e: unknown) => {
+      this.opts.onError?.('notifyEvent', e);
+    });
+  }
+
+  async release(job: Readonly<Job>): Promise<void> {
+    const pset = this.definedPsets.get(job.id);
+    if (pset) {
+      this.definedPsets.delete(job.id);
+      await this.server.deleteProcessSet(pset).catch((e: unknown) => this.opts.onError?.('deleteProcessSet', e));
+    }
+    for (const m of job.members) {
+      await this.server.deregisterClient(this.procOf(job, m.rank)).catch((e: unknown) => this.opts.onError?.('deregisterClient', e));
+    }
+    await this.server.deregisterNspace(job.namespace);
+    rmSync(join(this.opts.tmpdir, 'jobs', job.namespace), { recursive: true, force: true });
+  }
+
+  async close(): Promise<void> {
+    // The server itself is stopped by whoever started it.
+  }
+}

@@ -1,0 +1,207 @@
+// The PMIx upcalls, answered by the resource manager. Each handler translates PMIx arguments
+// into a call on the core and the core's answer (or RmError) back into PMIx values (or status).
+import {
+  findNumber, findString, findValue, info, isTrue, Keys, PmixError, Rank, Range, Status, v,
+  type Info, type Proc, type PublishedDatum, type UpcallHandlers, type Value,
+} from '../pmix/index.js';
+import { RmError, type PublishRange, type Persistence, type ResourceManager } from '../rm/index.js';
+
+export interface PmixHandlerOptions {
+  rm: ResourceManager;
+  log?: (level: 'debug' | 'info' | 'warn', msg: string, fields?: Record<string, unknown>) => void;
+}
+
+/** The PMIx status a client gets for an error of the core. */
+export function pmixStatusOf(err: unknown): number {
+  if (err instanceof PmixError) return err.status;
+  if (!(err instanceof RmError)) return Status.ERROR;
+  switch (err.kind) {
+    case 'not_found': return Status.ERR_NOT_FOUND;
+    case 'conflict': return Status.ERR_DUPLICATE_KEY;
+    case 'timeout': return Status.ERR_TIMEOUT;
+    case 'aborted': return Status.ERR_JOB_TERMINATED;
+    case 'bad_request':
+    case 'unprocessable': return Status.ERR_BAD_PARAM;
+    case 'unavailable': return Status.ERR_NOT_AVAILABLE;
+  }
+}
+
+/** Runs `f`, turning core errors into PmixErrors that keep their message. */
+async function answer<T>(f: () => T | Promise<T>): Promise<T> {
+  try {
+    return await f();
+  } catch (err) {
+    if (err instanceof RmError) throw new PmixError(pmixStatusOf(err), err.message);
+    throw err;
+  }
+}
+
+function rangeOf(infos: Info[]): PublishRange {
+  const r = findNumber(infos, Keys.RANGE);
+  return r === Range.NAMESPACE || r === Range.LOCAL || r === Range.PROC_LOCAL ? 'namespace' : 'session';
+}
+
+function persistenceOf(infos: Info[]): Persistence {
+  switch (findNumber(infos, Keys.PERSISTENCE)) {
+    case 1: return 'first_read';
+    case 2: return 'proc';
+    case 4:
+    case 0: return 'session';
+    default: return 'app';
+  }
+}
+
+/** Groups procs by namespace, expanding a wildcard rank to the job's ranks. */
+function ranksByNamespace(rm: ResourceManager, procs: Proc[]): Map<string, number[]> {
+  const out = new Map<string, number[]>();
+  for (const p of procs) {
+    const job = rm.jobByNamespace(p.nspace);
+    if (!job) throw new RmError('not_found', `no job with namespace '${p.nspace}'`);
+    const ranks = p.rank === Rank.WILDCARD ? job.members.map((m) => m.rank) : [p.rank];
+    out.set(p.nspace, [...(out.get(p.nspace) ?? []), ...ranks]);
+  }
+  return out;
+}
+
+export function pmixHandlers({ rm, log }: PmixHandlerOptions): UpcallHandlers {
+  const publisherOf = (proc: Proc) => ({ jobId: rm.findMember(proc.nspace, proc.rank).job.id, namespace: proc.nspace, rank: proc.rank });
+
+  return {
+    async clientConnected({ proc }) {
+      return answer(() => rm.memberConnected(proc.nspace, proc.rank));
+    },
+
+    async clientFinalized({ proc }) {
+      return answer(() => rm.memberFinalized(proc.nspace, proc.rank));
+    },
+
+    async abort({ proc, status, message }) {
+      // Open MPI's MPI_Abort names no procs: the caller's whole namespace, i.e. its job.
+      return answer(() => rm.abort(proc.nspace, proc.rank, status, message));
+    },
+
+    async localEvent({ status, source, info: items }) {
+      if (status !== Status.ERR_LOST_CONNECTION && status !== Status.ERR_UNREACH && status !== Status.ERR_PROC_TERM_WO_SYNC) return;
+      // libpmix batches losses inside its event window: the first proc is the source, the
+      // others come as PMIX_PROCID entries.
+      const procs: Proc[] = source ? [source] : [];
+      for (const i of items) if (i.key === Keys.PROCID && i.value.type === 'proc') procs.push(i.value.value);
+      for (const p of procs) {
+        if (!rm.jobByNamespace(p.nspace)) continue;
+        log?.('warn', 'PMIx client lost before it finalized', { nspace: p.nspace, rank: p.rank, status });
+        try {
+          rm.memberLost(p.nspace, p.rank, 'its connection to the PMIx server dropped before it finalized');
+        } catch (err) {
+          log?.('debug', 'lost connection of an unknown rank', { nspace: p.nspace, rank: p.rank, err: String(err) });
+        }
+      }
+    },
+
+    async fence({ procs, data }) {
+      // With one central server libpmix completes fences itself; this runs only if a fence
+      // spans clients it does not hold. Every local contribution arrives in this one call.
+      return answer(async () => {
+        const byNs = ranksByNamespace(rm, procs);
+        if (byNs.size !== 1) return data;
+        const [[nspace, ranks]] = [...byNs.entries()] as [[string, number[]]];
+        const res = await rm.collective(nspace, { name: 'fence', participants: ranks, contributors: ranks, data });
+        return Buffer.concat(res.contributions.map((c) => Buffer.from(c.data ?? new Uint8Array())));
+      });
+    },
+
+    async directModex({ proc }) {
+      // Only reached for a proc that is not our client, which does not happen with one server.
+      throw new PmixError(Status.ERR_NOT_FOUND, `no modex data for ${proc.nspace}:${proc.rank}`);
+    },
+
+    async publish({ proc, info: items }) {
+      return answer(() => {
+        const entries = items.filter((i) => !i.key.startsWith('pmix.')).map((i) => ({ key: i.key, value: i.value }));
+        rm.names.publish(publisherOf(proc), entries, { range: rangeOf(items), persistence: persistenceOf(items) });
+      });
+    },
+
+    async lookup({ proc, keys, info: dirs }) {
+      return answer(async () => {
+        const timeout = findNumber(dirs, Keys.TIMEOUT);
+        const found = await rm.names.lookup(publisherOf(proc), keys, {
+          range: rangeOf(dirs),
+          wait: isTrue(dirs, Keys.WAIT),
+          ...(timeout && timeout > 0 ? { timeoutMs: timeout * 1000 } : {}),
+        });
+        return found.map((d): PublishedDatum => ({ proc: { nspace: d.publisher.namespace, rank: d.publisher.rank }, key: d.key, value: d.value as Value }));
+      });
+    },
+
+    async unpublish({ proc, keys, info: dirs }) {
+      return answer(() => {
+        rm.names.unpublish(publisherOf(proc), keys, findValue(dirs, Keys.RANGE) ? rangeOf(dirs) : undefined);
+      });
+    },
+
+    async spawn() {
+      throw new PmixError(Status.ERR_NOT_SUPPORTED, 'dask-pmix does not start processes: MPI_Comm_spawn is not supported');
+    },
+
+    // Reached only when a participant is not a local client; with one server all are.
+    async connect() {},
+    async disconnect() {},
+    async registerEvents() {},
+    async deregisterEvents() {},
+    async notifyEvent({ status, source }) {
+      log?.('debug', 'event from a client', { status, source });
+    },
+
+    async query({ queries }) {
+      return answer(() => {
+        const out: Info[] = [];
+        for (const q of queries) {
+          for (const key of q.keys) {
+            if (key === Keys.QUERY_NUM_PSETS) {
+              // Open MPI 5.0.x reads the names before the count and misreads the count without them.
+              out.push(info(Keys.QUERY_PSET_NAMES, v.string(rm.listPsets().map((p) => p.name).join(','))));
+              out.push(info(Keys.QUERY_NUM_PSETS, v.size(rm.listPsets().length)));
+            } else if (key === Keys.QUERY_PSET_NAMES) {
+              out.push(info(Keys.QUERY_PSET_NAMES, v.string(rm.listPsets().map((p) => p.name).join(','))));
+            } else if (key === Keys.QUERY_PSET_MEMBERSHIP) {
+              const name = findString(q.qualifiers, Keys.PSET_NAME);
+              if (!name) throw new PmixError(Status.ERR_BAD_PARAM, 'PMIX_QUERY_PSET_MEMBERSHIP needs a PMIX_PSET_NAME qualifier');
+              const procs = rm.psetProcs(name).map((r) => ({ nspace: r.namespace, rank: r.rank }));
+              out.push(info(Keys.QUERY_PSET_MEMBERSHIP, v.procs(procs)));
+            }
+          }
+        }
+        if (out.length === 0) throw new PmixError(Status.ERR_NOT_FOUND, 'no answer to any query key');
+        return out;
+      });
+    },
+
+    // Without a job_control upcall libpmix leaves a shared-memory segment per rank behind.
+    async jobControl() {
+      throw new PmixError(Status.ERR_NOT_SUPPORTED, 'job control is not supported');
+    },
+
+    async log({ data }) {
+      log?.('info', 'PMIx_Log', { data: data.map((d) => d.key) });
+    },
+
+    async group({ op, group, procs, directives }) {
+      // libpmix answers a destruct itself (5.0.11 bug workaround in the binding); we only hear of it.
+      if (op !== 'construct') return [];
+      return answer(async () => {
+        const byNs = ranksByNamespace(rm, procs);
+        for (const [nspace, ranks] of byNs) {
+          await rm.collective(nspace, { name: `group:${group}`, participants: ranks, contributors: ranks });
+        }
+        const out: Info[] = [
+          info(Keys.GROUP_CONTEXT_ID, v.size(rm.contextIds.allocate())),
+          // Required: the 5.0.x client fails the construct without the final membership.
+          info(Keys.GROUP_MEMBERSHIP, v.procs(procs)),
+        ];
+        const endpt = findValue(directives, Keys.GROUP_ENDPT_DATA);
+        if (endpt) out.push(info(Keys.GROUP_ENDPT_DATA, endpt));
+        return out;
+      });
+    },
+  };
+}

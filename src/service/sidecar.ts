@@ -1,0 +1,123 @@
+// The sidecar: the composition root that wires the embedded PMIx server's upcalls to the
+// resource manager, installs the protocol backends, and serves the REST API.
+import { hostname } from 'node:os';
+import pino from 'pino';
+import { buildApi, type Api } from '../api/server.js';
+import { Metrics } from '../api/metrics.js';
+import { defaultPolicy } from '../policy/index.js';
+import { PmixServer } from '../pmix/index.js';
+import { StatusName } from '../pmix/status.js';
+import { ResourceManager, type JobBackend } from '../rm/index.js';
+import { DEFAULT_OMPI_ENV, PmixBackend } from './pmix-backend.js';
+import { pmixHandlers } from './pmix-handlers.js';
+
+export interface SidecarOptions {
+  /** REST bind address (default 127.0.0.1) and port (default 8790; 0 picks one). */
+  host?: string;
+  port?: number;
+  token?: string;
+  /** libpmix rendezvous and job session files. */
+  tmpdir: string;
+  logger?: pino.Logger;
+  wiringTimeoutSeconds?: number;
+  maxActiveJobs?: number;
+  releaseGraceMs?: number;
+  /** Accept PMIx clients on other hosts over TCP, on these interfaces, at this port. */
+  remoteConnections?: boolean;
+  tcpIfInclude?: string;
+  tcpPort?: number;
+  /** Replaces the OMPI_MCA_* settings every Open MPI member gets. */
+  ompiEnv?: Record<string, string>;
+  /**
+   * More protocol backends (the PMI-1/PMI-2 server for MPICH and Intel MPI), made once the core
+   * exists: they call it back as their clients connect.
+   */
+  backends?: (rm: ResourceManager) => JobBackend[] | Promise<JobBackend[]>;
+  version?: string;
+}
+
+export class Sidecar {
+  private stopping: Promise<void> | undefined;
+
+  private constructor(
+    readonly rm: ResourceManager,
+    readonly pmix: PmixServer,
+    readonly api: Api,
+    readonly url: string,
+    readonly log: pino.Logger,
+  ) {}
+
+  static async start(opts: SidecarOptions): Promise<Sidecar> {
+    const log = opts.logger ?? pino({ level: 'silent' });
+    let metrics: Metrics | undefined;
+    const rm = new ResourceManager({
+      policy: defaultPolicy({
+        ...(opts.maxActiveJobs !== undefined ? { maxActiveJobs: opts.maxActiveJobs } : {}),
+        ...(opts.releaseGraceMs !== undefined ? { releaseGraceMs: opts.releaseGraceMs } : {}),
+      }),
+      ...(opts.wiringTimeoutSeconds !== undefined ? { wiringTimeoutSeconds: opts.wiringTimeoutSeconds } : {}),
+      onCollective: (name, seconds, outcome) => metrics?.collectiveSeconds.observe({ name: name.replace(/:.*/, ''), outcome }, seconds),
+      onError: (what, err) => log.warn({ err, what }, 'the core survived an error'),
+    });
+    metrics = new Metrics(rm);
+    rm.events.subscribe((e) => {
+      const ev = e.event;
+      if (ev.kind === 'jobStateChanged') log.info({ job: ev.jobId, from: ev.from, to: ev.to, reason: ev.reason }, 'job state');
+    });
+
+    const pmix = PmixServer.start({
+      tmpdir: opts.tmpdir,
+      handlers: pmixHandlers({ rm, log: (level, msg, fields) => log[level](fields ?? {}, msg) }),
+      ...(opts.remoteConnections ? { remoteConnections: true } : {}),
+      ...(opts.tcpIfInclude ? { tcpIfInclude: opts.tcpIfInclude } : {}),
+      ...(opts.tcpPort !== undefined ? { tcpPort: opts.tcpPort } : {}),
+      observer: (name, status, seconds) => {
+        metrics!.upcalls.inc({ upcall: name, status: StatusName[status] ?? String(status) });
+        metrics!.upcallSeconds.observe({ upcall: name }, seconds);
+      },
+      onHandlerError: (name, err) => log.error({ err, upcall: name }, 'PMIx upcall handler failed'),
+    });
+    try {
+      rm.addBackend(new PmixBackend({
+        server: pmix,
+        tmpdir: opts.tmpdir,
+        ompiEnv: opts.ompiEnv ?? { ...DEFAULT_OMPI_ENV },
+        onError: (what, err) => log.warn({ err, what }, 'PMIx backend call failed'),
+      }));
+      for (const b of (await opts.backends?.(rm)) ?? []) rm.addBackend(b);
+      const api = await buildApi({
+        rm,
+        metrics,
+        ...(opts.token ? { token: opts.token } : {}),
+        version: opts.version ?? '0.0.0',
+        pmixVersion: PmixServer.libraryVersion(),
+        logger: log,
+      });
+      const host = opts.host ?? '127.0.0.1';
+      await api.app.listen({ host, port: opts.port ?? 8790 });
+      const addr = api.app.server.address();
+      const port = typeof addr === 'object' && addr ? addr.port : opts.port ?? 8790;
+      const url = `http://${host.includes(':') ? `[${host}]` : host}:${port}`;
+      log.info({ url, tmpdir: opts.tmpdir, host: hostname(), impls: rm.impls }, 'dask-pmix sidecar listening');
+      return new Sidecar(rm, pmix, api, url, log);
+    } catch (err) {
+      pmix.stop();
+      throw err;
+    }
+  }
+
+  /**
+   * Stops: new jobs are refused, active ones aborted with notice to their members and
+   * released, the REST server closed, libpmix finalized.
+   */
+  stop(reason = 'the sidecar is stopping'): Promise<void> {
+    this.stopping ??= (async () => {
+      this.log.info({ reason }, 'stopping');
+      await this.rm.shutdown(reason);
+      this.api.closeStreams();
+      await this.api.app.close();
+      this.pmix.stop();
+    })();
+    return this.stopping;
+  }
+}

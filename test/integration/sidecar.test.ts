@@ -1,0 +1,182 @@
+// The sidecar end to end: jobs created over REST, joined by real PMIx clients and Open MPI 5
+// ranks started as separate processes with nothing but the environment the REST API handed out.
+import { mkdtempSync } from 'node:fs';
+import { hostname, tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Sidecar } from '../../src/service/sidecar.js';
+import { bin } from '../helpers/build-clients.js';
+import { restClient, until } from '../helpers/http.js';
+import { describeRanks, startRank, type RankProcess } from '../helpers/ranks.js';
+
+const HOST = hostname();
+let sidecar: Sidecar;
+let api: ReturnType<typeof restClient>;
+let nextWorker = 0;
+
+beforeAll(async () => {
+  sidecar = await Sidecar.start({ port: 0, tmpdir: mkdtempSync(join(tmpdir(), 'dask-pmix-it-')), releaseGraceMs: 3000, version: 'test' });
+  api = restClient(sidecar.url);
+});
+afterAll(async () => {
+  await sidecar?.stop('tests done');
+});
+
+/** Registers n fresh workers on this host and returns their ids. */
+async function workers(n: number): Promise<string[]> {
+  const ids: string[] = [];
+  for (let i = 0; i < n; i++) {
+    const id = `tcp://127.0.0.1:${40000 + nextWorker++}`;
+    const r = await api('POST', '/v1/workers', { id, host: HOST, pid: process.pid });
+    expect(r.status, JSON.stringify(r.body)).toBe(201);
+    ids.push(id);
+  }
+  return ids;
+}
+
+async function createJob(body: Record<string, unknown>) {
+  const r = await api('POST', '/v1/jobs', { impl: 'openmpi', ...body });
+  expect(r.status, JSON.stringify(r.body)).toBe(201);
+  return r.body as { id: string; namespace: string; members: { workerId: string; rank: number }[] };
+}
+
+async function envs(job: { id: string; members: { workerId: string }[] }): Promise<Record<string, string>[]> {
+  const out: Record<string, string>[] = [];
+  for (const m of job.members) {
+    const r = await api('GET', `/v1/jobs/${job.id}/env/${encodeURIComponent(m.workerId)}`);
+    expect(r.status, JSON.stringify(r.body)).toBe(200);
+    out.push(r.body.env);
+  }
+  return out;
+}
+
+const jobState = async (id: string) => (await api('GET', `/v1/jobs/${id}`)).body;
+const waitState = (id: string, states: string[], ms = 20_000) =>
+  until(async () => { const j = await jobState(id); return states.includes(j.state) ? j : undefined; }, ms, `job ${id} to reach ${states.join('|')}`);
+const waitReleased = (id: string) => until(async () => { const j = await jobState(id); return j.releasedAt ? j : undefined; }, 20_000, `job ${id} released`);
+
+const client = (env: Record<string, string>, ...args: string[]) => startRank(bin('pmix_client'), args, env, 30_000);
+
+async function expectAllExit0(ranks: RankProcess[]) {
+  const codes = await Promise.all(ranks.map((r) => r.exited));
+  expect(codes, describeRanks(ranks)).toEqual(ranks.map(() => 0));
+}
+
+describe('the sidecar with real PMIx clients', () => {
+  it('hands out an environment with which clients connect, fence and finalize: the job completes', async () => {
+    const ids = await workers(3);
+    const job = await createJob({ members: ids });
+    const e = await envs(job);
+    expect(e[0]).toMatchObject({ PMIX_NAMESPACE: job.namespace, PMIX_RANK: '0', PMIX_HOSTNAME: HOST, OMPI_MCA_btl: '^ofi' });
+    expect((await api('GET', `/v1/workers/${encodeURIComponent(ids[0]!)}`)).body).toMatchObject({ state: 'frozen', jobId: job.id });
+    const ranks = e.map((env) => client(env, 'put-get'));
+    await expectAllExit0(ranks);
+    for (const [rank, r] of ranks.entries()) expect(r.lines).toContainEqual({ rank, size: 3, peer: (rank + 1) % 3, got: `value-from-${(rank + 1) % 3}` });
+    const done = await waitReleased(job.id);
+    expect(done).toMatchObject({ state: 'completed', error: '' });
+    expect(done.members.map((m: { state: string }) => m.state)).toEqual(['finalized', 'finalized', 'finalized']);
+    expect(done.startedAt).not.toBe('');
+    expect((await api('GET', `/v1/workers/${encodeURIComponent(ids[0]!)}`)).body).toMatchObject({ state: 'available', jobId: '' });
+  });
+
+  it('answers pset queries with the psets defined over REST', async () => {
+    const ids = await workers(2);
+    expect((await api('POST', '/v1/psets', { name: 'alpha', members: ids })).status).toBe(201);
+    expect((await api('POST', '/v1/psets', { name: 'beta', members: [ids[1]] })).status).toBe(201);
+    const job = await createJob({ pset: 'alpha' });
+    expect((await api('DELETE', '/v1/psets/alpha')).status).toBe(409);
+    const ranks = (await envs(job)).map((env) => client(env, 'query-psets'));
+    await expectAllExit0(ranks);
+    for (const r of ranks) expect(r.lines).toContainEqual(expect.objectContaining({ num_psets: 2, pset_names: 'alpha,beta' }));
+    await waitReleased(job.id);
+    expect((await api('DELETE', '/v1/psets/alpha')).status).toBe(200);
+    expect((await api('DELETE', '/v1/psets/beta')).status).toBe(200);
+  });
+
+  it('publishes and looks up (with wait) through the name service', async () => {
+    const job = await createJob({ members: await workers(3) });
+    const ranks = (await envs(job)).map((env) => client(env, 'publish-lookup', 'svc-it'));
+    await expectAllExit0(ranks);
+    for (const r of ranks.slice(1)) expect(r.lines).toContainEqual(expect.objectContaining({ looked_up: `port-of-${job.namespace}`, publisher: 0 }));
+    await waitState(job.id, ['completed']);
+  });
+
+  it('constructs a group with a server-wide context id', async () => {
+    const job = await createJob({ members: await workers(2) });
+    const ranks = (await envs(job)).map((env) => client(env, 'group', 'grp-it'));
+    await expectAllExit0(ranks);
+    const cids = ranks.map((r) => r.lines.find((l) => 'context_id' in l)?.context_id);
+    expect(cids[0]).toBe(cids[1]);
+    expect(Number(cids[0])).toBeGreaterThan(0xffff0000);
+  });
+
+  it('fails a job whose member never connects at the wiring timeout', async () => {
+    const job = await createJob({ members: await workers(2), wiringTimeoutSeconds: 1 });
+    const [e0] = await envs(job);
+    const r0 = client(e0!, 'hang');
+    await r0.waitFor((l) => l.init === true);
+    const t0 = Date.now();
+    const failed = await waitState(job.id, ['failed'], 5000);
+    expect(failed.error).toBe('wiring timeout: rank 1 did not connect within 1 s');
+    expect(Date.now() - t0).toBeLessThan(2000);
+    r0.child.kill('SIGKILL');
+    await waitReleased(job.id);
+    // Its workers can serve the next job.
+    const again = await createJob({ members: job.members.map((m) => m.workerId) });
+    await api('DELETE', `/v1/jobs/${again.id}`);
+  });
+
+  it('fails the job promptly when a member is killed, and frees the workers', async () => {
+    const job = await createJob({ members: await workers(2) });
+    const ranks = (await envs(job)).map((env) => client(env, 'hang'));
+    await Promise.all(ranks.map((r) => r.waitFor((l) => l.init === true)));
+    await waitState(job.id, ['running']);
+    const t0 = Date.now();
+    ranks[1]!.child.kill('SIGKILL');
+    const failed = await waitState(job.id, ['failed'], 10_000);
+    const seconds = (Date.now() - t0) / 1000;
+    expect(failed.error).toMatch(/rank 1 .* was lost: its connection to the PMIx server dropped/);
+    expect(failed.members[1]).toMatchObject({ state: 'lost' });
+    expect(seconds).toBeLessThan(3);
+    ranks[0]!.child.kill('SIGKILL');
+    await waitReleased(job.id);
+  });
+
+  it('aborts the job when a member calls PMIx_Abort', async () => {
+    const job = await createJob({ members: await workers(1) });
+    const [e] = await envs(job);
+    const r = client(e!, 'abort', '7');
+    await r.waitFor((l) => 'abort_returned' in l);
+    const aborted = await waitState(job.id, ['aborted']);
+    expect(aborted.error).toBe('rank 0 aborted the job with status 7: test client abort');
+    r.child.kill('SIGKILL');
+    await waitReleased(job.id);
+  });
+});
+
+describe('the sidecar with Open MPI 5 ranks', () => {
+  it('runs MPI_Session_init + MPI_Comm_create_from_group + Allreduce over 4 ranks of a pset', async () => {
+    const ids = await workers(4);
+    await api('POST', '/v1/psets', { name: 'ompi4', members: ids });
+    const job = await createJob({ pset: 'ompi4' });
+    const ranks = (await envs(job)).map((env) => startRank(bin('mpi_job_ompi5'), ['session'], env, 60_000));
+    await expectAllExit0(ranks);
+    for (const [rank, r] of ranks.entries()) {
+      expect(r.lines.find((l) => 'sum' in l), describeRanks(ranks)).toMatchObject({ rank, size: 4, sum: 10, ok: true });
+    }
+    const done = await waitReleased(job.id);
+    expect(done.state).toBe('completed');
+    const metrics = await (await fetch(`${sidecar.url}/metrics`)).text();
+    expect(metrics).toMatch(/dask_pmix_pmix_upcalls_total\{upcall="group",status="PMIX_SUCCESS"\} [1-9]/);
+  });
+
+  it('runs MPI_Init + Allreduce over 2 ranks chosen by a selector, twice on the same workers', async () => {
+    const ids = await workers(2);
+    for (let round = 0; round < 2; round++) {
+      const job = await createJob({ members: ids });
+      const ranks = (await envs(job)).map((env) => startRank(bin('mpi_job_ompi5'), ['world'], env, 60_000));
+      await expectAllExit0(ranks);
+      expect((await waitReleased(job.id)).state).toBe('completed');
+    }
+  });
+});
