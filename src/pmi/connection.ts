@@ -15,6 +15,7 @@ import { Pmi2Session } from './pmi2-session.js';
 import { WireFramer, type Frame } from './wire-framer.js';
 
 const MAX_IN_FLIGHT = 64;
+const HANG_UP_GRACE_MS = 1000;
 const RESUME_BELOW = 8;
 
 export type TraceEvent =
@@ -31,7 +32,7 @@ export class PmiConnection {
   /** Tail of the PMI-1 queue: each line's reply waits for the previous one. */
   private serial: Promise<void> = Promise.resolve();
   private closed = false;
-  private releasedByCore = false;
+  private hungUp = false;
   private inFlight = 0;
   private readonly closedPromise: Promise<void>;
 
@@ -68,10 +69,18 @@ export class PmiConnection {
     this.socket.destroy();
   }
 
-  /** The core released the job: close without reporting the member lost. */
+  /**
+   * The core is done with this member's job. Replies already on their way (the finalize_ack
+   * that completed the job, the error that ended a pending barrier) go out first; a client
+   * that keeps its end open (MPICH does until exit) is cut off shortly after.
+   */
   private hangUp(): void {
-    this.releasedByCore = true;
-    this.socket.destroy();
+    if (this.hungUp) return;
+    this.hungUp = true;
+    setImmediate(() => {
+      this.socket.end();
+      setTimeout(() => this.socket.destroy(), HANG_UP_GRACE_MS).unref();
+    });
   }
 
   private onData(chunk: Buffer): void {
@@ -165,7 +174,7 @@ export class PmiConnection {
     this.closed = true;
     const { member, phase } = this.state;
     this.trace?.({ conn: this.id, dir: 'close', text: phase });
-    if (!member || this.releasedByCore) return;
+    if (!member) return;
     try {
       member.disconnected(phase === 'bound' ? 'its PMI connection closed before PMI finalize' : `connection closed after ${phase}`);
     } catch {

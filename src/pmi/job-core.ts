@@ -82,7 +82,10 @@ export interface PmiMember {
 export interface PmiConnectionHandle {
   /** Remote address, for messages. */
   readonly peer: string;
-  /** Closes the connection (the job was released); the member is not reported lost for it. */
+  /**
+   * Closes the connection once the replies already produced are written (the job ended or was
+   * released). The member's `disconnected` still follows; the core knows why.
+   */
   hangUp(): void;
 }
 

@@ -56,8 +56,9 @@ export class Pmi1Session {
       return typeof r === 'string' ? { text: r } : r;
     } catch (e) {
       const err = e instanceof PmiError ? e : new PmiError(errorMessage(e));
-      // A refused initack leaves an MPICH 4.0.2 client waiting for `cmd=set` lines: hang up instead.
-      return { text: formatPmi1Error(response, err), close: c.cmd === 'initack' };
+      // A refused initack leaves an MPICH 4.0.2 client waiting for `cmd=set` lines: hang up
+      // instead, unless this connection already belongs to a member.
+      return { text: formatPmi1Error(response, err), close: c.cmd === 'initack' && this.state.phase === 'new' };
     }
   }
 

@@ -45,6 +45,8 @@ interface PmiJob {
   staged: Map<string, string>[];
   /** The live connection of each rank. */
   conns: (PmiConnectionHandle | undefined)[];
+  /** Released by the core: nothing of it is reported any more. */
+  released: boolean;
 }
 
 export class PmiBackend implements JobBackend, PmiJobCore {
@@ -83,6 +85,7 @@ export class PmiBackend implements JobBackend, PmiJobCore {
       hosts: job.members.map((m) => m.host),
       staged: job.members.map(() => new Map()),
       conns: job.members.map(() => undefined),
+      released: false,
     };
     pj.pmiIds.forEach((id, rank) => this.byPmiId.set(id, { pj, rank }));
     this.jobs.set(job.id, pj);
@@ -102,15 +105,22 @@ export class PmiBackend implements JobBackend, PmiJobCore {
   }
 
   /**
-   * Nothing to push: PMI has no server-initiated message. Members waiting in a fence or a
-   * node-attribute wait have had their error replies from the core already, and every later
-   * command of the job's members is answered with the job's error.
+   * PMI has no message a server may send unasked, so the members are told by hanging up once
+   * their pending barriers and waits have been answered with the job's error (the core has
+   * just failed those). This is the PMI way of hydra killing the job: MPICH 5 reports the
+   * error reply, and MPICH 4.0.2, which ignores rc in barrier_out, fails at its next PMI call
+   * instead of carrying on in a dead job. The core is told when each connection has gone, so
+   * it can release the job without waiting out the grace period.
    */
-  async notifyEnded(): Promise<void> {}
+  async notifyEnded(job: Readonly<Job>): Promise<void> {
+    const pj = this.jobs.get(job.id);
+    for (const c of pj?.conns ?? []) c?.hangUp();
+  }
 
   async release(job: Readonly<Job>): Promise<void> {
     const pj = this.jobs.get(job.id);
     if (!pj) return;
+    pj.released = true;
     this.jobs.delete(job.id);
     for (const id of pj.pmiIds) this.byPmiId.delete(id);
     for (const c of pj.conns) c?.hangUp();
@@ -262,6 +272,7 @@ class RmPmiMember implements PmiMember {
 
   disconnected(reason: string): void {
     this.detach();
+    if (this.pj.released) return;
     const job = this.rm.jobByNamespace(this.ns);
     if (!job) return;
     const m = job.members[this.rank];
