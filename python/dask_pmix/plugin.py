@@ -48,6 +48,16 @@ class SidecarPlugin(SchedulerPlugin):
         self._stop = threading.Event()
         self._events_thread: threading.Thread | None = None
 
+    # The plugin is pickled on its way to the scheduler: send the configuration only.
+    _CONFIG = ("url", "token", "sidecar_args", "sidecar_log")
+
+    def __getstate__(self) -> dict:
+        return {k: self.__dict__[k] for k in self._CONFIG}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(**{k: state[k] for k in ("url", "token")}, sidecar_args=state["sidecar_args"],
+                      sidecar_log=state["sidecar_log"])
+
     # -- life cycle -----------------------------------------------------------------------------
     async def start(self, scheduler) -> None:
         self.scheduler = scheduler

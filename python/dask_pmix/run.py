@@ -101,9 +101,15 @@ def _gather(client, job_id: str, members: list[dict], futures: list) -> list:
     died has a task that will never run, so its future alone would wait forever."""
     from distributed import wait
 
+    from distributed.client import TimeoutError as DaskTimeoutError
+
     while True:
-        done, pending = wait(futures, timeout=0.25, return_when="FIRST_EXCEPTION")
-        errored = [f for f in done if f.status == "error"]
+        try:
+            wait(futures, timeout=0.25, return_when="ALL_COMPLETED")
+        except (DaskTimeoutError, TimeoutError):
+            pass
+        pending = [f for f in futures if not f.done()]
+        errored = [f for f in futures if f.status == "error"]
         if not pending and not errored:
             return client.gather(futures)
         job = client.sync(client.scheduler.dask_pmix_job, job_id=job_id)
