@@ -39,7 +39,8 @@ export function eventRoutes(app: FastifyInstance, rm: ResourceManager, open: Set
         raw.write(`id: ${e.seq}\nevent: ${String(json.kind)}\ndata: ${JSON.stringify(json)}\n\n`);
       }
     };
-    if (!binary) raw.write(': dask-pmix events\n\n');
+    if (binary) raw.flushHeaders();
+    else raw.write(': dask-pmix events\n\n');
     if (since !== undefined) for (const e of rm.events.since(since)) write(e);
     const unsubscribe = rm.events.subscribe(write);
     const heartbeat = setInterval(() => { if (!binary) raw.write(': ping\n\n'); }, HEARTBEAT_MS);

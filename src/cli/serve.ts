@@ -21,6 +21,10 @@ const HELP = `usage: dask-pmix serve [options]
   --remote                 accept PMIx clients on other hosts over TCP
   --pmix-if IFACE          interface or subnet for remote PMIx clients (implies --remote)
   --pmix-port PORT         fixed TCP port for PMIx clients
+  --pmi-host ADDR          PMI-1/PMI-2 listener address (MPICH, Intel MPI)  [default 127.0.0.1]
+  --pmi-port PORT          its port                       [default: any free one]
+  --pmi-advertise HOST     host name members use in PMI_PORT  [default: the bound address]
+  --no-pmi                 serve Open MPI (PMIx) only
   --ompi-env K=V           an Open MPI setting for every member (repeatable; replaces the defaults
                            OMPI_MCA_btl=^ofi OMPI_MCA_mpi_yield_when_idle=1)
   -h, --help
@@ -49,6 +53,10 @@ export async function serve(argv: string[]): Promise<number> {
       'pmix-if': { type: 'string' },
       'pmix-port': { type: 'string' },
       'ompi-env': { type: 'string', multiple: true },
+      'pmi-host': { type: 'string' },
+      'pmi-port': { type: 'string' },
+      'pmi-advertise': { type: 'string' },
+      'no-pmi': { type: 'boolean' },
       help: { type: 'boolean', short: 'h' },
     },
     strict: true,
@@ -89,6 +97,13 @@ export async function serve(argv: string[]): Promise<number> {
     ...(values['pmix-if'] ? { tcpIfInclude: values['pmix-if'] } : {}),
     ...(pmixPort !== undefined ? { tcpPort: pmixPort } : {}),
     ...(ompiEnv ? { ompiEnv } : {}),
+    pmi: values['no-pmi']
+      ? false
+      : {
+          ...(values['pmi-host'] ? { host: values['pmi-host'] } : {}),
+          ...(values['pmi-port'] ? { port: num('pmi-port', values['pmi-port'])! } : {}),
+          ...(values['pmi-advertise'] ? { advertisedHost: values['pmi-advertise'] } : {}),
+        },
   });
   // One line on stdout that a parent process can wait for.
   process.stdout.write(`dask-pmix listening on ${sidecar.url}\n`);

@@ -7,6 +7,7 @@ import { Metrics } from '../api/metrics.js';
 import { defaultPolicy } from '../policy/index.js';
 import { PmixServer } from '../pmix/index.js';
 import { StatusName } from '../pmix/status.js';
+import { PmiBackend } from '../pmi/index.js';
 import { ResourceManager, type JobBackend } from '../rm/index.js';
 import { DEFAULT_OMPI_ENV, PmixBackend } from './pmix-backend.js';
 import { pmixHandlers } from './pmix-handlers.js';
@@ -28,6 +29,11 @@ export interface SidecarOptions {
   tcpPort?: number;
   /** Replaces the OMPI_MCA_* settings every Open MPI member gets. */
   ompiEnv?: Record<string, string>;
+  /**
+   * The PMI-1/PMI-2 listener for MPICH and Intel MPI jobs (default: on, 127.0.0.1, any port);
+   * false leaves those implementations out.
+   */
+  pmi?: false | { host?: string; port?: number; advertisedHost?: string; extraEnv?: Record<string, string> };
   /**
    * More protocol backends (the PMI-1/PMI-2 server for MPICH and Intel MPI), made once the core
    * exists: they call it back as their clients connect.
@@ -84,6 +90,19 @@ export class Sidecar {
         ompiEnv: opts.ompiEnv ?? { ...DEFAULT_OMPI_ENV },
         onError: (what, err) => log.warn({ err, what }, 'PMIx backend call failed'),
       }));
+      if (opts.pmi !== false) {
+        const p = opts.pmi ?? {};
+        const pmi = await PmiBackend.start({
+          rm,
+          ...(p.host ? { host: p.host } : {}),
+          ...(p.port !== undefined ? { port: p.port } : {}),
+          ...(p.advertisedHost ? { advertisedHost: p.advertisedHost } : {}),
+          ...(p.extraEnv ? { extraEnv: p.extraEnv } : {}),
+          onError: (what, err) => log.warn({ err, what }, 'PMI backend call failed'),
+        });
+        rm.addBackend(pmi);
+        log.info({ pmiPort: pmi.pmiPort }, 'PMI-1/PMI-2 listener ready');
+      }
       for (const b of (await opts.backends?.(rm)) ?? []) rm.addBackend(b);
       const api = await buildApi({
         rm,

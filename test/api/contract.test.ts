@@ -1,0 +1,238 @@
+// The REST contract over real HTTP: every route's success shape and every error it promises
+// (400 schema, 401 auth, 404 unknown id, 409 conflict, 422 unresolvable, 503 stopping), and that a
+// failed request changes nothing.
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { apiFixture, type ApiFixture } from './fixture.js';
+
+let fx: ApiFixture;
+beforeAll(async () => {
+  fx = await apiFixture();
+});
+afterAll(() => fx.close());
+
+const w = (id: string, host = 'h1', extra: Record<string, unknown> = {}) => ({ id, host, ...extra });
+const enc = encodeURIComponent;
+
+function expectError(r: { status: number; body: any }, status: number, message?: RegExp) {
+  expect(r.status, JSON.stringify(r.body)).toBe(status);
+  expect(r.body).toMatchObject({ statusCode: status, error: expect.any(String), message: expect.any(String) });
+  if (message) expect(r.body.message).toMatch(message);
+}
+
+describe('health, docs and metrics', () => {
+  it('GET /v1/health', async () => {
+    const r = await fx.anon('GET', '/v1/health');
+    expect(r.status).toBe(200);
+    expect(r.body).toMatchObject({ status: 'ok', version: 'test', pmixVersion: '5.0.11', impls: ['openmpi', 'mpich'] });
+    expect(r.body.uptimeSeconds).toBeGreaterThanOrEqual(0);
+  });
+
+  it('serves the OpenAPI document and the docs page', async () => {
+    const r = await fx.anon('GET', '/openapi.json');
+    expect(r.status).toBe(200);
+    expect(r.body.openapi).toMatch(/^3\./);
+    for (const p of ['/v1/workers', '/v1/workers/{id}', '/v1/psets', '/v1/psets/{name}', '/v1/jobs', '/v1/jobs/{id}', '/v1/jobs/{id}/env/{workerId}', '/v1/events', '/v1/health']) {
+      expect(Object.keys(r.body.paths)).toContain(p);
+    }
+    expect(r.body.paths['/v1/jobs'].post.requestBody.content['application/json'].schema.properties.impl.enum).toEqual(['openmpi', 'mpich', 'intelmpi']);
+    const docs = await fetch(`${fx.url}/docs`);
+    expect(docs.status).toBe(200);
+    expect(await docs.text()).toMatch(/swagger/i);
+  });
+
+  it('GET /metrics in the Prometheus text format', async () => {
+    await fx.anon('GET', '/v1/workers');
+    const res = await fetch(`${fx.url}/metrics`);
+    expect(res.headers.get('content-type')).toMatch(/text\/plain/);
+    const text = await res.text();
+    expect(text).toMatch(/^# TYPE dask_pmix_jobs gauge$/m);
+    expect(text).toMatch(/^dask_pmix_jobs\{state="running"\} \d+$/m);
+    expect(text).toMatch(/^dask_pmix_http_requests_total\{method="GET",route="\/v1\/workers",code="200"\} [1-9]/m);
+  });
+
+  it('answers unknown routes with the error shape', async () => {
+    expectError(await fx.anon('GET', '/v1/nope'), 404, /no route/);
+  });
+});
+
+describe('workers', () => {
+  it('POST registers, GET lists and gets, DELETE removes', async () => {
+    const r = await fx.call('POST', '/v1/workers', w('tcp://10.0.0.1:1', 'h1', { pid: 42, uid: 1000, gid: 1000, resources: { GPU: 1 }, tags: ['a'] }));
+    expect(r.status).toBe(201);
+    expect(r.body).toMatchObject({ id: 'tcp://10.0.0.1:1', address: 'tcp://10.0.0.1:1', host: 'h1', pid: 42, uid: 1000, gid: 1000, state: 'available', jobId: '', resources: { GPU: 1 }, tags: ['a'] });
+    expect(r.body.registeredAt).toMatch(/^\d{4}-\d\d-\d\dT/);
+    expect((await fx.anon('GET', '/v1/workers')).body.workers.map((x: any) => x.id)).toContain('tcp://10.0.0.1:1');
+    expect((await fx.anon('GET', `/v1/workers/${enc('tcp://10.0.0.1:1')}`)).body.host).toBe('h1');
+    const d = await fx.call('DELETE', `/v1/workers/${enc('tcp://10.0.0.1:1')}?reason=retired`);
+    expect(d.status).toBe(200);
+    expect(d.body.state).toBe('gone');
+    expectError(await fx.anon('GET', `/v1/workers/${enc('tcp://10.0.0.1:1')}`), 404);
+  });
+
+  it('400 on schema violations, 401 without the token, 404 on unknown ids, 409 on duplicates', async () => {
+    expectError(await fx.call('POST', '/v1/workers', { id: 'x' }), 400, /host/);
+    expectError(await fx.call('POST', '/v1/workers', { id: '', host: 'h' }), 400);
+    expectError(await fx.call('POST', '/v1/workers', { id: 'x', host: 'h', bogus: 1 }), 400, /additional/);
+    expectError(await fx.call('POST', '/v1/workers', { id: 'x', host: 'h', pid: 'many' }), 400);
+    expectError(await fx.call('POST', '/v1/workers', { id: 'x', host: 'h', uid: -1 }), 400);
+    expectError(await fx.call('POST', '/v1/workers', '{not json'), 400);
+    expectError(await fx.call('POST', '/v1/workers'), 400);
+    expectError(await fx.anon('POST', '/v1/workers', w('x')), 401, /Bearer/);
+    expectError(await fx.anon('POST', '/v1/workers', w('x'), { authorization: 'Bearer wrong' }), 401, /not valid/);
+    expectError(await fx.anon('DELETE', '/v1/workers/x'), 401);
+    expectError(await fx.call('DELETE', '/v1/workers/nope'), 404);
+    expect((await fx.call('POST', '/v1/workers', w('dup'))).status).toBe(201);
+    expectError(await fx.call('POST', '/v1/workers', w('dup', 'h2')), 409, /already registered/);
+    expect((await fx.anon('GET', '/v1/workers/dup')).body.host).toBe('h1');
+    expect((await fx.anon('GET', '/v1/workers')).body.workers.map((x: any) => x.id)).not.toContain('x');
+  });
+});
+
+describe('process sets', () => {
+  beforeAll(async () => {
+    for (const id of ['p1', 'p2', 'p3']) await fx.call('POST', '/v1/workers', w(id, id === 'p3' ? 'h2' : 'h1', { tags: ['pset'] }));
+  });
+
+  it('POST defines, GET lists and gets, PUT redefines, DELETE deletes', async () => {
+    const r = await fx.call('POST', '/v1/psets', { name: 'ps', members: ['p2', 'p1'] });
+    expect(r.status).toBe(201);
+    expect(r.body).toMatchObject({ name: 'ps', members: ['p2', 'p1'], jobId: '' });
+    const s = await fx.call('POST', '/v1/psets', { name: 'sel', selector: { count: 2, placement: 'spread', tags: ['pset'] } });
+    expect(s.status).toBe(201);
+    expect(s.body).toMatchObject({ members: ['p1', 'p3'], selector: { count: 2, placement: 'spread', tags: ['pset'] } });
+    expect((await fx.anon('GET', '/v1/psets')).body.psets.map((p: any) => p.name)).toEqual(['ps', 'sel']);
+    expect((await fx.anon('GET', '/v1/psets/ps')).body.members).toEqual(['p2', 'p1']);
+    const u = await fx.call('PUT', '/v1/psets/ps', { members: ['p3'] });
+    expect(u.status).toBe(200);
+    expect(u.body.members).toEqual(['p3']);
+    expect((await fx.call('DELETE', '/v1/psets/sel')).status).toBe(200);
+    expectError(await fx.anon('GET', '/v1/psets/sel'), 404);
+  });
+
+  it('4xx: bad bodies, unknown names and members, unmet selectors, psets in use', async () => {
+    expectError(await fx.call('POST', '/v1/psets', { name: 'x' }), 400, /exactly one/);
+    expectError(await fx.call('POST', '/v1/psets', { name: 'x', members: ['p1'], selector: { count: 1 } }), 400, /exactly one/);
+    expectError(await fx.call('POST', '/v1/psets', { name: 'x', members: [] }), 400);
+    expectError(await fx.call('POST', '/v1/psets', { name: 'x', members: ['p1', 'p1'] }), 400);
+    expectError(await fx.call('POST', '/v1/psets', { name: 'mpi://WORLD', members: ['p1'] }), 400, /reserved/);
+    expectError(await fx.call('POST', '/v1/psets', { name: 'bad name', members: ['p1'] }), 400);
+    expectError(await fx.call('POST', '/v1/psets', { name: 'x', selector: { count: 0 } }), 400);
+    expectError(await fx.call('POST', '/v1/psets', { name: 'x', selector: { count: 1, placement: 'diagonal' } }), 400);
+    expectError(await fx.call('POST', '/v1/psets', { name: 'x', members: ['ghost'] }), 422, /ghost/);
+    expectError(await fx.call('POST', '/v1/psets', { name: 'x', selector: { count: 9 } }), 422, /needs 9/);
+    expectError(await fx.anon('POST', '/v1/psets', { name: 'x', members: ['p1'] }), 401);
+    expectError(await fx.call('POST', '/v1/psets', { name: 'ps', members: ['p1'] }), 409, /already exists/);
+    expectError(await fx.call('PUT', '/v1/psets/none', { members: ['p1'] }), 404);
+    expectError(await fx.call('PUT', '/v1/psets/ps', { name: 'other', members: ['p1'] }), 400, /path names/);
+    expectError(await fx.call('PUT', '/v1/psets/ps', { members: ['ghost'] }), 422);
+    expectError(await fx.anon('PUT', '/v1/psets/ps', { members: ['p1'] }), 401);
+    expectError(await fx.call('DELETE', '/v1/psets/none'), 404);
+    expectError(await fx.anon('DELETE', '/v1/psets/ps'), 401);
+    const job = await fx.call('POST', '/v1/jobs', { impl: 'openmpi', pset: 'ps' });
+    expect(job.status).toBe(201);
+    expect((await fx.anon('GET', '/v1/psets/ps')).body.jobId).toBe(job.body.id);
+    expectError(await fx.call('PUT', '/v1/psets/ps', { members: ['p1'] }), 409, /used by active job/);
+    expectError(await fx.call('DELETE', '/v1/psets/ps'), 409, /used by active job/);
+    expect((await fx.call('DELETE', `/v1/jobs/${job.body.id}`)).status).toBe(200);
+    expect((await fx.call('DELETE', '/v1/psets/ps')).status).toBe(200);
+    expect((await fx.anon('GET', '/v1/psets')).body.psets).toEqual([]);
+  });
+});
+
+describe('jobs', () => {
+  beforeAll(async () => {
+    for (const id of ['j1', 'j2', 'j3', 'j4']) await fx.call('POST', '/v1/workers', w(id, id < 'j3' ? 'ha' : 'hb'));
+  });
+
+  it('POST creates from members, GET lists and gets, env per member, DELETE aborts and forgets', async () => {
+    const r = await fx.call('POST', '/v1/jobs', { impl: 'openmpi', members: ['j2', 'j3'], owner: 'client-1', labels: { app: 'x' }, wiringTimeoutSeconds: 30 });
+    expect(r.status).toBe(201);
+    const job = r.body;
+    expect(job).toMatchObject({
+      impl: 'openmpi', mode: 'fork', state: 'pending', owner: 'client-1', labels: { app: 'x' }, wiringTimeoutSeconds: 30, timeoutSeconds: 0, error: '',
+      members: [
+        { workerId: 'j2', rank: 0, host: 'ha', localRank: 0, nodeRank: 0, nodeId: 0, state: 'assigned' },
+        { workerId: 'j3', rank: 1, host: 'hb', localRank: 0, nodeRank: 0, nodeId: 1, state: 'assigned' },
+      ],
+    });
+    expect(job.namespace).toContain(job.id);
+    expect((await fx.anon('GET', '/v1/workers/j2')).body).toMatchObject({ state: 'frozen', jobId: job.id });
+    expect((await fx.anon('GET', '/v1/jobs')).body.jobs.map((j: any) => j.id)).toContain(job.id);
+    expect((await fx.anon('GET', '/v1/jobs?state=pending')).body.jobs.map((j: any) => j.id)).toEqual([job.id]);
+    expect((await fx.anon('GET', '/v1/jobs?state=running')).body.jobs).toEqual([]);
+    expect((await fx.anon('GET', `/v1/jobs/${job.id}`)).body.id).toBe(job.id);
+    const env = await fx.call('GET', `/v1/jobs/${job.id}/env/j3`);
+    expect(env.status).toBe(200);
+    expect(env.body).toEqual({ jobId: job.id, workerId: 'j3', rank: 1, size: 2, impl: 'openmpi', env: { NS: job.namespace, RANK: '1' } });
+    const d = await fx.call('DELETE', `/v1/jobs/${job.id}`);
+    expect(d.status).toBe(200);
+    expect(d.body).toMatchObject({ state: 'aborted', error: 'deleted over REST' });
+    expect(d.body.releasedAt).not.toBe('');
+    expectError(await fx.anon('GET', `/v1/jobs/${job.id}`), 404);
+    expect((await fx.anon('GET', '/v1/workers/j2')).body.state).toBe('available');
+  });
+
+  it('creates from a selector and honours placement', async () => {
+    const r = await fx.call('POST', '/v1/jobs', { impl: 'mpich', selector: { count: 2, placement: 'spread', hosts: ['ha', 'hb'] } });
+    expect(r.status).toBe(201);
+    expect(r.body.members.map((m: any) => m.host)).toEqual(['ha', 'hb']);
+    await fx.call('DELETE', `/v1/jobs/${r.body.id}`);
+  });
+
+  it('reports a member lost: the job fails, env is refused', async () => {
+    const job = (await fx.call('POST', '/v1/jobs', { impl: 'openmpi', members: ['j1', 'j4'] })).body;
+    const r = await fx.call('POST', `/v1/jobs/${job.id}/members/j4/lost`, { reason: 'child killed by SIGKILL' });
+    expect(r.status).toBe(200);
+    expect(r.body).toMatchObject({ state: 'failed', error: 'rank 1 (worker j4) was lost: child killed by SIGKILL' });
+    expectError(await fx.call('GET', `/v1/jobs/${job.id}/env/j1`), 409, /failed/);
+    expectError(await fx.call('POST', `/v1/jobs/${job.id}/members/nope/lost`, {}), 404);
+    expectError(await fx.call('POST', '/v1/jobs/nope/members/j1/lost', {}), 404);
+    expectError(await fx.anon('POST', `/v1/jobs/${job.id}/members/j1/lost`, {}), 401);
+    await fx.call('DELETE', `/v1/jobs/${job.id}`);
+  });
+
+  it('4xx: schema, auth, unknown ids, conflicts, unresolvable requests; nothing changes', async () => {
+    const before = JSON.stringify((await fx.anon('GET', '/v1/workers')).body);
+    expectError(await fx.call('POST', '/v1/jobs', { members: ['j1'] }), 400, /impl/);
+    expectError(await fx.call('POST', '/v1/jobs', { impl: 'lam', members: ['j1'] }), 400);
+    expectError(await fx.call('POST', '/v1/jobs', { impl: 'IMPL_UNSPECIFIED', members: ['j1'] }), 400);
+    expectError(await fx.call('POST', '/v1/jobs', { impl: 'openmpi' }), 400, /exactly one/);
+    expectError(await fx.call('POST', '/v1/jobs', { impl: 'openmpi', members: ['j1'], selector: { count: 1 } }), 400, /exactly one/);
+    expectError(await fx.call('POST', '/v1/jobs', { impl: 'openmpi', members: ['j1'], timeoutSeconds: -1 }), 400);
+    expectError(await fx.call('POST', '/v1/jobs', { impl: 'openmpi', members: ['j1'], mode: 'teleport' }), 400);
+    expectError(await fx.call('POST', '/v1/jobs', { impl: 'openmpi', members: ['j1'], extra: true }), 400);
+    expectError(await fx.anon('POST', '/v1/jobs', { impl: 'openmpi', members: ['j1'] }), 401);
+    expectError(await fx.call('POST', '/v1/jobs', { impl: 'openmpi', members: ['ghost'] }), 422, /ghost/);
+    expectError(await fx.call('POST', '/v1/jobs', { impl: 'openmpi', pset: 'ghost' }), 422, /no pset/);
+    expectError(await fx.call('POST', '/v1/jobs', { impl: 'openmpi', selector: { count: 99 } }), 422);
+    expectError(await fx.call('POST', '/v1/jobs', { impl: 'intelmpi', members: ['j1'] }), 422, /cannot serve intelmpi/);
+    const held = (await fx.call('POST', '/v1/jobs', { impl: 'openmpi', members: ['j1'] })).body;
+    expectError(await fx.call('POST', '/v1/jobs', { impl: 'openmpi', members: ['j2', 'j1'] }), 409, /already in job/);
+    expectError(await fx.anon('GET', '/v1/jobs/nope'), 404);
+    expectError(await fx.call('DELETE', '/v1/jobs/nope'), 404);
+    expectError(await fx.anon('DELETE', `/v1/jobs/${held.id}`), 401);
+    expectError(await fx.call('GET', '/v1/jobs/nope/env/j1'), 404);
+    expectError(await fx.call('GET', `/v1/jobs/${held.id}/env/j2`), 404, /not a member/);
+    expectError(await fx.anon('GET', `/v1/jobs/${held.id}/env/j1`), 401);
+    expectError(await fx.anon('GET', '/v1/jobs?state=bogus'), 400);
+    await fx.call('DELETE', `/v1/jobs/${held.id}`);
+    expect(JSON.stringify((await fx.anon('GET', '/v1/workers')).body)).toBe(before);
+    expect((await fx.anon('GET', '/v1/jobs')).body.jobs.filter((j: any) => ['pending', 'wiring', 'running'].includes(j.state))).toEqual([]);
+  });
+});
+
+describe('admission and shutdown', () => {
+  it('409 at the cap of active jobs; 503 once stopping', async () => {
+    const small = await apiFixture({ maxActiveJobs: 1, token: '' });
+    try {
+      for (const id of ['a', 'b']) await small.call('POST', '/v1/workers', w(id));
+      expect((await small.call('POST', '/v1/jobs', { impl: 'openmpi', members: ['a'] })).status).toBe(201);
+      expectError(await small.call('POST', '/v1/jobs', { impl: 'openmpi', members: ['b'] }), 409, /at most 1/);
+      await small.rm.shutdown('SIGTERM');
+      expectError(await small.call('POST', '/v1/jobs', { impl: 'openmpi', members: ['b'] }), 503, /stopping/);
+      expect((await small.call('GET', '/v1/health')).body.status).toBe('stopping');
+    } finally {
+      await small.close();
+    }
+  });
+});
