@@ -27,7 +27,8 @@ as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 # --- 1. Debian packages -----------------------------------------------------------------------
 # Build tools, and Debian's own Open MPI 4.1 and MPICH 4.0 for the compatibility rows.
 APT_PACKAGES=(build-essential cmake pkg-config python3-venv ca-certificates
-  openmpi-bin libopenmpi-dev mpich libmpich-dev)
+  openmpi-bin libopenmpi-dev mpich libmpich-dev
+  libpmi2-0-dev)  # Slurm's PMI-2 client: the PMI server's tests (and Intel MPI's I_MPI_PMI=pmi2)
 apt_packages() {
   local missing=()
   for p in "${APT_PACKAGES[@]}"; do

@@ -1,7 +1,7 @@
 // What one client connection knows, shared by its PMI-1 and PMI-2 command handlers (a PMI-2
 // client speaks one PMI-1 line before switching), plus the checks both protocols make.
 import { PmiError } from './errors.js';
-import type { PmiConnectionHandle, PmiJobCore, PmiMember } from './job-core.js';
+import type { PmiConnectionInfo, PmiJobCore, PmiMember } from './job-core.js';
 import { clip } from './pmi1-codec.js';
 import { processMapping } from './process-mapping.js';
 
@@ -22,11 +22,16 @@ export class ConnectionState {
   member: PmiMember | undefined;
   /** Wire version the client asked for with `cmd=init`; PMI-2 frames also set it. */
   version: 1 | 2 | undefined;
+  /**
+   * A PMI-2 client of the older dialect (MPICH 4.0 simple2pmi, Slurm's libpmi2, so Intel MPI
+   * with I_MPI_PMI=pmi2): it sends `threaded=` in fullinit and unescapes `;;` in values.
+   */
+  pmi2Escapes = false;
   private mapping: string | undefined;
 
   constructor(
     readonly core: PmiJobCore,
-    readonly conn: PmiConnectionHandle,
+    readonly conn: PmiConnectionInfo,
   ) {}
 
   /** The bound member, or a PmiError saying why there is none. */

@@ -4,6 +4,8 @@
 // most one command outstanding); PMI-2 commands run concurrently and are matched by thrid.
 // Whatever a client sends, the worst outcome is an error reply or this connection closing;
 // closing before finalize tells the core the member is lost, so no job waits on a dead peer.
+// The server itself closes a connection only when it cannot be framed any more or an unbound
+// client's initack is refused: MPICH 5's client crashes on EOF while it awaits a reply.
 import type { Socket } from 'node:net';
 import { ConnectionState } from './connection-state.js';
 import { PmiError, errorMessage } from './errors.js';
@@ -15,7 +17,6 @@ import { Pmi2Session } from './pmi2-session.js';
 import { WireFramer, type Frame } from './wire-framer.js';
 
 const MAX_IN_FLIGHT = 64;
-const HANG_UP_GRACE_MS = 1000;
 const RESUME_BELOW = 8;
 
 export type TraceEvent =
@@ -32,7 +33,6 @@ export class PmiConnection {
   /** Tail of the PMI-1 queue: each line's reply waits for the previous one. */
   private serial: Promise<void> = Promise.resolve();
   private closed = false;
-  private hungUp = false;
   private inFlight = 0;
   private readonly closedPromise: Promise<void>;
 
@@ -43,7 +43,7 @@ export class PmiConnection {
     private readonly trace?: Trace,
   ) {
     const peer = `${socket.remoteAddress ?? '?'}:${socket.remotePort ?? '?'}`;
-    this.state = new ConnectionState(core, { peer, hangUp: () => this.hangUp() });
+    this.state = new ConnectionState(core, { peer });
     this.pmi1 = new Pmi1Session(this.state);
     this.pmi2 = new Pmi2Session(this.state);
     socket.setNoDelay(true);
@@ -67,20 +67,6 @@ export class PmiConnection {
   /** Hangs up (listener shutdown). The member, if not finalized, is reported lost. */
   destroy(): void {
     this.socket.destroy();
-  }
-
-  /**
-   * The core is done with this member's job. Replies already on their way (the finalize_ack
-   * that completed the job, the error that ended a pending barrier) go out first; a client
-   * that keeps its end open (MPICH does until exit) is cut off shortly after.
-   */
-  private hangUp(): void {
-    if (this.hungUp) return;
-    this.hungUp = true;
-    setImmediate(() => {
-      this.socket.end();
-      setTimeout(() => this.socket.destroy(), HANG_UP_GRACE_MS).unref();
-    });
   }
 
   private onData(chunk: Buffer): void {

@@ -2,7 +2,7 @@
 export { PmiListener, type PmiListenerOptions } from './listener.js';
 export type { Trace, TraceEvent } from './connection.js';
 export type {
-  KvsLookup, PmiConnectionHandle, PmiJobCore, PmiMember, PmiMemberInfo, SpawnApp, SpawnRequest,
+  KvsLookup, PmiConnectionInfo, PmiJobCore, PmiMember, PmiMemberInfo, SpawnApp, SpawnRequest,
 } from './job-core.js';
 export { PmiError, PMI_FAIL } from './errors.js';
 export { LIMITS } from './connection-state.js';

@@ -78,15 +78,10 @@ export interface PmiMember {
   disconnected(reason: string): void;
 }
 
-/** What the core may do to a member's connection. */
-export interface PmiConnectionHandle {
-  /** Remote address, for messages. */
+/** Who is connecting, for the core's messages. */
+export interface PmiConnectionInfo {
+  /** Remote address and port. */
   readonly peer: string;
-  /**
-   * Closes the connection once the replies already produced are written (the job ended or was
-   * released). The member's `disconnected` still follows; the core knows why.
-   */
-  hangUp(): void;
 }
 
 export interface PmiJobCore {
@@ -96,5 +91,5 @@ export interface PmiJobCore {
    * is a listener-wide token, not the rank (the rank comes back in the reply). Throws if the id
    * is unknown, already connected, or its job is not accepting members any more.
    */
-  attach(pmiId: number, conn: PmiConnectionHandle): PmiMember;
+  attach(pmiId: number, conn: PmiConnectionInfo): PmiMember;
 }

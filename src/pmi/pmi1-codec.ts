@@ -95,6 +95,17 @@ export function formatPmi1Error(response: string, err: PmiError): string {
   return formatPmi1(response, { rc: err.rc, msg: pmi1Token(err.message) });
 }
 
+/**
+ * An error reply that also fails clients which ignore rc. MPICH <= 4.0's simple PMI client
+ * (also inside Intel MPI) reads barrier_out without looking at rc, so a failed barrier would
+ * look like a passed one and the rank would go on into a job whose peers are gone (and hang
+ * in UCX's finalize). Its parser rejects a token without `=`, so a trailing bare `failed`
+ * token makes it fail the call; MPICH >= 4.1 parses bare tokens and goes by rc.
+ */
+export function formatPmi1Failure(response: string, err: PmiError): string {
+  return `${formatPmi1Error(response, err).slice(0, -1)} failed\n`;
+}
+
 /** Squeezes free text into one PMI-1 token that both MPICH 4.0.2 and 5.x parse. */
 export function pmi1Token(text: string): string {
   const t = text.replace(/\s+/g, '_').replace(/[^\x21-\x7e]/g, '?');

@@ -9,7 +9,7 @@ import {
 import { PmiError, errorMessage } from './errors.js';
 import type { SpawnApp, SpawnRequest } from './job-core.js';
 import {
-  clip, formatPmi1, formatPmi1Error, parsePmi1SpawnBlock, pmi1Value, type Pmi1Command, type Pmi1SpawnBlock,
+  clip, formatPmi1, formatPmi1Error, formatPmi1Failure, parsePmi1SpawnBlock, pmi1Value, type Pmi1Command, type Pmi1SpawnBlock,
 } from './pmi1-codec.js';
 
 export interface Reply {
@@ -179,7 +179,11 @@ const HANDLERS: Readonly<Record<string, Handler>> = {
 
   async barrier_in(s, c) {
     if (c.args.has('group')) throw new PmiError('group barriers need PMI 1.2; this server negotiated 1.1');
-    await s.state.requireMember().fence();
+    try {
+      await s.state.requireMember().fence();
+    } catch (e) {
+      return formatPmi1Failure('barrier_out', e instanceof PmiError ? e : new PmiError(errorMessage(e)));
+    }
     return formatPmi1('barrier_out', { rc: 0 });
   },
 

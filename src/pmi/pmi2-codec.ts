@@ -73,12 +73,18 @@ function splitTokens(body: string): string[] {
 
 export type Pmi2Value = string | number | boolean;
 
-/** Formats a reply frame, echoing thrid when the request carried one. */
-export function formatPmi2(cmd: string, fields: Readonly<Record<string, Pmi2Value>>, thrid?: string): string {
+/**
+ * Formats a reply frame, echoing thrid when the request carried one. With `escape` (clients of
+ * the older dialect, which unescape) a `;` in a value is written `;;`; MPICH >= 4.1 reads
+ * values up to the first `;` and has no escape, so for it values go out as they are (MPICH's
+ * own values are hex and never hold one).
+ */
+export function formatPmi2(cmd: string, fields: Readonly<Record<string, Pmi2Value>>, thrid?: string, escape = false): string {
   let body = `cmd=${cmd};`;
   if (thrid !== undefined) body += `thrid=${thrid};`;
   for (const [k, v] of Object.entries(fields)) {
-    body += `${k}=${typeof v === 'boolean' ? (v ? 'TRUE' : 'FALSE') : v};`;
+    const s = typeof v === 'boolean' ? (v ? 'TRUE' : 'FALSE') : String(v);
+    body += `${k}=${escape ? s.replace(/;/g, ';;') : s};`;
   }
   return pmi2Frame(body);
 }

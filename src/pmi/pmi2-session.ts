@@ -25,7 +25,7 @@ export class Pmi2Session {
     try {
       if (!handler) throw new PmiError(`unknown PMI-2 command ${clip(c.cmd)}`);
       const fields = await handler(this.state, c);
-      return fields ? { text: formatPmi2(response, { rc: 0, ...fields }, c.thrid) } : null;
+      return fields ? { text: formatPmi2(response, { rc: 0, ...fields }, c.thrid, this.state.pmi2Escapes) } : null;
     } catch (e) {
       const err = e instanceof PmiError ? e : new PmiError(errorMessage(e));
       return { text: formatPmi2Error(response, err, c.thrid) };
@@ -46,6 +46,7 @@ const HANDLERS: Readonly<Record<string, Handler>> = {
     // srcid, falling back to pmirank=PMI_RANK.
     const id = c.args.get('srcid') ?? c.args.get('pmirank');
     const m = s.bind(parseIntArg(id, 'pmirank/srcid (PMI_ID)'));
+    s.pmi2Escapes = c.args.has('threaded');
     // Older clients (MPICH 4.0 simple2pmi, Slurm's) insist on pmi-version and pmi-subversion and
     // read pmiverbose as TRUE/FALSE; newer ones atoi() it, which makes FALSE a 0.
     const f: Fields = {
@@ -106,7 +107,9 @@ const HANDLERS: Readonly<Record<string, Handler>> = {
   },
 
   async 'name-lookup'(s, c) {
-    return { port: await s.requireMember().lookup(requireArg(c.args, 'name')) };
+    const port = await s.requireMember().lookup(requireArg(c.args, 'name'));
+    // MPICH >= 4.1 reads port=, the older clients value=.
+    return { port, value: port };
   },
 
   async spawn(s, c) {

@@ -16,7 +16,7 @@ import type { Job, JobBackend, JobMember, ResourceManager, Worker } from '../rm/
 import { isActive } from '../rm/index.js';
 import type { Trace } from './connection.js';
 import { PmiError } from './errors.js';
-import type { KvsLookup, PmiConnectionHandle, PmiJobCore, PmiMember, PmiMemberInfo } from './job-core.js';
+import type { KvsLookup, PmiJobCore, PmiMember, PmiMemberInfo } from './job-core.js';
 import { PmiListener } from './listener.js';
 
 /** The collective a PMI-1 barrier and a PMI-2 kvs-fence join: the same one a PMIx fence joins. */
@@ -43,8 +43,8 @@ interface PmiJob {
   hosts: string[];
   /** Puts of each rank not yet committed by a fence. */
   staged: Map<string, string>[];
-  /** The live connection of each rank. */
-  conns: (PmiConnectionHandle | undefined)[];
+  /** Which ranks have a live connection. */
+  connected: boolean[];
   /** Released by the core: nothing of it is reported any more. */
   released: boolean;
 }
@@ -63,7 +63,7 @@ export class PmiBackend implements JobBackend, PmiJobCore {
   static async start(opts: PmiBackendOptions): Promise<PmiBackend> {
     let self: PmiBackend | undefined;
     // The listener needs its core before it accepts anything; the backend is that core.
-    const core: PmiJobCore = { attach: (id, conn) => self!.attach(id, conn) };
+    const core: PmiJobCore = { attach: (id) => self!.attach(id) };
     const listener = await PmiListener.start({ core, host: opts.host, port: opts.port, trace: opts.trace });
     self = new PmiBackend(opts, listener);
     return self;
@@ -84,7 +84,7 @@ export class PmiBackend implements JobBackend, PmiJobCore {
       pmiIds: job.members.map(() => this.newPmiId()),
       hosts: job.members.map((m) => m.host),
       staged: job.members.map(() => new Map()),
-      conns: job.members.map(() => undefined),
+      connected: job.members.map(() => false),
       released: false,
     };
     pj.pmiIds.forEach((id, rank) => this.byPmiId.set(id, { pj, rank }));
@@ -105,25 +105,30 @@ export class PmiBackend implements JobBackend, PmiJobCore {
   }
 
   /**
-   * PMI has no message a server may send unasked, so the members are told by hanging up once
-   * their pending barriers and waits have been answered with the job's error (the core has
-   * just failed those). This is the PMI way of hydra killing the job: MPICH 5 reports the
-   * error reply, and MPICH 4.0.2, which ignores rc in barrier_out, fails at its next PMI call
-   * instead of carrying on in a dead job. The core is told when each connection has gone, so
-   * it can release the job without waiting out the grace period.
+   * Nothing to send: PMI has no message a server may send unasked. Members waiting in a
+   * barrier / kvs-fence or a node-attribute wait have just had the job's error as their reply
+   * (the core failed those waits), and every later command of the job's members gets it too.
+   *
+   * Hanging up instead would be PMI's way of hydra killing the job, but MPICH 5's PMI client
+   * dereferences a NULL buffer when its server closes the connection while it waits for a
+   * reply (PMIU_cmd_read after PMIU_read_cmd hits EOF), so the rank would die of SIGSEGV
+   * rather than report the error. MPICH 4.0.2 ignores rc in barrier_out, so it notices the
+   * failure only at its next put/get/lookup.
    */
-  async notifyEnded(job: Readonly<Job>): Promise<void> {
-    const pj = this.jobs.get(job.id);
-    for (const c of pj?.conns ?? []) c?.hangUp();
-  }
+  async notifyEnded(): Promise<void> {}
 
+  /**
+   * Forgets the job's PMI_IDs. Connections stay open until their clients close them (see
+   * notifyEnded for why they are never cut): MPICH sends PMI finalize only when its process
+   * exits, so a worker that ran MPI_Finalize keeps its connection until then. Their commands
+   * get the job's end as an error, finalize an ack.
+   */
   async release(job: Readonly<Job>): Promise<void> {
     const pj = this.jobs.get(job.id);
     if (!pj) return;
     pj.released = true;
     this.jobs.delete(job.id);
     for (const id of pj.pmiIds) this.byPmiId.delete(id);
-    for (const c of pj.conns) c?.hangUp();
   }
 
   async close(): Promise<void> {
@@ -132,15 +137,15 @@ export class PmiBackend implements JobBackend, PmiJobCore {
 
   // ---- PmiJobCore ----------------------------------------------------------------------------
 
-  attach(pmiId: number, conn: PmiConnectionHandle): PmiMember {
+  attach(pmiId: number): PmiMember {
     const e = this.byPmiId.get(pmiId);
     if (!e) throw new PmiError(`unknown PMI_ID ${pmiId}: no active MPICH/Intel MPI job has such a member`);
     const { pj, rank } = e;
-    if (pj.conns[rank]) throw new PmiError(`PMI_ID ${pmiId} (rank ${rank} of job ${pj.job.id}) is already connected`);
+    if (pj.connected[rank]) throw new PmiError(`PMI_ID ${pmiId} (rank ${rank} of job ${pj.job.id}) is already connected`);
     this.opts.rm.memberConnected(pj.job.namespace, rank);
-    pj.conns[rank] = conn;
+    pj.connected[rank] = true;
     return new RmPmiMember(this.opts.rm, pj, rank, () => {
-      if (pj.conns[rank] === conn) pj.conns[rank] = undefined;
+      pj.connected[rank] = false;
     });
   }
 
@@ -189,6 +194,7 @@ class RmPmiMember implements PmiMember {
 
   /** Throws the job's end as the client's error once it failed, was aborted or completed. */
   private live(): void {
+    if (this.pj.released) throw new PmiError(`job ${this.info.jobId} has ended and been released`);
     const job = this.rm.jobByNamespace(this.ns);
     if (!job) throw new PmiError(`job ${this.info.jobId} has been released`);
     if (!isActive(job.state)) throw new PmiError(`job ${job.id} ${job.state}${job.error ? `: ${job.error}` : ''}`);
@@ -267,7 +273,7 @@ class RmPmiMember implements PmiMember {
 
   finalize(): void {
     this.pj.staged[this.rank]!.clear();
-    this.rm.memberFinalized(this.ns, this.rank);
+    if (!this.pj.released) this.rm.memberFinalized(this.ns, this.rank);
   }
 
   disconnected(reason: string): void {
