@@ -90,6 +90,7 @@ export const Keys = {
   EVENT_NON_DEFAULT: 'pmix.evnondef',
   EVENT_AFFECTED_PROC: 'pmix.evproc',
   EVENT_AFFECTED_PROCS: 'pmix.evaffected',
+  EVENT_CUSTOM_RANGE: 'pmix.evrange',
   EVENT_TERMINATE_JOB: 'pmix.evterm.job',
   EVENT_TEXT_MESSAGE: 'pmix.evtext',
   PROCID: 'pmix.procid',

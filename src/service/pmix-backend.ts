@@ -89,15 +89,21 @@ export class PmixBackend implements JobBackend {
 
   async notifyEnded(job: Readonly<Job>): Promise<void> {
     const lost = job.members.filter((m) => m.state === 'lost').map((m) => this.procOf(job, m.rank));
-    const status = job.state === 'aborted' ? Status.ERR_JOB_ABORTED : Status.ERR_JOB_TERMINATED;
+    // Codes Open MPI 5 registers handlers for (its errhandler then aborts the rank instead of
+    // letting it hang). A default handler would not do: libpmix 5.0.x drops a client's default
+    // registration unless another one exists already, so only registered codes reach clients.
+    const status = job.state === 'aborted' ? Status.ERR_PROC_ABORTED : Status.ERR_PROC_TERM_WO_SYNC;
     const items: Info[] = [
       info(Keys.EVENT_TEXT_MESSAGE, v.string(`dask-pmix: job ${job.id} ${job.state}: ${job.error ?? ''}`)),
       info(Keys.EVENT_TERMINATE_JOB, v.bool(true)),
       info(Keys.JOB_TERM_STATUS, v.status(status)),
     ];
     if (lost.length > 0) items.push(info(Keys.EVENT_AFFECTED_PROCS, v.procs(lost)));
-    // Range NAMESPACE: every client of the job's namespace, and no one else.
-    await this.server.notifyEvent(status, { nspace: job.namespace, rank: Rank.WILDCARD }, Range.NAMESPACE, items).catch((e: unknown) => {
+    // Only the job's own clients: libpmix applies a range to clients only when it is a custom
+    // one with explicit targets. The source must match none of them (a wildcard rank would match
+    // all, and libpmix does not send an event back to its source).
+    items.push(info(Keys.EVENT_CUSTOM_RANGE, v.procs([{ nspace: job.namespace, rank: Rank.WILDCARD }])));
+    await this.server.notifyEvent(status, { nspace: job.namespace, rank: Rank.UNDEF }, Range.CUSTOM, items).catch((e: unknown) => {
       this.opts.onError?.('notifyEvent', e);
     });
   }

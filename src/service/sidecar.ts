@@ -71,6 +71,9 @@ export class Sidecar {
       if (ev.kind === 'jobStateChanged') log.info({ job: ev.jobId, from: ev.from, to: ev.to, reason: ev.reason }, 'job state');
     });
 
+    // libpmix holds a lost-connection event for its caching window (1 s) to batch losses; a
+    // job should fail as soon as a member dies.
+    process.env.PMIX_MCA_pmix_event_caching_window ??= '0';
     const pmix = PmixServer.start({
       tmpdir: opts.tmpdir,
       handlers: pmixHandlers({ rm, log: (level, msg, fields) => log[level](fields ?? {}, msg) }),

@@ -8,6 +8,7 @@ import { Sidecar } from '../../src/service/sidecar.js';
 import { bin } from '../helpers/build-clients.js';
 import { restClient, until } from '../helpers/http.js';
 import { describeRanks, startRank, type RankProcess } from '../helpers/ranks.js';
+import { pmixClient } from './build.js';
 
 const HOST = hostname();
 let sidecar: Sidecar;
@@ -137,9 +138,31 @@ describe('the sidecar with real PMIx clients', () => {
     const seconds = (Date.now() - t0) / 1000;
     expect(failed.error).toMatch(/rank 1 .* was lost: its connection to the PMIx server dropped/);
     expect(failed.members[1]).toMatchObject({ state: 'lost' });
-    expect(seconds).toBeLessThan(3);
+    expect(seconds).toBeLessThan(1.5);
     ranks[0]!.child.kill('SIGKILL');
     await waitReleased(job.id);
+  });
+
+  it('tells the surviving members that their job failed (a PMIx event to the namespace)', async () => {
+    const watcher = await pmixClient('event_watcher');
+    const bystander = await createJob({ members: await workers(1) });
+    const [eb] = await envs(bystander);
+    const b = startRank(watcher, ['3'], eb!, 30_000);
+    const job = await createJob({ members: await workers(2) });
+    const [e0, e1] = await envs(job);
+    const w = startRank(watcher, [], e0!, 30_000);
+    const h = client(e1!, 'hang');
+    await Promise.all([w.waitFor((l) => l.init === true), h.waitFor((l) => l.init === true)]);
+    h.child.kill('SIGKILL');
+    const ev = await w.waitFor((l) => 'event' in l, 10_000);
+    expect(ev).toMatchObject({ rank: 0, event: -200, source_nspace: job.namespace, terminate: true });
+    expect(String(ev.text)).toMatch(new RegExp(`job ${job.id} failed: rank 1 .* was lost`));
+    expect(await w.exited).toBe(0);
+    const done = await waitReleased(job.id);
+    expect(done.members.map((m: { state: string }) => m.state)).toEqual(['finalized', 'lost']);
+    // Another job's member heard nothing of it.
+    expect(await b.exited, describeRanks([b])).toBe(3);
+    expect(b.lines.filter((l) => 'event' in l)).toEqual([]);
   });
 
   it('aborts the job when a member calls PMIx_Abort', async () => {
@@ -178,5 +201,20 @@ describe('the sidecar with Open MPI 5 ranks', () => {
       await expectAllExit0(ranks);
       expect((await waitReleased(job.id)).state).toBe('completed');
     }
+  });
+});
+
+describe('the sidecar with MPICH ranks (PMI-1)', () => {
+  it('runs an MPICH job created over REST through the same job model', async () => {
+    const job = (await api('POST', '/v1/jobs', { impl: 'mpich', members: await workers(2) })).body;
+    expect(job.impl).toBe('mpich');
+    const e = await envs(job);
+    expect(Object.keys(e[0]!).filter((k) => k.startsWith('PMIX_'))).toEqual([]);
+    expect(e[1]).toMatchObject({ PMI_RANK: '1', PMI_SIZE: '2', PMI_PORT: expect.stringMatching(/:\d+$/) });
+    const ranks = e.map((env) => startRank(bin('mpi_job_mpich4'), ['world'], env, 60_000));
+    await expectAllExit0(ranks);
+    for (const [rank, r] of ranks.entries()) expect(r.lines.find((l) => 'sum' in l), describeRanks(ranks)).toMatchObject({ rank, size: 2, sum: 3, ok: true });
+    const done = await waitReleased(job.id);
+    expect(done.state).toBe('completed');
   });
 });
