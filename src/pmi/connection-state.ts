@@ -1,6 +1,7 @@
 // What one client connection knows, shared by its PMI-1 and PMI-2 command handlers (a PMI-2
 // client speaks one PMI-1 line before switching), plus the checks both protocols make.
-import { PmiError } from './errors.js';
+import { isRmError } from '../rm/errors.js';
+import { PmiError, errorMessage } from './errors.js';
 import type { PmiConnectionInfo, PmiJobCore, PmiMember } from './job-core.js';
 import { clip } from './pmi1-codec.js';
 import { processMapping } from './process-mapping.js';
@@ -32,7 +33,18 @@ export class ConnectionState {
   constructor(
     readonly core: PmiJobCore,
     readonly conn: PmiConnectionInfo,
+    private readonly onError?: (what: string, err: unknown) => void,
   ) {}
+
+  /**
+   * The error to answer a failed command with. PmiError and the core's RmError are the
+   * expected kind; anything else is a bug, answered all the same but reported.
+   */
+  replyError(what: string, e: unknown): PmiError {
+    if (e instanceof PmiError) return e;
+    if (!isRmError(e)) this.onError?.(what, e);
+    return new PmiError(errorMessage(e));
+  }
 
   /** The bound member, or a PmiError saying why there is none. */
   requireMember(): PmiMember {

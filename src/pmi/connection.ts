@@ -41,9 +41,10 @@ export class PmiConnection {
     private readonly socket: Socket,
     core: PmiJobCore,
     private readonly trace?: Trace,
+    private readonly onError?: (what: string, err: unknown) => void,
   ) {
     const peer = `${socket.remoteAddress ?? '?'}:${socket.remotePort ?? '?'}`;
-    this.state = new ConnectionState(core, { peer });
+    this.state = new ConnectionState(core, { peer }, onError);
     this.pmi1 = new Pmi1Session(this.state);
     this.pmi2 = new Pmi2Session(this.state);
     socket.setNoDelay(true);
@@ -148,6 +149,7 @@ export class PmiConnection {
   /** A handler threw outside its own error handling: a bug, but it only costs this connection. */
   private fail(e: unknown): void {
     this.trace?.({ conn: this.id, dir: 'close', text: `internal error: ${errorMessage(e)}` });
+    this.onError?.('PMI command handler', e);
     this.socket.destroy();
   }
 
@@ -163,8 +165,9 @@ export class PmiConnection {
     if (!member) return;
     try {
       member.disconnected(phase === 'bound' ? 'its PMI connection closed before PMI finalize' : `connection closed after ${phase}`);
-    } catch {
+    } catch (e) {
       // The core's trouble, not this connection's.
+      this.onError?.('member disconnect', e);
     }
   }
 }

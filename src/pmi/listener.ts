@@ -13,6 +13,8 @@ export interface PmiListenerOptions {
   port?: number;
   /** Sees every command, reply, open and close (tests, debugging). */
   trace?: Trace;
+  /** Trouble a connection survived by closing (a bug in a handler or in the core). */
+  onError?: (what: string, err: unknown) => void;
 }
 
 export class PmiListener {
@@ -70,7 +72,7 @@ export class PmiListener {
   }
 
   private accept(socket: Socket, opts: PmiListenerOptions): void {
-    const conn = new PmiConnection(this.nextId++, socket, opts.core, opts.trace);
+    const conn = new PmiConnection(this.nextId++, socket, opts.core, opts.trace, opts.onError);
     this.connections.add(conn);
     void conn.done.then(() => this.connections.delete(conn));
   }

@@ -6,7 +6,7 @@
 import {
   ConnectionState, LIMITS, checkKey, checkKvsname, checkValue, parseIntArg, requireArg,
 } from './connection-state.js';
-import { PmiError, errorMessage } from './errors.js';
+import { PmiError } from './errors.js';
 import type { SpawnApp, SpawnRequest } from './job-core.js';
 import {
   clip, formatPmi1, formatPmi1Error, formatPmi1Failure, parsePmi1SpawnBlock, pmi1Value, type Pmi1Command, type Pmi1SpawnBlock,
@@ -55,7 +55,7 @@ export class Pmi1Session {
       const r = await handler(this, c);
       return typeof r === 'string' ? { text: r } : r;
     } catch (e) {
-      const err = e instanceof PmiError ? e : new PmiError(errorMessage(e));
+      const err = this.state.replyError(`PMI-1 ${c.cmd}`, e);
       // A refused initack leaves an MPICH 4.0.2 client waiting for `cmd=set` lines: hang up
       // instead, unless this connection already belongs to a member.
       return { text: formatPmi1Error(response, err), close: c.cmd === 'initack' && this.state.phase === 'new' };
@@ -76,7 +76,7 @@ export class Pmi1Session {
       if (block.spawnssofar < block.totspawns) return null;
     } catch (e) {
       this.spawnBlocks = [];
-      return { text: formatPmi1Error('spawn_result', e instanceof PmiError ? e : new PmiError(errorMessage(e))) };
+      return { text: formatPmi1Error('spawn_result', this.state.replyError('PMI-1 spawn', e)) };
     }
     const blocks = this.spawnBlocks;
     this.spawnBlocks = [];
@@ -88,7 +88,7 @@ export class Pmi1Session {
       const result = await member.spawn(spawnRequest(blocks));
       return { text: formatPmi1('spawn_result', { rc: 0, errcodes: result.errcodes.join(',') || '0' }) };
     } catch (e) {
-      return { text: formatPmi1Error('spawn_result', e instanceof PmiError ? e : new PmiError(errorMessage(e))) };
+      return { text: formatPmi1Error('spawn_result', this.state.replyError('PMI-1 spawn', e)) };
     }
   }
 }
@@ -182,7 +182,7 @@ const HANDLERS: Readonly<Record<string, Handler>> = {
     try {
       await s.state.requireMember().fence();
     } catch (e) {
-      return formatPmi1Failure('barrier_out', e instanceof PmiError ? e : new PmiError(errorMessage(e)));
+      return formatPmi1Failure('barrier_out', s.state.replyError('PMI-1 barrier_in', e));
     }
     return formatPmi1('barrier_out', { rc: 0 });
   },

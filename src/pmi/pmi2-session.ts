@@ -6,7 +6,7 @@
 import {
   ConnectionState, checkKey, checkKvsname, checkValue, parseIntArg, requireArg,
 } from './connection-state.js';
-import { PmiError, errorMessage } from './errors.js';
+import { PmiError } from './errors.js';
 import type { SpawnApp, SpawnRequest } from './job-core.js';
 import type { Reply } from './pmi1-session.js';
 import { clip } from './pmi1-codec.js';
@@ -27,8 +27,7 @@ export class Pmi2Session {
       const fields = await handler(this.state, c);
       return fields ? { text: formatPmi2(response, { rc: 0, ...fields }, c.thrid, this.state.pmi2Escapes) } : null;
     } catch (e) {
-      const err = e instanceof PmiError ? e : new PmiError(errorMessage(e));
-      return { text: formatPmi2Error(response, err, c.thrid) };
+      return { text: formatPmi2Error(response, this.state.replyError(`PMI-2 ${c.cmd}`, e), c.thrid) };
     }
   }
 }

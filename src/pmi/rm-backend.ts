@@ -64,7 +64,9 @@ export class PmiBackend implements JobBackend, PmiJobCore {
     let self: PmiBackend | undefined;
     // The listener needs its core before it accepts anything; the backend is that core.
     const core: PmiJobCore = { attach: (id) => self!.attach(id) };
-    const listener = await PmiListener.start({ core, host: opts.host, port: opts.port, trace: opts.trace });
+    const listener = await PmiListener.start({
+      core, host: opts.host, port: opts.port, trace: opts.trace, onError: opts.onError,
+    });
     self = new PmiBackend(opts, listener);
     return self;
   }

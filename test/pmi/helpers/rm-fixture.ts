@@ -18,18 +18,22 @@ export class PmiRmFixture {
     readonly rm: ResourceManager,
     readonly backend: PmiBackend,
     readonly trace: TraceEvent[],
+    /** What the backend and its connections survived (a bug in a handler or the core). */
+    readonly errors: { what: string; err: unknown }[],
   ) {}
 
   static async start(opts: { traceOn?: boolean; extraEnv?: Record<string, string>; releaseGraceMs?: number } = {}): Promise<PmiRmFixture> {
     const rm = new ResourceManager({ policy: defaultPolicy({ releaseGraceMs: opts.releaseGraceMs ?? 2000 }), wiringTimeoutSeconds: 60 });
     const trace: TraceEvent[] = [];
+    const errors: { what: string; err: unknown }[] = [];
     const backend = await PmiBackend.start({
       rm,
+      onError: (what, err) => errors.push({ what, err }),
       ...(opts.extraEnv ? { extraEnv: opts.extraEnv } : {}),
       ...(opts.traceOn ? { trace: (e: TraceEvent) => trace.push(e) } : {}),
     });
     rm.addBackend(backend);
-    return new PmiRmFixture(rm, backend, trace);
+    return new PmiRmFixture(rm, backend, trace, errors);
   }
 
   get port(): number {
@@ -37,14 +41,18 @@ export class PmiRmFixture {
   }
 
   /** Registers `n` workers on `hosts` (default all on this host) and creates a job over them. */
-  async job(n: number, opts: { hosts?: string[]; impl?: Impl } = {}): Promise<FixtureJob> {
+  async job(n: number, opts: { hosts?: string[]; impl?: Impl; wiringTimeoutSeconds?: number } = {}): Promise<FixtureJob> {
     const workers: string[] = [];
     for (let i = 0; i < n; i++) {
       const id = `w${++this.nextWorker}`;
       this.rm.registerWorker({ id, host: opts.hosts?.[i] ?? 'localhost' });
       workers.push(id);
     }
-    const job = await this.rm.createJob({ impl: opts.impl ?? 'mpich', members: workers });
+    const job = await this.rm.createJob({
+      impl: opts.impl ?? 'mpich',
+      members: workers,
+      ...(opts.wiringTimeoutSeconds !== undefined ? { wiringTimeoutSeconds: opts.wiringTimeoutSeconds } : {}),
+    });
     const envs = workers.map((w) => this.rm.memberEnv(job.id, w).env);
     return { job, workers, envs, pmiIds: envs.map((e) => Number(e.PMI_ID)) };
   }
