@@ -13,6 +13,8 @@ export interface RouteContext {
   startedAt: number;
 }
 
+/** Marks a route as needing the bearer token (when one is configured) in the OpenAPI document. */
+const BEARER = [{ bearer: [] }];
 const errors = (...codes: number[]) => Object.fromEntries(codes.map((c) => [c, responses.error]));
 const params = (...names: string[]): JsonSchema => ({
   type: 'object',
@@ -42,7 +44,7 @@ export function v1Routes(app: FastifyInstance, ctx: RouteContext): void {
   // ---- workers -------------------------------------------------------------------------------
   app.post<Body<Parameters<typeof workerSpec>[0]>>('/v1/workers', {
     ...guarded,
-    schema: { summary: 'Register a Dask worker', tags: ['workers'], body: requests.registerWorker, response: { 201: responses.worker, ...errors(400, 401, 409) } },
+    schema: { security: BEARER, summary: 'Register a Dask worker', tags: ['workers'], body: requests.registerWorker, response: { 201: responses.worker, ...errors(400, 401, 409) } },
   }, async (req, reply) => reply.code(201).send(toJson.worker(rm.registerWorker(workerSpec(req.body)))));
 
   app.get('/v1/workers', {
@@ -55,7 +57,7 @@ export function v1Routes(app: FastifyInstance, ctx: RouteContext): void {
 
   app.delete<P<{ id: string }> & { Querystring: { reason?: string } }>('/v1/workers/:id', {
     ...guarded,
-    schema: {
+    schema: { security: BEARER,
       summary: 'Remove a worker (it left the cluster); its job, if any, fails',
       tags: ['workers'],
       params: params('id'),
@@ -68,7 +70,7 @@ export function v1Routes(app: FastifyInstance, ctx: RouteContext): void {
   type PsetBody = { name: string } & Parameters<typeof psetSpec>[1];
   app.post<Body<PsetBody>>('/v1/psets', {
     ...guarded,
-    schema: { summary: 'Define a process set (explicit members or a selector)', tags: ['psets'], body: requests.definePset, response: { 201: responses.pset, ...errors(400, 401, 409, 422) } },
+    schema: { security: BEARER, summary: 'Define a process set (explicit members or a selector)', tags: ['psets'], body: requests.definePset, response: { 201: responses.pset, ...errors(400, 401, 409, 422) } },
   }, async (req, reply) => reply.code(201).send(toJson.pset(rm.definePset(psetSpec(req.body.name, req.body)))));
 
   app.get('/v1/psets', {
@@ -81,7 +83,7 @@ export function v1Routes(app: FastifyInstance, ctx: RouteContext): void {
 
   app.put<P<{ name: string }> & Body<PsetBody>>('/v1/psets/:name', {
     ...guarded,
-    schema: { summary: 'Redefine a process set no active job uses', tags: ['psets'], params: params('name'), body: requests.redefinePset, response: { 200: responses.pset, ...errors(400, 401, 404, 409, 422) } },
+    schema: { security: BEARER, summary: 'Redefine a process set no active job uses', tags: ['psets'], params: params('name'), body: requests.redefinePset, response: { 200: responses.pset, ...errors(400, 401, 404, 409, 422) } },
   }, async (req) => {
     if (req.body.name !== undefined && req.body.name !== req.params.name) {
       throw new HttpError(400, `the body names pset '${req.body.name}' but the path names '${req.params.name}'`);
@@ -91,13 +93,13 @@ export function v1Routes(app: FastifyInstance, ctx: RouteContext): void {
 
   app.delete<P<{ name: string }>>('/v1/psets/:name', {
     ...guarded,
-    schema: { summary: 'Delete a process set no active job uses', tags: ['psets'], params: params('name'), response: { 200: responses.pset, ...errors(401, 404, 409) } },
+    schema: { security: BEARER, summary: 'Delete a process set no active job uses', tags: ['psets'], params: params('name'), response: { 200: responses.pset, ...errors(401, 404, 409) } },
   }, async (req) => toJson.pset(rm.deletePset(req.params.name)));
 
   // ---- jobs ----------------------------------------------------------------------------------
   app.post<Body<Parameters<typeof jobSpec>[0]>>('/v1/jobs', {
     ...guarded,
-    schema: {
+    schema: { security: BEARER,
       summary: 'Create an MPI job from a pset, an explicit member list or a selector',
       tags: ['jobs'],
       body: requests.createJob,
@@ -120,12 +122,12 @@ export function v1Routes(app: FastifyInstance, ctx: RouteContext): void {
 
   app.delete<P<{ id: string }>>('/v1/jobs/:id', {
     ...guarded,
-    schema: { summary: 'Abort the job if active, release its members, forget it', tags: ['jobs'], params: params('id'), response: { 200: responses.job, ...errors(401, 404) } },
+    schema: { security: BEARER, summary: 'Abort the job if active, release its members, forget it', tags: ['jobs'], params: params('id'), response: { 200: responses.job, ...errors(401, 404) } },
   }, async (req) => toJson.job(await rm.deleteJob(req.params.id)));
 
   app.get<P<{ id: string; workerId: string }>>('/v1/jobs/:id/env/:workerId', {
     ...guarded,
-    schema: {
+    schema: { security: BEARER,
       summary: 'The complete environment a member must set to join the job as its rank',
       tags: ['jobs'],
       params: params('id', 'workerId'),
@@ -138,7 +140,7 @@ export function v1Routes(app: FastifyInstance, ctx: RouteContext): void {
 
   app.post<P<{ id: string; workerId: string }> & Body<{ reason?: string }>>('/v1/jobs/:id/members/:workerId/lost', {
     ...guarded,
-    schema: {
+    schema: { security: BEARER,
       summary: "Report that a member's process died (as its worker saw it); the job fails",
       tags: ['jobs'],
       params: params('id', 'workerId'),

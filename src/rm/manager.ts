@@ -70,6 +70,8 @@ export class ResourceManager {
   private readonly backends = new Map<Impl, JobBackend>();
   private readonly opts: Required<Pick<RmOptions, 'wiringTimeoutSeconds' | 'collectiveTimeoutMs' | 'historySize'>> & RmOptions;
   private stopping: string | undefined;
+  /** Jobs whose backend is still preparing them: they count against the admission cap. */
+  private creating = 0;
   private jobCounter = 0;
   private readonly idPrefix = Math.floor(Math.random() * 0x10000).toString(16).padStart(4, '0');
   /** Jobs created since start, for metrics. */
@@ -218,7 +220,7 @@ export class ResourceManager {
     if (!(wiring > 0)) throw new RmError('bad_request', 'wiringTimeoutSeconds must be positive');
     if ((spec.timeoutSeconds ?? 0) < 0) throw new RmError('bad_request', 'timeoutSeconds must not be negative');
     const { workers, pset } = this.chooseMembers(spec);
-    this.policy.admit({ activeJobs: this.activeJobs().length, size: workers.length });
+    this.policy.admit({ activeJobs: this.activeJobs().length + this.creating, size: workers.length });
 
     const id = this.opts.newJobId?.() ?? `j${this.idPrefix}-${++this.jobCounter}`;
     if (this.jobs.has(id)) throw new RmError('conflict', `job id '${id}' is taken`);
@@ -246,11 +248,14 @@ export class ResourceManager {
       for (const w of workers) if (this.workers.get(w.id)?.jobId === id) this.workers.setJob(w.id, undefined);
       if (pset && pset.jobId === id) delete pset.jobId;
     };
+    this.creating++;
     try {
       await backend.prepare(job, new Map(workers.map((w) => [w.id, w])));
     } catch (err) {
       undo();
       throw new RmError('unavailable', `the ${job.impl} backend could not prepare the job: ${err instanceof Error ? err.message : String(err)}`);
+    } finally {
+      this.creating--;
     }
     const gone = workers.find((w) => this.workers.get(w.id)?.jobId !== id);
     if (this.stopping !== undefined || gone) {

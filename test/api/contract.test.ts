@@ -34,6 +34,8 @@ describe('health, docs and metrics', () => {
     for (const p of ['/v1/workers', '/v1/workers/{id}', '/v1/psets', '/v1/psets/{name}', '/v1/jobs', '/v1/jobs/{id}', '/v1/jobs/{id}/env/{workerId}', '/v1/events', '/v1/health']) {
       expect(Object.keys(r.body.paths)).toContain(p);
     }
+    expect(r.body.paths['/v1/jobs'].post.security).toEqual([{ bearer: [] }]);
+    expect(r.body.paths['/v1/jobs'].get.security).toBeUndefined();
     expect(r.body.paths['/v1/jobs'].post.requestBody.content['application/json'].schema.properties.impl.enum).toEqual(['openmpi', 'mpich', 'intelmpi']);
     const docs = await fetch(`${fx.url}/docs`);
     expect(docs.status).toBe(200);

@@ -69,6 +69,13 @@ describe('GET /v1/events', () => {
     const evs = await until(() => { const e = sseEvents(s.data().toString()); return e.length >= 1 ? e : undefined; }, 5000, 'the replayed event');
     s.stop();
     expect(evs[0]!.data).toMatchObject({ seq: last + 1, psetDefined: { pset: { name: 'replayed', members: ['e1'] } } });
+    const ctl = new AbortController();
+    const r2 = await fetch(`${fx.url}/v1/events`, { headers: { 'last-event-id': String(last) }, signal: ctl.signal });
+    const reader = r2.body!.getReader();
+    let text = '';
+    while (!text.includes('"replayed"')) text += Buffer.from((await reader.read()).value!).toString();
+    ctl.abort();
+    expect(sseEvents(text)[0]!.data.seq).toBe(last + 1);
     const res = await fetch(`${fx.url}/v1/events?since=${last + 1000}`);
     expect(res.status).toBe(400);
   });

@@ -165,6 +165,22 @@ describe('the sidecar with real PMIx clients', () => {
     expect(b.lines.filter((l) => 'event' in l)).toEqual([]);
   });
 
+  it('DELETE of a running job tells its members, tears it down, and the server goes on', async () => {
+    const watcher = await pmixClient('event_watcher');
+    const job = await createJob({ members: await workers(2) });
+    const ranks = (await envs(job)).map((env) => startRank(watcher, ['20'], env, 30_000));
+    await Promise.all(ranks.map((r) => r.waitFor((l) => l.init === true)));
+    await waitState(job.id, ['running']);
+    const del = await api('DELETE', `/v1/jobs/${job.id}`);
+    expect(del.body).toMatchObject({ state: 'aborted', error: 'deleted over REST' });
+    for (const r of ranks) expect(await r.waitFor((l) => 'event' in l, 10_000)).toMatchObject({ event: -7, terminate: true });
+    await Promise.all(ranks.map((r) => r.exited));
+    expect((await api('GET', `/v1/jobs/${job.id}`)).status).toBe(404);
+    const next = await createJob({ members: job.members.map((m) => m.workerId) });
+    await expectAllExit0((await envs(next)).map((env) => client(env, 'put-get')));
+    await waitState(next.id, ['completed']);
+  });
+
   it('aborts the job when a member calls PMIx_Abort', async () => {
     const job = await createJob({ members: await workers(1) });
     const [e] = await envs(job);

@@ -218,9 +218,14 @@ describe('ResourceManager: admission and failed requests', () => {
     await a;
   });
 
-  it('caps the number of active jobs', async () => {
+  it('caps the number of active jobs, counting those still being created', async () => {
     setup(defaultPolicy({ maxActiveJobs: 1 }));
-    await rm.createJob({ impl: 'openmpi', members: ['w0'] });
+    let go!: () => void;
+    backend.hold = new Promise((r) => (go = r));
+    const first = rm.createJob({ impl: 'openmpi', members: ['w0'] });
+    await expect(rm.createJob({ impl: 'openmpi', members: ['w2'] })).rejects.toMatchObject({ kind: 'conflict' });
+    go();
+    await first;
     await expect(rm.createJob({ impl: 'openmpi', members: ['w1'] })).rejects.toMatchObject({ kind: 'conflict', message: expect.stringMatching(/at most 1 job/) });
   });
 
