@@ -40,6 +40,26 @@ async function member2(j: FixtureJob, rank: number): Promise<WireClient> {
   return c;
 }
 
+describe('member environment', () => {
+  it('holds PMI_PORT, a listener-wide PMI_ID, PMI_RANK and PMI_SIZE, the yield settings, and never PMIX_*', async () => {
+    const [a, b] = [await fx.job(2), await fx.job(1, { impl: 'intelmpi' })];
+    expect(a.envs[1]).toEqual({
+      PMI_PORT: `127.0.0.1:${fx.port}`,
+      PMI_ID: String(a.pmiIds[1]),
+      PMI_RANK: '1',
+      PMI_SIZE: '2',
+      MPIR_CVAR_CH4_PROGRESS_THROTTLE: '1',
+      MPIR_CVAR_CH4_PROGRESS_THROTTLE_NO_PROGRESS_COUNT: '16',
+    });
+    expect(b.envs[0]).toMatchObject({ PMI_RANK: '0', PMI_SIZE: '1', I_MPI_THREAD_YIELD: '2' });
+    const ids = [...a.pmiIds, ...b.pmiIds];
+    expect(new Set(ids).size).toBe(ids.length);
+    for (const e of [...a.envs, ...b.envs]) expect(Object.keys(e).filter((k) => k.startsWith('PMIX'))).toEqual([]);
+    await fx.rm.deleteJob(a.job.id);
+    await fx.rm.deleteJob(b.job.id);
+  });
+});
+
 describe('PMI-1', () => {
   it('serves the whole command set to a job of two', async () => {
     const j = await fx.job(2);
