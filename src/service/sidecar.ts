@@ -123,6 +123,8 @@ export class Sidecar {
       log.info({ url, tmpdir: opts.tmpdir, host: hostname(), impls: rm.impls }, 'dask-pmix sidecar listening');
       return new Sidecar(rm, pmix, api, url, log);
     } catch (err) {
+      // e.g. the REST port is taken: close what was opened, so the process can exit.
+      await rm.shutdown('the sidecar failed to start').catch(() => undefined);
       pmix.stop();
       throw err;
     }

@@ -54,6 +54,23 @@ describe('dask-pmix serve', () => {
     }
   });
 
+  it('exits non-zero with the reason when its port is taken', async () => {
+    const { createServer } = await import('node:net');
+    const blocker = createServer();
+    await new Promise<void>((r) => blocker.listen(0, '127.0.0.1', r));
+    const port = (blocker.address() as { port: number }).port;
+    try {
+      const child = spawn(join(ROOT, 'bin', 'dask-pmix'), ['serve', '--port', String(port), '--log-level', 'silent'], { stdio: ['ignore', 'pipe', 'pipe'] });
+      let err = '';
+      child.stderr.on('data', (d: Buffer) => (err += d.toString()));
+      const code = await new Promise<number | null>((r) => child.on('exit', (c) => r(c)));
+      expect(code).not.toBe(0);
+      expect(err).toMatch(/EADDRINUSE/);
+    } finally {
+      blocker.close();
+    }
+  });
+
   it('rejects bad flags', async () => {
     const child = spawn(join(ROOT, 'bin', 'dask-pmix'), ['serve', '--port', 'many'], { stdio: ['ignore', 'pipe', 'pipe'] });
     let err = '';
