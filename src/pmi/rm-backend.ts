@@ -10,8 +10,12 @@
 // committed to the job's store when that member's fence completes. All members' fences
 // complete in one synchronous step in the core, and each commit runs before any further
 // command can be read, so no rank sees a half-committed epoch.
+import { execFile } from 'node:child_process';
 import { randomInt } from 'node:crypto';
-import { hostname } from 'node:os';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { hostname, tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { promisify } from 'node:util';
 import type { Job, JobBackend, JobMember, ResourceManager, Worker } from '../rm/index.js';
 import { isActive } from '../rm/index.js';
 import type { Trace } from './connection.js';
@@ -57,6 +61,30 @@ export interface PmiBackendOptions {
   extraEnv?: Readonly<Record<string, string>>;
   trace?: Trace;
   onError?: (what: string, err: unknown) => void;
+  /**
+   * An hwloc XML topology of this host, handed to members on this host as the job attribute
+   * PMI_hwloc_xmlfile, as hydra does: each rank then loads it instead of discovering the
+   * topology itself (on 2 cores, 16 MPICH 4.0.2 ranks: MPI_Init 0.65 s → 0.49 s). A path, or
+   * true (the default) to write one with `lstopo-no-graphics --of xml` if hwloc is installed,
+   * or false for none.
+   */
+  topology?: string | boolean;
+}
+
+/** Host names under which a worker runs on the sidecar's own host. */
+const LOCAL_HOSTS = new Set([hostname(), 'localhost', '127.0.0.1', '::1']);
+
+/** Writes this host's hwloc topology as XML; undefined when hwloc's lstopo is not installed. */
+async function writeTopology(): Promise<{ file: string; dir: string } | undefined> {
+  const dir = mkdtempSync(join(tmpdir(), 'dask-pmix-hwloc-'));
+  const file = join(dir, 'topology.xml');
+  try {
+    await promisify(execFile)('lstopo-no-graphics', ['--of', 'xml', '--force', file], { timeout: 10_000 });
+    return { file, dir };
+  } catch {
+    rmSync(dir, { recursive: true, force: true });
+    return undefined;
+  }
 }
 
 /** What the backend keeps per job. */
@@ -80,17 +108,21 @@ export class PmiBackend implements JobBackend, PmiJobCore {
   private constructor(
     private readonly opts: PmiBackendOptions,
     readonly listener: PmiListener,
+    /** PMI_hwloc_xmlfile for members on this host. */
+    readonly topologyFile: string | undefined,
+    private readonly ownedTopologyDir: string | undefined,
   ) {}
 
   /** Starts the listener. Install the result with `rm.addBackend`. */
   static async start(opts: PmiBackendOptions): Promise<PmiBackend> {
+    const topo = opts.topology === false ? undefined : typeof opts.topology === 'string' ? { file: opts.topology, dir: undefined } : await writeTopology();
     let self: PmiBackend | undefined;
     // The listener needs its core before it accepts anything; the backend is that core.
     const core: PmiJobCore = { attach: (id) => self!.attach(id) };
     const listener = await PmiListener.start({
       core, host: opts.host, port: opts.port, trace: opts.trace, onError: opts.onError,
     });
-    self = new PmiBackend(opts, listener);
+    self = new PmiBackend(opts, listener, topo?.file, topo?.dir);
     return self;
   }
 
@@ -159,6 +191,7 @@ export class PmiBackend implements JobBackend, PmiJobCore {
 
   async close(): Promise<void> {
     await this.listener.close();
+    if (this.ownedTopologyDir) rmSync(this.ownedTopologyDir, { recursive: true, force: true });
   }
 
   // ---- PmiJobCore ----------------------------------------------------------------------------
@@ -170,7 +203,8 @@ export class PmiBackend implements JobBackend, PmiJobCore {
     if (pj.connected[rank]) throw new PmiError(`PMI_ID ${pmiId} (rank ${rank} of job ${pj.job.id}) is already connected`);
     this.opts.rm.memberConnected(pj.job.namespace, rank);
     pj.connected[rank] = true;
-    return new RmPmiMember(this.opts.rm, pj, rank, () => {
+    const local = LOCAL_HOSTS.has(pj.hosts[rank]!);
+    return new RmPmiMember(this.opts.rm, pj, rank, local ? this.topologyFile : undefined, () => {
       pj.connected[rank] = false;
     });
   }
@@ -202,6 +236,7 @@ class RmPmiMember implements PmiMember {
     private readonly rm: ResourceManager,
     private readonly pj: PmiJob,
     private readonly rank: number,
+    private readonly topologyFile: string | undefined,
     private readonly detach: () => void,
   ) {
     const job = pj.job;
@@ -254,9 +289,9 @@ class RmPmiMember implements PmiMember {
     staged.clear();
   }
 
-  jobAttr(): string | undefined {
+  jobAttr(key: string): string | undefined {
     this.live();
-    return undefined;
+    return key === 'PMI_hwloc_xmlfile' ? this.topologyFile : undefined;
   }
 
   putNodeAttr(key: string, value: string): void {

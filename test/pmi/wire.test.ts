@@ -1,6 +1,7 @@
 // The PMI wire server against the real resource manager, driven by a raw TCP client: every
 // command of both protocols, the errors a client gets for bad input, and what a member's
 // failure does to the others. MPICH itself is in mpich.test.ts.
+import { readFileSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { PMI1_MAX_LINE } from '../../src/pmi/pmi1-codec.js';
 import { frame2, parse1, parse2, WireClient } from './helpers/wire-client.js';
@@ -57,6 +58,21 @@ describe('member environment', () => {
     for (const e of [...a.envs, ...b.envs]) expect(Object.keys(e).filter((k) => k.startsWith('PMIX'))).toEqual([]);
     await fx.rm.deleteJob(a.job.id);
     await fx.rm.deleteJob(b.job.id);
+  });
+});
+
+describe('job attributes', () => {
+  it('hands ranks on this host the host topology (PMI_hwloc_xmlfile), as hydra does, and ranks elsewhere none', async () => {
+    const j = await fx.job(2, { hosts: ['localhost', 'elsewhere'] });
+    const [a, b] = [await member1(j, 0), await member1(j, 1)];
+    const r = await a.cmd1(`cmd=get kvsname=${j.job.namespace} key=PMI_hwloc_xmlfile`);
+    expect(r).toMatchObject({ rc: '0' });
+    expect(readFileSync(r.value!, 'utf8')).toContain('<topology');
+    expect(await b.cmd1(`cmd=get kvsname=${j.job.namespace} key=PMI_hwloc_xmlfile`)).toMatchObject({ rc: '-1' });
+    expect(await b.cmd1(`cmd=get kvsname=${j.job.namespace} key=PMI_process_mapping`)).toMatchObject({ rc: '0', value: '(vector,(0,2,1))' });
+    await fx.rm.deleteJob(j.job.id);
+    a.close();
+    b.close();
   });
 });
 
@@ -122,7 +138,7 @@ describe('PMI-1', () => {
       [`cmd=put kvsname=${kvs} key=${'k'.repeat(65)} value=v`, { cmd: 'put_result', rc: '-1', msg: expect.stringContaining('longer_than_64') }],
       [`cmd=put kvsname=${kvs} value=v`, { cmd: 'put_result', rc: '-1', msg: 'missing_key=' }],
       [`cmd=put kvsname=${kvs} key=a value=b stray`, { cmd: 'put_result', rc: '-1', msg: expect.stringContaining('malformed_token') }],
-      [`cmd=get kvsname=${kvs} key=PMI_hwloc_xmlfile`, { cmd: 'get_result', rc: '-1' }],
+      [`cmd=get kvsname=${kvs} key=PMI_dead_processes`, { cmd: 'get_result', rc: '-1' }],
       ['cmd=init pmi_version=3 pmi_subversion=0', { cmd: 'response_to_init', rc: '-1', msg: expect.stringContaining('version_mismatch') }],
       ['cmd=barrier_in group=WORLD:1', { cmd: 'barrier_out', rc: '-1', msg: expect.stringContaining('PMI_1.2') }],
       [`cmd=initack pmiid=${j.pmiIds[0]}`, { cmd: 'initack', rc: '-1', msg: expect.stringContaining('already_initialized') }],
@@ -273,7 +289,7 @@ describe('PMI-2', () => {
     expect(await a.cmd2('cmd=job-getid;thrid=0x7f01;')).toEqual({ cmd: 'job-getid-response', thrid: '0x7f01', rc: '0', jobid: kvs });
     expect(await a.cmd2('cmd=info-getjobattr;key=PMI_process_mapping;')).toMatchObject({ rc: '0', found: 'TRUE', value: '(vector,(0,1,2))' });
     expect(await a.cmd2('cmd=info-getjobattr;key=universeSize;')).toMatchObject({ rc: '0', found: 'TRUE', value: '2' });
-    expect(await a.cmd2('cmd=info-getjobattr;key=PMI_hwloc_xmlfile;')).toMatchObject({ rc: '0', found: 'FALSE' });
+    expect(await a.cmd2('cmd=info-getjobattr;key=PMI_dead_processes;')).toMatchObject({ rc: '0', found: 'FALSE' });
 
     expect(await a.cmd2('cmd=kvs-put;key=bc-0;value=with space;')).toEqual({ cmd: 'kvs-put-response', rc: '0' });
     expect(await b.cmd2('cmd=kvs-get;jobid=' + kvs + ';srcid=0;key=bc-0;')).toMatchObject({ rc: '-1', errmsg: expect.stringContaining('after the next kvs-fence') });

@@ -1,0 +1,268 @@
+// PMI benchmark: dask-pmix's PMI server (the real resource manager and PMI backend, in this
+// process, as in the sidecar) against MPICH's own launcher, hydra, side by side in one run.
+//
+//   node dist/bench/pmi.js [--sizes 2,4,8,16] [--iterations 100] [--repeats 3]
+//
+// 1. PMI barrier and put/get latency: the same bare PMI-1 client (bench/pmi-client.c) as N
+//    ranks, started with PMI_PORT/PMI_ID for us, and by `mpiexec -n N` (PMI_FD to hydra's
+//    proxy over a UNIX socketpair), and by `mpiexec -pmi-port` (TCP, as ours).
+// 2. Time to MPI_Init return: N ranks of an MPICH program, from the moment the launch starts
+//    until the last rank is back from MPI_Init; for Debian's MPICH 4.0.2 (its mpiexec.hydra)
+//    and the 5.0.2 wheel (its mpiexec). With us the ranks are started directly, as Dask
+//    workers join; with hydra the time includes mpiexec and its proxy, which is what a user
+//    of mpiexec waits for.
+//
+// Prints one JSON document: medians over repeats (of each run's median over ranks), and the
+// ratio ours / hydra (below 1: we are faster).
+import { execFile, spawn } from 'node:child_process';
+import { existsSync, mkdirSync, statSync } from 'node:fs';
+import { cpus, hostname } from 'node:os';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { parseArgs, promisify } from 'node:util';
+import { defaultPolicy } from '../src/policy/index.js';
+import { DEFAULT_PMI_ENV, PmiBackend } from '../src/pmi/index.js';
+import { ResourceManager } from '../src/rm/index.js';
+
+const run = promisify(execFile);
+
+function root(): string {
+  let dir = dirname(fileURLToPath(import.meta.url));
+  while (!existsSync(join(dir, 'package.json')) || existsSync(join(dir, 'CMakeLists.txt'))) dir = dirname(dir);
+  return dir;
+}
+
+const ROOT = root();
+const BIN = join(ROOT, 'bench', '.work', 'bin');
+const WHEEL = join(ROOT, '.venv-mpich', 'bin');
+const FLAVOURS = {
+  mpich4: { cc: 'mpicc.mpich', mpiexec: 'mpiexec.mpich', version: 'MPICH 4.0.2 (Debian)' },
+  mpich5: { cc: join(WHEEL, 'mpicc'), mpiexec: join(WHEEL, 'mpiexec'), version: 'MPICH 5.0.2 (PyPI wheel)' },
+} as const;
+type Flavour = keyof typeof FLAVOURS;
+
+async function build(): Promise<void> {
+  mkdirSync(BIN, { recursive: true });
+  const jobs: [string, string, string, string[]][] = [
+    ['pmi-client', 'gcc', join(ROOT, 'bench', 'pmi-client.c'), ['-O2', '-Wall']],
+    ...Object.entries(FLAVOURS).map(([f, v]): [string, string, string, string[]] => [`init-probe-${f}`, v.cc, join(ROOT, 'test', 'clients', 'mpich_probe.c'), ['-O']]),
+  ];
+  for (const [out, cc, src, flags] of jobs) {
+    const o = join(BIN, out);
+    if (existsSync(o) && statSync(o).mtimeMs > statSync(src).mtimeMs) continue;
+    await run(cc, ['-o', o, src, ...flags]);
+  }
+}
+
+type Line = Record<string, number | boolean | string>;
+
+/** Starts processes and collects the JSON lines they print; rejects on a bad exit or timeout. */
+function collect(procs: { cmd: string; args: string[]; env: Record<string, string> }[], timeoutMs = 120_000): Promise<Line[]> {
+  return new Promise((resolve, reject) => {
+    const lines: Line[] = [];
+    let left = procs.length;
+    let failed = false;
+    const children = procs.map(({ cmd, args, env }) => {
+      const c = spawn(cmd, args, { env, stdio: ['ignore', 'pipe', 'pipe'] });
+      let out = '';
+      let err = '';
+      c.stdout.setEncoding('utf8').on('data', (d: string) => {
+        out += d;
+        let nl;
+        while ((nl = out.indexOf('\n')) >= 0) {
+          const l = out.slice(0, nl).trim();
+          out = out.slice(nl + 1);
+          if (l.startsWith('{')) lines.push(JSON.parse(l) as Line);
+        }
+      });
+      c.stderr.setEncoding('utf8').on('data', (d: string) => (err += d));
+      c.on('close', (code, sig) => {
+        if ((code !== 0 || sig) && !failed) {
+          failed = true;
+          clearTimeout(timer);
+          for (const x of children) x.kill('SIGKILL');
+          reject(new Error(`${cmd} exited ${code ?? sig}: ${err.slice(-1500)}`));
+        }
+        if (--left === 0 && !failed) {
+          clearTimeout(timer);
+          resolve(lines);
+        }
+      });
+      return c;
+    });
+    const timer = setTimeout(() => {
+      failed = true;
+      for (const c of children) c.kill('SIGKILL');
+      reject(new Error(`timed out after ${timeoutMs} ms`));
+    }, timeoutMs);
+  });
+}
+
+const baseEnv = (): Record<string, string> => ({ PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: process.env.HOME ?? '/tmp' });
+
+const shq = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`;
+
+/**
+ * Our ranks, started the way hydra's proxy starts its own: one process forks them all, each
+ * with exactly its environment. (Spawning N children from this Node process would charge the
+ * event loop that also serves PMI with N fork/execs, which no sidecar pays: workers exist.)
+ */
+function viaShell(ranks: { cmd: string; args: string[]; env: Record<string, string> }[]) {
+  const script = ranks
+    .map(({ cmd, args, env }) => `env -i ${Object.entries(env).map(([k, v]) => shq(`${k}=${v}`)).join(' ')} ${[cmd, ...args].map(shq).join(' ')} &`)
+    .join('\n');
+  return [{ cmd: '/bin/sh', args: ['-c', `${script}\nwait`], env: baseEnv() }];
+}
+
+const median = (xs: number[]) => {
+  const s = [...xs].sort((a, b) => a - b);
+  return s.length ? s[Math.floor(s.length / 2)]! : NaN;
+};
+const r3 = (x: number) => Math.round(x * 1000) / 1000;
+
+class Ours {
+  private nextWorker = 0;
+  private constructor(readonly rm: ResourceManager, readonly backend: PmiBackend) {}
+
+  static async start(): Promise<Ours> {
+    const rm = new ResourceManager({ policy: defaultPolicy({ releaseGraceMs: 1000 }) });
+    const backend = await PmiBackend.start({ rm });
+    rm.addBackend(backend);
+    return new Ours(rm, backend);
+  }
+
+  /** A job of n members; each member's environment as the REST API would hand it out. */
+  async job(n: number): Promise<{ id: string; envs: Record<string, string>[] }> {
+    const ids = Array.from({ length: n }, () => `bench-w${++this.nextWorker}`);
+    for (const id of ids) this.rm.registerWorker({ id, host: hostname() });
+    const job = await this.rm.createJob({ impl: 'mpich', members: ids });
+    return { id: job.id, envs: ids.map((w) => this.rm.memberEnv(job.id, w).env) };
+  }
+
+  async done(id: string): Promise<void> {
+    const state = this.rm.getJob(id).state;
+    if (state !== 'completed') throw new Error(`job ${id} ended ${state}: ${this.rm.getJob(id).error}`);
+    await this.rm.released(id);
+    for (const m of this.rm.getJob(id).members) this.rm.removeWorker(m.workerId);
+  }
+}
+
+interface Latency { barrier_us: number; put_us: number; get_us: number; put_barrier_get_us: number }
+const LAT_KEYS = ['barrier_us', 'put_us', 'get_us', 'put_barrier_get_us'] as const;
+
+function latencyOf(lines: Line[], n: number): Latency {
+  if (lines.length !== n || lines.some((l) => l.ok !== true)) throw new Error(`bad client output: ${JSON.stringify(lines)}`);
+  return Object.fromEntries(LAT_KEYS.map((k) => [k, median(lines.map((l) => Number(l[k])))])) as unknown as Latency;
+}
+
+async function pmiLatencyOurs(ours: Ours, n: number, iters: number): Promise<Latency> {
+  const job = await ours.job(n);
+  const lines = await collect(viaShell(job.envs.map((env) => ({ cmd: join(BIN, 'pmi-client'), args: [String(iters)], env: { ...baseEnv(), ...env } }))));
+  await ours.done(job.id);
+  return latencyOf(lines, n);
+}
+
+/** Hydra's default gives each rank one end of a UNIX socketpair (PMI_FD); -pmi-port makes it TCP, like ours. */
+async function pmiLatencyHydra(n: number, iters: number, tcp: boolean): Promise<Latency> {
+  const args = [...(tcp ? ['-pmi-port'] : []), '-n', String(n), join(BIN, 'pmi-client'), String(iters)];
+  const lines = await collect([{ cmd: FLAVOURS.mpich5.mpiexec, args, env: baseEnv() }]);
+  return latencyOf(lines, n);
+}
+
+interface InitTime { launch_to_last_init_s: number; init_median_s: number }
+
+function initOf(lines: Line[], n: number, t0: number): InitTime {
+  if (lines.length !== n || lines.some((l) => l.init_rc !== 0)) throw new Error(`bad probe output: ${JSON.stringify(lines)}`);
+  return {
+    launch_to_last_init_s: Math.max(...lines.map((l) => Number(l.t_init))) - t0,
+    init_median_s: median(lines.map((l) => Number(l.t_init) - Number(l.t_start))),
+  };
+}
+
+const mpiEnv = () => ({ ...baseEnv(), ...DEFAULT_PMI_ENV.mpich });
+
+async function initOurs(ours: Ours, f: Flavour, n: number): Promise<InitTime> {
+  const job = await ours.job(n);
+  const t0 = Date.now() / 1000;
+  const lines = await collect(viaShell(job.envs.map((env) => ({ cmd: join(BIN, `init-probe-${f}`), args: ['init'], env: { ...mpiEnv(), ...env } }))));
+  await ours.done(job.id);
+  return initOf(lines, n, t0);
+}
+
+async function initHydra(f: Flavour, n: number): Promise<InitTime> {
+  const t0 = Date.now() / 1000;
+  const lines = await collect([{ cmd: FLAVOURS[f].mpiexec, args: ['-n', String(n), join(BIN, `init-probe-${f}`), 'init'], env: mpiEnv() }]);
+  return initOf(lines, n, t0);
+}
+
+const med = <T extends object>(runs: T[]) =>
+  Object.fromEntries(Object.keys(runs[0]!).map((k) => [k, r3(median(runs.map((r) => (r as Record<string, number>)[k]!)))]));
+
+/** Medians over repeats of each field, and ours / hydra per field. */
+function summarize<T extends object>(ours: T[], hydra: T[]) {
+  const o = med(ours);
+  const h = med(hydra);
+  return { ours: o, hydra: h, ratio: Object.fromEntries(Object.keys(o).map((k) => [k, r3(o[k]! / h[k]!)])) };
+}
+
+async function main(): Promise<void> {
+  const { values } = parseArgs({
+    options: { sizes: { type: 'string', default: '2,4,8,16' }, iterations: { type: 'string', default: '100' }, repeats: { type: 'string', default: '3' } },
+  });
+  const sizes = values.sizes.split(',').map(Number);
+  const iters = Number(values.iterations);
+  const repeats = Number(values.repeats);
+  await build();
+  const ours = await Ours.start();
+  const results = [];
+  try {
+    for (const n of sizes) {
+      const lat = { ours: [] as Latency[], hydra: [] as Latency[], hydraTcp: [] as Latency[] };
+      const init = { mpich4: { ours: [] as InitTime[], hydra: [] as InitTime[] }, mpich5: { ours: [] as InitTime[], hydra: [] as InitTime[] } };
+      // Alternate the two sides so that drift on the machine hits both alike.
+      for (let r = 0; r < repeats; r++) {
+        lat.ours.push(await pmiLatencyOurs(ours, n, iters));
+        lat.hydra.push(await pmiLatencyHydra(n, iters, false));
+        lat.hydraTcp.push(await pmiLatencyHydra(n, iters, true));
+        for (const f of ['mpich4', 'mpich5'] as const) {
+          init[f].ours.push(await initOurs(ours, f, n));
+          init[f].hydra.push(await initHydra(f, n));
+        }
+      }
+      results.push({
+        ranks: n,
+        pmi_latency: {
+          ...summarize(lat.ours, lat.hydra),
+          hydra_pmi_port: med(lat.hydraTcp),
+          ratio_to_hydra_pmi_port: summarize(lat.ours, lat.hydraTcp).ratio,
+        },
+        mpi_init: { mpich4: summarize(init.mpich4.ours, init.mpich4.hydra), mpich5: summarize(init.mpich5.ours, init.mpich5.hydra) },
+      });
+      process.stderr.write(`[bench] ${n} ranks done\n`);
+    }
+  } finally {
+    await ours.rm.shutdown('benchmark done');
+  }
+  console.log(JSON.stringify({
+    benchmark: 'pmi',
+    host: hostname(),
+    cpus: cpus().length,
+    node: process.version,
+    iterations: iters,
+    repeats,
+    hydra: { pmi_latency: FLAVOURS.mpich5.version, mpi_init: { mpich4: FLAVOURS.mpich4.version, mpich5: FLAVOURS.mpich5.version } },
+    env: DEFAULT_PMI_ENV.mpich,
+    notes: [
+      'medians over repeats of per-run medians over ranks; ratio = ours / hydra (below 1: dask-pmix faster)',
+      'pmi_latency.hydra: mpiexec default (PMI_FD, a UNIX socketpair to its proxy); hydra_pmi_port: mpiexec -pmi-port (TCP, as ours)',
+      'mpi_init.launch_to_last_init_s: from starting the launch (mpiexec, or one shell forking our ranks) to the last MPI_Init return',
+      'mpi_init.init_median_s: per rank, from main() to MPI_Init return',
+    ],
+    results,
+  }, null, 2));
+}
+
+main().catch((e: unknown) => {
+  console.error(e);
+  process.exit(1);
+});
