@@ -29,7 +29,7 @@ export function targets(): Target[] {
     { out: 'mpi_job_mpich5', src: src('mpi_job.c'), cc: join(VENV_MPICH, 'bin', 'mpicc'), flags: ['-O'] },
     { out: 'mpich_probe_mpich4', src: src('mpich_probe.c'), cc: 'mpicc.mpich', flags: ['-O'] },
     { out: 'mpich_probe_mpich5', src: src('mpich_probe.c'), cc: join(VENV_MPICH, 'bin', 'mpicc'), flags: ['-O'] },
-    ...['publish_lookup', 'abort'].flatMap((p) => [
+    ...['publish_lookup', 'abort', 'connect_accept'].flatMap((p) => [
       { out: `${p}_mpich4`, src: join(ROOT, 'compat-matrix', 'programs', `${p}.c`), cc: 'mpicc.mpich', flags: ['-O'] },
       { out: `${p}_mpich5`, src: join(ROOT, 'compat-matrix', 'programs', `${p}.c`), cc: join(VENV_MPICH, 'bin', 'mpicc'), flags: ['-O'] },
     ]),

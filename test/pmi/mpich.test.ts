@@ -84,6 +84,19 @@ describe.each([
   });
 });
 
+describe('MPICH 5.0.2 (wheel) across jobs', () => {
+  it('connects two jobs with MPI_Open_port / Publish_name / Lookup_name / Comm_accept / Comm_connect', async () => {
+    const [a, b] = [await fx.job(2), await fx.job(2)];
+    const service = `ca-${a.job.id}`;
+    // With every UCX transport in its address the port name outgrows its buffer ("no space for
+    // port_name tag" in MPI_Open_port, under hydra as well): limit UCX to tcp (or use ofi).
+    const env = { UCX_TLS: 'tcp,self' };
+    const ranks = [...launch(a, 'connect_accept_mpich5', ['accept', service], env), ...launch(b, 'connect_accept_mpich5', ['connect', service], env)];
+    expect(await Promise.all(ranks.map((r) => r.exited)), describeRanks(ranks)).toEqual([0, 0, 0, 0]);
+    for (const r of ranks) expect(r.lines.at(-1), describeRanks(ranks)).toMatchObject({ feature: 'connect-accept', ok: true, merged_size: 4 });
+  });
+});
+
 describe('PMI-2', () => {
   it('serves a real PMI-2 client (Slurm libpmi2): put/fence/get, job and node attributes, name service', async () => {
     const { ranks } = await runJob(3, 'pmi2_probe', []);
