@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# The test command: sets the checkout up (idempotent), then runs the whole suite.
-# Extra arguments go to vitest, e.g. scripts/test.sh test/pmix
+# The test command: sets the checkout up (idempotent), then runs the whole suite: the TypeScript
+# and native tests (vitest), then the Dask end-to-end tests (pytest) in the Open MPI environment.
+# Arguments go to vitest and skip pytest, e.g. scripts/test.sh test/pmix
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 scripts/setup.sh
 npx tsc -p tsconfig.json --noEmit
 npx vitest run "$@"
+if [ $# -eq 0 ]; then
+  .venv/bin/python -m pytest -q -p no:cacheprovider python/tests
+fi

@@ -18,11 +18,14 @@ class SidecarError(RuntimeError):
 class MPIJobError(RuntimeError):
     """An MPI job failed: names the job, the rank and worker that failed first, and why."""
 
-    def __init__(self, reason: str, *, job_id: str = "", rank: int | None = None, worker: str | None = None):
+    def __init__(self, reason: str, *, job_id: str = "", rank: int | None = None, worker: str | None = None,
+                 origin: str = "job"):
         self.reason = reason
         self.job_id = job_id
         self.rank = rank
         self.worker = worker
+        # "rank": this rank's own function or process failed; "job": the job failed elsewhere.
+        self.origin = origin
         who = []
         if rank is not None:
             who.append(f"rank {rank}")
@@ -32,8 +35,8 @@ class MPIJobError(RuntimeError):
         super().__init__(f"{prefix} failed" + (f" ({', '.join(who)})" if who else "") + f": {reason}")
 
     def __reduce__(self):
-        return (_rebuild_job_error, (self.reason, self.job_id, self.rank, self.worker))
+        return (_rebuild_job_error, (self.reason, self.job_id, self.rank, self.worker, self.origin))
 
 
-def _rebuild_job_error(reason, job_id, rank, worker):
-    return MPIJobError(reason, job_id=job_id, rank=rank, worker=worker)
+def _rebuild_job_error(reason, job_id, rank, worker, origin="job"):
+    return MPIJobError(reason, job_id=job_id, rank=rank, worker=worker, origin=origin)

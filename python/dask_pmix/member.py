@@ -208,5 +208,5 @@ def run_rank(*, job_id: str, rank: int, worker: str, env: dict, fn: Callable, ar
             return value
         exc = value.get("exception")
         reason = f"{value['type']}: {value['message']}"
-        raise MPIJobError(reason, job_id=job_id, rank=rank, worker=worker) from exc
-    raise MPIJobError(_exit_description(exit_status or 0), job_id=job_id, rank=rank, worker=worker)
+        raise MPIJobError(reason, job_id=job_id, rank=rank, worker=worker, origin="rank") from exc
+    raise MPIJobError(_exit_description(exit_status or 0), job_id=job_id, rank=rank, worker=worker, origin="rank")

@@ -117,16 +117,37 @@ def _gather(client, job_id: str, members: list[dict], futures: list) -> list:
             raise _job_error(client, job_id, job, members, futures, errored)
 
 
+def _own_error(f) -> MPIJobError | None:
+    """The error a rank raised about its own function or process, if it has one."""
+    if f.status != "error":
+        return None
+    e = f.exception()
+    return e if isinstance(e, MPIJobError) and e.origin == "rank" else None
+
+
 def _job_error(client, job_id: str, job: dict, members: list[dict], futures: list, errored: list) -> MPIJobError:
-    # The sidecar's verdict names the rank that was lost or aborted first; prefer it.
-    if job.get("state") in FAILED_STATES or job.get("error"):
-        culprit = next((m for m in job.get("members", []) if m.get("state") == "lost"), None)
+    """The most telling error. The sidecar names the rank it lost first; when that rank also
+    reported why (its exception), that report wins. A rank whose worker died never reports."""
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline and not all(f.done() for f in futures):
+        time.sleep(0.05)
+    job = client.sync(client.scheduler.dask_pmix_job, job_id=job_id)
+    culprit = next((m for m in job.get("members", []) if m.get("state") == "lost"), None)
+    if culprit is not None:
+        own = _own_error(futures[culprit["rank"]])
+        if own is not None:
+            return own
         return MPIJobError(job.get("error") or f"the job was {job.get('state')}", job_id=job_id,
-                           rank=culprit["rank"] if culprit else None,
-                           worker=culprit["workerId"] if culprit else None)
-    f = errored[0]
+                           rank=culprit["rank"], worker=culprit["workerId"])
+    own = [e for e in map(_own_error, futures) if e is not None]
+    if own:
+        return min(own, key=lambda e: e.rank if e.rank is not None else 1 << 30)
+    if job.get("state") in FAILED_STATES:
+        return MPIJobError(job.get("error") or f"the job was {job.get('state')}", job_id=job_id)
+    f = next(f for f in futures if f.status == "error")
     exc = f.exception()
     if isinstance(exc, MPIJobError):
         return exc
     rank = futures.index(f)
-    return MPIJobError(f"{type(exc).__name__}: {exc}", job_id=job_id, rank=rank, worker=members[rank]["workerId"])
+    return MPIJobError(f"{type(exc).__name__}: {exc}", job_id=job_id, rank=rank, worker=members[rank]["workerId"],
+                       origin="rank")

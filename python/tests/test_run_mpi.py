@@ -1,0 +1,187 @@
+"""run_mpi end to end: a real LocalCluster, the embedded sidecar, MPI ranks forked from the
+worker processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+from distributed import futures_of, wait
+
+from dask_pmix import MPIJobError, run_mpi
+
+from .conftest import start_cluster
+
+
+def allreduce_ranks(comm, offset=0):
+    mine = np.array([comm.rank + offset], dtype="i8")
+    total = np.zeros(1, dtype="i8")
+    comm.Allreduce(mine, total)
+    return {"rank": comm.rank, "size": comm.size, "total": int(total[0]), "pid": os.getpid()}
+
+
+def workers_of(client):
+    return sorted(client.scheduler_info()["workers"])
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_run_mpi_over_n_workers(dask_cluster, impl, n):
+    _, client, _ = dask_cluster
+    results = run_mpi(client, allreduce_ranks, n=n, impl=impl)
+    assert [r["rank"] for r in results] == list(range(n))
+    assert all(r["size"] == n for r in results)
+    assert all(r["total"] == n * (n - 1) // 2 for r in results)
+    assert len({r["pid"] for r in results}) == n
+
+
+def test_ten_consecutive_jobs_on_the_same_workers(dask_cluster, impl):
+    _, client, sidecar = dask_cluster
+    workers = workers_of(client)
+    times = []
+    for i in range(10):
+        members = [workers[(i + k) % len(workers)] for k in range(2 + i % 3)]
+        t0 = time.perf_counter()
+        results = run_mpi(client, allreduce_ranks, i, workers=members, impl=impl)
+        times.append(time.perf_counter() - t0)
+        n = len(members)
+        assert [r["total"] for r in results] == [n * (n - 1) // 2 + n * i] * n
+    print(f"10 jobs: median {sorted(times)[5]:.3f} s per job")
+    assert {w["state"] for w in sidecar.workers()} == {"available"}
+
+
+def test_rank_uses_data_already_on_its_worker(dask_cluster, impl):
+    import dask.array as da
+
+    _, client, _ = dask_cluster
+    x = da.arange(100_000, chunks=10_000, dtype="f8").persist()
+    wait(x)
+    chunks = list(futures_of(x))
+    before = client.who_has(chunks)
+
+    def local_sum(comm, *, local):
+        mine = np.array([sum(float(c.sum()) for c in local)])
+        total = np.zeros(1)
+        comm.Allreduce(mine, total)
+        return float(total[0])
+
+    results = run_mpi(client, local_sum, local=chunks, impl=impl)
+    assert results == [float(np.arange(100_000).sum())] * len(results)
+    assert client.who_has(chunks) == before  # nothing moved
+
+
+def test_dask_keeps_computing_on_non_members(dask_cluster, impl):
+    _, client, _ = dask_cluster
+    workers = workers_of(client)
+    members, bystander = workers[:3], workers[3]
+    finished = []
+
+    def slow(comm):
+        comm.Barrier()
+        time.sleep(2.0)
+        comm.Barrier()
+        return comm.rank
+
+    def tasks():
+        t_end = time.monotonic() + 1.5
+        while time.monotonic() < t_end:
+            finished.append(client.submit(lambda i: i * 2, len(finished), workers=[bystander], pure=False).result())
+
+    job = threading.Thread(target=lambda: finished.append(("job", run_mpi(client, slow, workers=members, impl=impl))))
+    job.start()
+    time.sleep(0.3)
+    tasks()
+    done_during_job = len(finished)
+    job.join()
+    assert done_during_job >= 3
+    assert finished[-1] == ("job", [0, 1, 2])
+
+
+def test_rank_exception_names_the_rank_and_releases_the_others(dask_cluster, impl):
+    _, client, sidecar = dask_cluster
+
+    def fails_on_one(comm):
+        if comm.rank == 1:
+            raise ValueError("bad input on rank 1")
+        comm.Barrier()
+        return comm.rank
+
+    t0 = time.monotonic()
+    with pytest.raises(MPIJobError) as err:
+        run_mpi(client, fails_on_one, n=3, impl=impl)
+    assert time.monotonic() - t0 < 10
+    assert err.value.rank == 1
+    assert "bad input on rank 1" in str(err.value) or "rank 1" in str(err.value)
+    assert run_mpi(client, allreduce_ranks, n=3, impl=impl)[0]["total"] == 3
+    assert {w["state"] for w in sidecar.workers()} == {"available"}
+
+
+def test_frozen_workers_are_not_downscaled(dask_cluster, impl):
+    _, client, sidecar = dask_cluster
+    workers = workers_of(client)
+    created = client.sync(client.scheduler.dask_pmix_create_job, workers=workers[:2], impl=impl, owner=client.id)
+    job_id = created["job"]["id"]
+    try:
+        to_close = client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.workers_to_close(n=4))
+        assert not set(to_close) & set(workers[:2])
+        assert set(to_close) == set(workers[2:])
+        frozen = {w["id"] for w in sidecar.workers() if w["state"] == "frozen"}
+        assert frozen == set(workers[:2])
+    finally:
+        client.sync(client.scheduler.dask_pmix_release_job, job_id=job_id)
+    assert {w["state"] for w in sidecar.workers()} == {"available"}
+
+
+def test_retire_and_adaptive_keep_members_and_a_killed_member_fails_the_job(impl):
+    cluster, client, sidecar = start_cluster(4)
+    try:
+        workers = workers_of(client)
+        members = workers[:3]
+
+        def long_job(comm):
+            for _ in range(300):
+                comm.Barrier()
+                time.sleep(0.05)
+            return comm.rank
+
+        outcome = {}
+
+        def run():
+            t0 = time.monotonic()
+            try:
+                outcome["results"] = run_mpi(client, long_job, workers=members, impl=impl)
+            except MPIJobError as e:
+                outcome["error"] = e
+            outcome["seconds"] = time.monotonic() - t0
+
+        job = threading.Thread(target=run)
+        job.start()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len([w for w in sidecar.workers() if w["state"] == "frozen"]) < 3:
+            time.sleep(0.1)
+        # A retire without a list, and adaptive scaling down to one worker, must spare the members.
+        retired = client.retire_workers()
+        assert not set(retired) & set(members)
+        cluster.adapt(minimum=1, maximum=4, interval="200ms", wait_count=1)
+        time.sleep(2.0)
+        assert set(members) <= set(client.scheduler_info()["workers"])
+        cluster.adapt(minimum=3, maximum=3)
+        # Kill one member's worker process outright: the job fails promptly, naming it.
+        victim = members[1]
+        pid = client.run(os.getpid, workers=[victim])[victim]
+        t_kill = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        job.join(30)
+        assert "error" in outcome, outcome
+        print(f"killed member -> MPIJobError in {time.monotonic() - t_kill:.2f} s")
+        assert time.monotonic() - t_kill < 5.0
+        assert outcome["error"].worker == victim
+        # The others serve the next job.
+        alive = [w for w in members if w != victim]
+        assert run_mpi(client, allreduce_ranks, workers=alive, impl=impl)[0]["total"] == 1
+    finally:
+        client.close()
+        cluster.close()
