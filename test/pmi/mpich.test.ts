@@ -1,7 +1,9 @@
 // Real MPICH (Debian 4.0.2, the 5.0.2 wheel), Slurm's PMI-2 client and, when installed,
 // Intel MPI, joining jobs of the real resource manager through the PMI listener. Each rank is
 // a separate process whose environment holds only what the sidecar handed out.
-import { existsSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { bin } from '../helpers/build-clients.js';
 import { describeRanks, startRank, type RankProcess } from '../helpers/ranks.js';
@@ -94,6 +96,37 @@ describe('MPICH 5.0.2 (wheel) across jobs', () => {
     const ranks = [...launch(a, 'connect_accept_mpich5', ['accept', service], env), ...launch(b, 'connect_accept_mpich5', ['connect', service], env)];
     expect(await Promise.all(ranks.map((r) => r.exited)), describeRanks(ranks)).toEqual([0, 0, 0, 0]);
     for (const r of ranks) expect(r.lines.at(-1), describeRanks(ranks)).toMatchObject({ feature: 'connect-accept', ok: true, merged_size: 4 });
+  });
+});
+
+describe('MPICH 5.0.2 (wheel): one process, one job after another', () => {
+  it('joins a second job with MPI_Session_init after MPI_Session_finalize of the first (process mode)', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'dask-pmix-repeat-'));
+    const dirs = [0, 1].map((r) => {
+      const d = join(dir, `rank${r}`);
+      mkdirSync(d);
+      return d;
+    });
+    /** Hands round k's env to each process, as a Dask worker would set os.environ. */
+    const handOut = (k: number, envs: Record<string, string>[]) =>
+      envs.forEach((e, r) => writeFileSync(join(dirs[r]!, `round${k}.env`), Object.entries(e).map(([n, v]) => `${n}=${v}\n`).join('')));
+    const first = await fx.job(2);
+    handOut(1, first.envs);
+    const ranks = dirs.map((d) => startRank(bin('mpich_probe_mpich5'), ['repeat', d, '2'], {}, 30_000));
+    await Promise.all(ranks.map((r) => r.waitFor((l) => l.round === 1 && l.finalized === true, 20_000)));
+    // MPICH 5 defers PMI finalize to process exit, so the first job is still running: the
+    // worker, not PMI, knows the ranks are done (MPI_Session_finalize's barrier was their last
+    // PMI call). Here the test ends it, as the sidecar would when the worker reports back.
+    expect(fx.state(first.job.id)).toBe('running');
+    await fx.rm.deleteJob(first.job.id, 'round 1 done');
+    const second = await fx.rm.createJob({ impl: 'mpich', members: first.workers });
+    handOut(2, first.workers.map((w) => fx.rm.memberEnv(second.id, w).env));
+    expect(await Promise.all(ranks.map((r) => r.exited)), describeRanks(ranks)).toEqual([0, 0]);
+    for (const r of ranks) {
+      expect(r.lines.filter((l) => l.ok === true).map((l) => l.round), describeRanks(ranks)).toEqual([1, 2]);
+    }
+    // The exit-time PMI finalize goes over the second job's connection: that job completes.
+    expect((await fx.waitFor(second.id, ['completed', 'failed', 'aborted'])).state).toBe('completed');
   });
 });
 
