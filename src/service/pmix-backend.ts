@@ -8,9 +8,12 @@ import {
   encodeNamespace, info, Keys, Rank, Range, Status, v, type Info, type NamespaceLayout, type PmixServer, type Proc,
 } from '../pmix/index.js';
 import type { Job, JobBackend, JobMember, Worker } from '../rm/index.js';
+import type { PmixClients } from './pmix-clients.js';
 
 export interface PmixBackendOptions {
   server: PmixServer;
+  /** Which clients still hold a connection (fed by the upcall handlers). */
+  clients: PmixClients;
   /** The server's rendezvous directory; each job's session files go below it. */
   tmpdir: string;
   /** Added to every member's environment (OMPI_MCA_* settings). */
@@ -34,6 +37,7 @@ export class PmixBackend implements JobBackend {
   private readonly server: PmixServer;
   /** Jobs whose pset is defined in libpmix, to delete it on release. */
   private readonly definedPsets = new Map<string, string>();
+  private closed = false;
 
   constructor(private readonly opts: PmixBackendOptions) {
     this.server = opts.server;
@@ -108,20 +112,37 @@ export class PmixBackend implements JobBackend {
     });
   }
 
+  /**
+   * Deletes the job's pset at once (the next job may define it again), and deregisters the
+   * clients and the namespace once none of them holds a connection any more (see PmixClients):
+   * at once for a job whose members never connected or were lost, a moment after the last
+   * finalize, or when the lingering members of a deleted job go.
+   */
   async release(job: Readonly<Job>): Promise<void> {
     const pset = this.definedPsets.get(job.id);
     if (pset) {
       this.definedPsets.delete(job.id);
       await this.server.deleteProcessSet(pset).catch((e: unknown) => this.opts.onError?.('deleteProcessSet', e));
     }
-    for (const m of job.members) {
-      await this.server.deregisterClient(this.procOf(job, m.rank)).catch((e: unknown) => this.opts.onError?.('deregisterClient', e));
-    }
-    await this.server.deregisterNspace(job.namespace);
-    rmSync(join(this.opts.tmpdir, 'jobs', job.namespace), { recursive: true, force: true });
+    const teardown = async () => {
+      if (this.closed) return;
+      for (const m of job.members) {
+        await this.server.deregisterClient(this.procOf(job, m.rank)).catch((e: unknown) => this.opts.onError?.('deregisterClient', e));
+      }
+      await this.server.deregisterNspace(job.namespace);
+      rmSync(join(this.opts.tmpdir, 'jobs', job.namespace), { recursive: true, force: true });
+    };
+    if (this.opts.clients.count(job.namespace) === 0) return teardown();
+    void this.opts.clients.drained(job.namespace).then(teardown).catch((e: unknown) => this.opts.onError?.('deregisterNspace', e));
+  }
+
+  /** Namespaces whose teardown waits for connected clients. */
+  get lingering(): Record<string, number[]> {
+    return this.opts.clients.snapshot();
   }
 
   async close(): Promise<void> {
-    // The server itself is stopped by whoever started it.
+    // The server itself is stopped by whoever started it; its finalize drops what is left.
+    this.closed = true;
   }
 }

@@ -5,9 +5,12 @@ import {
   type Info, type Proc, type PublishedDatum, type UpcallHandlers, type Value,
 } from '../pmix/index.js';
 import { RmError, type PublishRange, type Persistence, type ResourceManager } from '../rm/index.js';
+import type { PmixClients } from './pmix-clients.js';
 
 export interface PmixHandlerOptions {
   rm: ResourceManager;
+  /** Told which clients hold a connection, so that namespaces are torn down only after them. */
+  clients?: PmixClients;
   log?: (level: 'debug' | 'info' | 'warn', msg: string, fields?: Record<string, unknown>) => void;
 }
 
@@ -63,15 +66,18 @@ function ranksByNamespace(rm: ResourceManager, procs: Proc[]): Map<string, numbe
   return out;
 }
 
-export function pmixHandlers({ rm, log }: PmixHandlerOptions): UpcallHandlers {
+export function pmixHandlers({ rm, clients, log }: PmixHandlerOptions): UpcallHandlers {
   const publisherOf = (proc: Proc) => ({ jobId: rm.findMember(proc.nspace, proc.rank).job.id, namespace: proc.nspace, rank: proc.rank });
 
   return {
     async clientConnected({ proc }) {
+      // libpmix has accepted the connection whatever we answer (the answer is only logged).
+      clients?.connected(proc.nspace, proc.rank);
       return answer(() => rm.memberConnected(proc.nspace, proc.rank));
     },
 
     async clientFinalized({ proc }) {
+      clients?.finalized(proc.nspace, proc.rank);
       return answer(() => rm.memberFinalized(proc.nspace, proc.rank));
     },
 
@@ -87,6 +93,7 @@ export function pmixHandlers({ rm, log }: PmixHandlerOptions): UpcallHandlers {
       const procs: Proc[] = source ? [source] : [];
       for (const i of items) if (i.key === Keys.PROCID && i.value.type === 'proc') procs.push(i.value.value);
       for (const p of procs) {
+        clients?.lost(p.nspace, p.rank);
         if (!rm.jobByNamespace(p.nspace)) continue;
         log?.('warn', 'PMIx client lost before it finalized', { nspace: p.nspace, rank: p.rank, status });
         try {

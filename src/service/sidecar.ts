@@ -10,6 +10,7 @@ import { StatusName } from '../pmix/status.js';
 import { PmiBackend } from '../pmi/index.js';
 import { ResourceManager, type JobBackend } from '../rm/index.js';
 import { DEFAULT_OMPI_ENV, PmixBackend } from './pmix-backend.js';
+import { PmixClients } from './pmix-clients.js';
 import { pmixHandlers } from './pmix-handlers.js';
 
 export interface SidecarOptions {
@@ -48,6 +49,8 @@ export class Sidecar {
   private constructor(
     readonly rm: ResourceManager,
     readonly pmix: PmixServer,
+    /** PMIx clients that still hold a connection, by namespace. */
+    readonly pmixClients: PmixClients,
     readonly api: Api,
     readonly url: string,
     readonly log: pino.Logger,
@@ -74,9 +77,10 @@ export class Sidecar {
     // libpmix holds a lost-connection event for its caching window (1 s) to batch losses; a
     // job should fail as soon as a member dies.
     process.env.PMIX_MCA_pmix_event_caching_window ??= '0';
+    const clients = new PmixClients();
     const pmix = PmixServer.start({
       tmpdir: opts.tmpdir,
-      handlers: pmixHandlers({ rm, log: (level, msg, fields) => log[level](fields ?? {}, msg) }),
+      handlers: pmixHandlers({ rm, clients, log: (level, msg, fields) => log[level](fields ?? {}, msg) }),
       ...(opts.remoteConnections ? { remoteConnections: true } : {}),
       ...(opts.tcpIfInclude ? { tcpIfInclude: opts.tcpIfInclude } : {}),
       ...(opts.tcpPort !== undefined ? { tcpPort: opts.tcpPort } : {}),
@@ -89,6 +93,7 @@ export class Sidecar {
     try {
       rm.addBackend(new PmixBackend({
         server: pmix,
+        clients,
         tmpdir: opts.tmpdir,
         ompiEnv: opts.ompiEnv ?? { ...DEFAULT_OMPI_ENV },
         onError: (what, err) => log.warn({ err, what }, 'PMIx backend call failed'),
@@ -121,7 +126,7 @@ export class Sidecar {
       const port = typeof addr === 'object' && addr ? addr.port : opts.port ?? 8790;
       const url = `http://${host.includes(':') ? `[${host}]` : host}:${port}`;
       log.info({ url, tmpdir: opts.tmpdir, host: hostname(), impls: rm.impls }, 'dask-pmix sidecar listening');
-      return new Sidecar(rm, pmix, api, url, log);
+      return new Sidecar(rm, pmix, clients, api, url, log);
     } catch (err) {
       // e.g. the REST port is taken: close what was opened, so the process can exit.
       await rm.shutdown('the sidecar failed to start').catch(() => undefined);

@@ -4,6 +4,7 @@ import { mkdtempSync } from 'node:fs';
 import { hostname, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import pino from 'pino';
 import { Sidecar } from '../../src/service/sidecar.js';
 import { bin } from '../helpers/build-clients.js';
 import { restClient, until } from '../helpers/http.js';
@@ -16,7 +17,12 @@ let api: ReturnType<typeof restClient>;
 let nextWorker = 0;
 
 beforeAll(async () => {
-  sidecar = await Sidecar.start({ port: 0, tmpdir: mkdtempSync(join(tmpdir(), 'dask-pmix-it-')), releaseGraceMs: 3000, version: 'test' });
+  // DASK_PMIX_TEST_LOG=<file> keeps the sidecar's debug log of the run.
+  const logFile = process.env.DASK_PMIX_TEST_LOG;
+  sidecar = await Sidecar.start({
+    port: 0, tmpdir: mkdtempSync(join(tmpdir(), 'dask-pmix-it-')), releaseGraceMs: 3000, version: 'test',
+    ...(logFile ? { logger: pino({ level: 'debug' }, pino.destination({ dest: logFile, sync: true })) } : {}),
+  });
   api = restClient(sidecar.url);
 });
 afterAll(async () => {
@@ -78,6 +84,8 @@ describe('the sidecar with real PMIx clients', () => {
     expect(done.members.map((m: { state: string }) => m.state)).toEqual(['finalized', 'finalized', 'finalized']);
     expect(done.startedAt).not.toBe('');
     expect((await api('GET', `/v1/workers/${encodeURIComponent(ids[0]!)}`)).body).toMatchObject({ state: 'available', jobId: '' });
+    // The namespace is torn down once the finalized clients have closed their connections.
+    await until(() => sidecar.pmixClients.count(job.namespace) === 0, 5000, 'the clients to let go');
   });
 
   it('answers pset queries with the psets defined over REST', async () => {
@@ -139,8 +147,10 @@ describe('the sidecar with real PMIx clients', () => {
     expect(failed.error).toMatch(/rank 1 .* was lost: its connection to the PMIx server dropped/);
     expect(failed.members[1]).toMatchObject({ state: 'lost' });
     expect(seconds).toBeLessThan(1.5);
+    expect(sidecar.pmixClients.count(job.namespace)).toBe(1);
     ranks[0]!.child.kill('SIGKILL');
     await waitReleased(job.id);
+    await until(() => sidecar.pmixClients.count(job.namespace) === 0, 5000, 'the last client to go');
   });
 
   it('tells the surviving members that their job failed (a PMIx event to the namespace)', async () => {
