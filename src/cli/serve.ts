@@ -1,6 +1,6 @@
 // `dask-pmix serve`: runs the sidecar until SIGTERM or SIGINT, then refuses new jobs, aborts the
 // running ones with notice to their members, finalizes PMIx and exits 0.
-import { mkdtempSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
@@ -82,29 +82,39 @@ export async function serve(argv: string[]): Promise<number> {
   const grace = num('release-grace', values['release-grace']);
   const token = values.token ?? env.DASK_PMIX_TOKEN;
 
+  const given = values['pmix-tmpdir'] ?? env.DASK_PMIX_TMPDIR;
+  const pmixTmpdir = given ?? mkdtempSync(join(tmpdir(), 'dask-pmix-'));
+  // A directory we made is ours to remove; one we were given is not.
+  const cleanup = () => { if (!given) rmSync(pmixTmpdir, { recursive: true, force: true }); };
   const { Sidecar } = await import('../service/sidecar.js');
-  const sidecar = await Sidecar.start({
-    host: values.host ?? env.DASK_PMIX_HOST ?? '127.0.0.1',
-    port: num('port', values.port ?? env.DASK_PMIX_PORT, 8790)!,
-    tmpdir: values['pmix-tmpdir'] ?? env.DASK_PMIX_TMPDIR ?? mkdtempSync(join(tmpdir(), 'dask-pmix-')),
-    logger: log,
-    version: projectVersion(),
-    ...(token ? { token } : {}),
-    ...(wiring !== undefined ? { wiringTimeoutSeconds: wiring } : {}),
-    ...(maxJobs !== undefined ? { maxActiveJobs: maxJobs } : {}),
-    ...(grace !== undefined ? { releaseGraceMs: grace * 1000 } : {}),
-    ...(values.remote || values['pmix-if'] ? { remoteConnections: true } : {}),
-    ...(values['pmix-if'] ? { tcpIfInclude: values['pmix-if'] } : {}),
-    ...(pmixPort !== undefined ? { tcpPort: pmixPort } : {}),
-    ...(ompiEnv ? { ompiEnv } : {}),
-    pmi: values['no-pmi']
-      ? false
-      : {
-          ...(values['pmi-host'] ? { host: values['pmi-host'] } : {}),
-          ...(values['pmi-port'] ? { port: num('pmi-port', values['pmi-port'])! } : {}),
-          ...(values['pmi-advertise'] ? { advertisedHost: values['pmi-advertise'] } : {}),
-        },
-  });
+  let sidecar: Awaited<ReturnType<typeof Sidecar.start>>;
+  try {
+    sidecar = await Sidecar.start({
+      host: values.host ?? env.DASK_PMIX_HOST ?? '127.0.0.1',
+      port: num('port', values.port ?? env.DASK_PMIX_PORT, 8790)!,
+      tmpdir: pmixTmpdir,
+      logger: log,
+      version: projectVersion(),
+      ...(token ? { token } : {}),
+      ...(wiring !== undefined ? { wiringTimeoutSeconds: wiring } : {}),
+      ...(maxJobs !== undefined ? { maxActiveJobs: maxJobs } : {}),
+      ...(grace !== undefined ? { releaseGraceMs: grace * 1000 } : {}),
+      ...(values.remote || values['pmix-if'] ? { remoteConnections: true } : {}),
+      ...(values['pmix-if'] ? { tcpIfInclude: values['pmix-if'] } : {}),
+      ...(pmixPort !== undefined ? { tcpPort: pmixPort } : {}),
+      ...(ompiEnv ? { ompiEnv } : {}),
+      pmi: values['no-pmi']
+        ? false
+        : {
+            ...(values['pmi-host'] ? { host: values['pmi-host'] } : {}),
+            ...(values['pmi-port'] ? { port: num('pmi-port', values['pmi-port'])! } : {}),
+            ...(values['pmi-advertise'] ? { advertisedHost: values['pmi-advertise'] } : {}),
+          },
+    });
+  } catch (err) {
+    cleanup();
+    throw err;
+  }
   // One line on stdout that a parent process can wait for.
   process.stdout.write(`dask-pmix listening on ${sidecar.url}\n`);
 
@@ -113,7 +123,10 @@ export async function serve(argv: string[]): Promise<number> {
       process.off('SIGTERM', stop);
       process.off('SIGINT', stop);
       sidecar.stop(`the sidecar received ${signal}`).then(
-        () => resolve(0),
+        () => {
+          cleanup();
+          resolve(0);
+        },
         (err: unknown) => {
           log.error({ err }, 'stopping failed');
           resolve(1);

@@ -1,6 +1,6 @@
 // The sidecar end to end: jobs created over REST, joined by real PMIx clients and Open MPI 5
 // ranks started as separate processes with nothing but the environment the REST API handed out.
-import { mkdtempSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { hostname, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -13,6 +13,7 @@ import { pmixClient } from './build.js';
 
 const HOST = hostname();
 let sidecar: Sidecar;
+let workdir: string;
 let api: ReturnType<typeof restClient>;
 let nextWorker = 0;
 
@@ -20,13 +21,14 @@ beforeAll(async () => {
   // DASK_PMIX_TEST_LOG=<file> keeps the sidecar's debug log of the run.
   const logFile = process.env.DASK_PMIX_TEST_LOG;
   sidecar = await Sidecar.start({
-    port: 0, tmpdir: mkdtempSync(join(tmpdir(), 'dask-pmix-it-')), releaseGraceMs: 3000, version: 'test',
+    port: 0, tmpdir: (workdir = mkdtempSync(join(tmpdir(), 'dask-pmix-it-'))), releaseGraceMs: 3000, version: 'test',
     ...(logFile ? { logger: pino({ level: 'debug' }, pino.destination({ dest: logFile, sync: true })) } : {}),
   });
   api = restClient(sidecar.url);
 });
 afterAll(async () => {
   await sidecar?.stop('tests done');
+  if (workdir) rmSync(workdir, { recursive: true, force: true });
 });
 
 /** Registers n fresh workers on this host and returns their ids. */
