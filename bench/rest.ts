@@ -116,6 +116,12 @@ async function main(): Promise<void> {
       when: new Date().toISOString(),
       machine: { cpus: cpus().length, model: cpus()[0]?.model ?? '', node: process.version },
       params: { iterations: N, job_iterations: jobN, concurrency: C, job_members: M, transport: 'HTTP/1.1 keep-alive over 127.0.0.1' },
+      notes: {
+        pset_define: 'POST /v1/psets with an explicit member list',
+        pset_delete: 'DELETE /v1/psets/{name}',
+        job_create_delete: `one op = POST /v1/jobs (impl openmpi, ${M} members: a PMIx namespace and ${M} clients registered in libpmix) + DELETE /v1/jobs/{id} (abort, deregister, unfreeze)`,
+        member_env: 'GET /v1/jobs/{id}/env/{workerId} (PMIx_server_setup_fork + overrides)',
+      },
       results,
     }, null, 2) + '\n');
   } finally {
