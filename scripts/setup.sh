@@ -26,7 +26,7 @@ as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 # --- 1. Debian packages -----------------------------------------------------------------------
 # Build tools, and Debian's own Open MPI 4.1 and MPICH 4.0 for the compatibility rows.
-APT_PACKAGES=(build-essential cmake pkg-config python3-venv ca-certificates
+APT_PACKAGES=(build-essential cmake pkg-config python3-venv ca-certificates libfabric1
   openmpi-bin libopenmpi-dev mpich libmpich-dev
   libpmi2-0-dev)  # Slurm's PMI-2 client: the PMI server's tests (and Intel MPI's I_MPI_PMI=pmi2)
 apt_packages() {
@@ -84,6 +84,13 @@ step venv-openmpi "$(hash_of "$REQ/openmpi.txt" "$REQ/common.lock" "$ROOT/python
   make_venv "$ROOT/.venv" "$REQ/openmpi.txt"
 step venv-mpich "$(hash_of "$REQ/mpich.txt" "$REQ/common.lock" "$ROOT/python/pyproject.toml")" \
   make_venv "$ROOT/.venv-mpich" "$REQ/mpich.txt"
+# Intel MPI's runtime for its compatibility row. Installed without dependencies: it asks for a
+# libfabric>=2.6 wheel that PyPI does not have, and runs on Debian's libfabric 1.17 for shm/tcp.
+impi_venv() {
+  [ -x "$ROOT/.venv-impi/bin/python" ] || "$PYTHON" -m venv "$ROOT/.venv-impi"
+  "$ROOT/.venv-impi/bin/pip" install -q --disable-pip-version-check --no-deps -r "$REQ/impi.txt"
+}
+step venv-impi "$(hash_of "$REQ/impi.txt")" impi_venv
 
 # --- 4. Node modules --------------------------------------------------------------------------
 [ -d "$ROOT/node_modules" ] || rm -f "$STAMPS/npm"

@@ -1,0 +1,180 @@
+// What every feature needs: creating a job over REST, handing each member its environment, and
+// running a program on the members as children of their long-lived agents.
+import type { Agent, Line } from '../agents.js';
+import type { Row } from '../rows.js';
+import { sleep, type JobJson, type Sidecar } from '../sidecar.js';
+
+export type Status = 'pass' | 'fail' | 'unsupported';
+
+export interface Outcome {
+  status: Status;
+  reason?: string;
+  seconds?: number;
+}
+
+export interface Ctx {
+  row: Row;
+  sidecar: Sidecar;
+  agents: Agent[];
+  /** Path of a compiled program for this row, or undefined when it does not build here. */
+  program(name: string): string | undefined;
+  /** Why `program(name)` did not build. */
+  buildError(name: string): string;
+  log(msg: string): void;
+}
+
+export interface Feature {
+  name: string;
+  run(ctx: Ctx): Promise<Outcome>;
+}
+
+export async function createJob(ctx: Ctx, members: Agent[], extra: Record<string, unknown> = {}): Promise<JobJson> {
+  return ctx.sidecar.request<JobJson>('POST', '/v1/jobs', {
+    impl: ctx.row.impl,
+    ...(extra.pset ? {} : { members: members.map((a) => a.id) }),
+    wiringTimeoutSeconds: 30,
+    ...extra,
+  });
+}
+
+export async function memberEnvs(ctx: Ctx, job: JobJson): Promise<Map<string, Record<string, string>>> {
+  const out = new Map<string, Record<string, string>>();
+  for (const m of job.members) {
+    const res = await ctx.sidecar.request<{ env: Record<string, string> }>(
+      'GET',
+      `/v1/jobs/${encodeURIComponent(job.id)}/env/${encodeURIComponent(m.workerId)}`,
+    );
+    out.set(m.workerId, { ...res.env, ...ctx.row.extraEnv });
+  }
+  return out;
+}
+
+export function envFields(env: Record<string, string>): string[] {
+  return Object.entries(env).map(([k, v]) => `${k}=${v}`);
+}
+
+export interface RankRun {
+  agent: Agent;
+  rank: number;
+  /** Index in agent.lines where this run's output starts. */
+  since: number;
+  pid?: number;
+  exit?: Line;
+}
+
+/** Output lines of a run, between its start and exit. */
+export function outputOf(run: RankRun, feature: string): Line[] {
+  return run.agent.lines.slice(run.since).filter((l) => l.feature === feature);
+}
+
+/**
+ * Runs `program` as each member of `job` (a child of that member's agent, with the member's
+ * environment). `args(rank)` gives its arguments; `delayMs(rank)` delays a rank's start.
+ */
+export async function startRanks(
+  ctx: Ctx,
+  job: JobJson,
+  program: string,
+  args: (rank: number) => string[] = () => [],
+  delayMs: (rank: number) => number = () => 0,
+  extraEnv: Record<string, string> = {},
+): Promise<RankRun[]> {
+  const envs = await memberEnvs(ctx, job);
+  for (const env of envs.values()) Object.assign(env, extraEnv);
+  const runs: RankRun[] = [];
+  const byId = new Map(ctx.agents.map((a) => [a.id, a]));
+  await Promise.all(
+    job.members.map(async (m) => {
+      const agent = byId.get(m.workerId)!;
+      const run: RankRun = { agent, rank: m.rank, since: agent.lines.length };
+      runs.push(run);
+      const delay = delayMs(m.rank);
+      if (delay > 0) await sleep(delay);
+      const a = args(m.rank);
+      agent.send(['exec', job.id, program, a.length ? a.join(',') : '-', ...envFields(envs.get(m.workerId)!)]);
+      const started = await agent.waitFor((l) => l.started === job.id, 10_000, run.since);
+      run.pid = typeof started?.pid === 'number' ? started.pid : undefined;
+    }),
+  );
+  return runs.sort((a, b) => a.rank - b.rank);
+}
+
+/** Waits until every rank's process ended or `timeoutMs` passed; kills what is left. */
+export async function waitRanks(runs: RankRun[], job: string, timeoutMs: number): Promise<boolean> {
+  const results = await Promise.all(
+    runs.map(async (r) => {
+      r.exit = await r.agent.waitFor((l) => l.exited === job, timeoutMs, r.since);
+      return r.exit !== undefined;
+    }),
+  );
+  const all = results.every(Boolean);
+  if (!all) killRanks(runs);
+  for (const r of runs) if (!r.exit) r.exit = await r.agent.waitFor((l) => l.exited === job, 5_000, r.since);
+  return all;
+}
+
+export function killRanks(runs: RankRun[]): void {
+  for (const r of runs) {
+    if (r.pid && !r.exit) {
+      try {
+        process.kill(r.pid, 'SIGKILL');
+      } catch {
+        /* gone */
+      }
+    }
+  }
+}
+
+export async function release(ctx: Ctx, job: JobJson): Promise<JobJson | undefined> {
+  return ctx.sidecar.request<JobJson>('DELETE', `/v1/jobs/${encodeURIComponent(job.id)}`).catch(() => undefined);
+}
+
+/** The first error a rank printed, for a reason line. */
+export function firstError(runs: RankRun[], feature: string): string | undefined {
+  for (const r of runs) {
+    const e = outputOf(r, feature).find((l) => l.ok === false);
+    if (e) return `rank ${r.rank}: ${String(e.error ?? 'failed')}${e.message ? ` (${String(e.message).trim()})` : ''}`;
+    if (r.exit && (r.exit.status !== 0 || r.exit.signal !== 0)) {
+      const stderr = r.agent.stderr.trim().split('\n').filter((l) => l.trim()).slice(-3).join(' | ');
+      return `rank ${r.rank} exited with status ${String(r.exit.status)} signal ${String(r.exit.signal)}${stderr ? `: ${stderr.slice(0, 300)}` : ''}`;
+    }
+  }
+  return undefined;
+}
+
+export async function timed<T>(f: () => Promise<T>): Promise<[T, number]> {
+  const t0 = performance.now();
+  const v = await f();
+  return [v, (performance.now() - t0) / 1000];
+}
+
+/** Runs a program once on `members` and checks every rank printed ok. */
+export async function simpleJob(
+  ctx: Ctx,
+  feature: string,
+  programName: string,
+  members: Agent[],
+  opts: { args?: (rank: number) => string[]; delayMs?: (rank: number) => number; timeoutMs?: number; jobExtra?: Record<string, unknown> } = {},
+): Promise<Outcome> {
+  const program = ctx.program(programName);
+  if (!program) return { status: 'unsupported', reason: ctx.buildError(programName) };
+  const t0 = performance.now();
+  const job = await createJob(ctx, members, opts.jobExtra);
+  try {
+    const runs = await startRanks(ctx, job, program, opts.args, opts.delayMs);
+    const ended = await waitRanks(runs, job.id, opts.timeoutMs ?? 60_000);
+    const seconds = (performance.now() - t0) / 1000;
+    const oks = runs.map((r) => outputOf(r, feature).find((l) => 'ok' in l));
+    if (ended && oks.every((l) => l?.ok === true) && runs.every((r) => r.exit?.status === 0)) {
+      return { status: 'pass', seconds };
+    }
+    const state = await ctx.sidecar.job(job.id).catch(() => undefined);
+    return {
+      status: 'fail',
+      seconds,
+      reason: (ended ? '' : 'timed out; ') + (firstError(runs, feature) ?? `job ${state?.state ?? '?'}${state?.error ? `: ${state.error}` : ''}`),
+    };
+  } finally {
+    await release(ctx, job);
+  }
+}

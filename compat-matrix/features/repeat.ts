@@ -1,0 +1,83 @@
+// repeat: the same 4 long-lived processes run 20 consecutive jobs with changing membership
+// (sizes 2, 3, 4; different subsets), each result checked, in one join mode:
+//   fork   each job in a child forked from the long-lived process (MPI Sessions)
+//   forkw  the same with MPI_Init / MPI_Finalize (libraries without Sessions)
+//   reinit the long-lived process itself: Session_init ... Session_finalize, again and again
+//   pool   one namespace over all 4 processes, initialised once; a communicator per job
+import type { Agent } from '../agents.js';
+import type { RepeatMode } from '../rows.js';
+import { createJob, envFields, memberEnvs, release, type Ctx, type Outcome } from './common.js';
+
+export function subsets(jobs: number, agents: number): number[][] {
+  return Array.from({ length: jobs }, (_, i) => {
+    const size = 2 + (i % 3);
+    return Array.from({ length: size }, (_, k) => (i + k) % agents).sort((a, b) => a - b);
+  });
+}
+
+function median(xs: number[]): number {
+  const s = [...xs].sort((a, b) => a - b);
+  return s.length ? s[Math.floor(s.length / 2)]! : NaN;
+}
+
+async function oneJob(ctx: Ctx, agents: Agent[], mode: RepeatMode, tag: string, send: (a: Agent, i: number) => void, size: number): Promise<string | undefined> {
+  const since = agents.map((a) => a.lines.length);
+  agents.forEach((a, i) => send(a, i));
+  const done = await Promise.all(agents.map((a, i) => a.waitFor((l) => l.done === tag, 60_000, since[i])));
+  for (const [i, a] of agents.entries()) {
+    if (!done[i]) return `${mode}: job ${tag} hung on ${a.id}${a.alive ? '' : ' (its process died)'}: ${a.stderr.trim().split('\n').slice(-2).join(' | ').slice(0, 300)}`;
+    const res = a.lines.slice(since[i]).find((l) => l.feature === 'repeat' && l.job === tag);
+    const expect = (size * (size + 1)) / 2;
+    if (!res || res.ok !== true || res.size !== size || res.sum !== expect) {
+      return `${mode}: job ${tag} on ${a.id}: ${res ? JSON.stringify(res) : 'no result'}${a.alive ? '' : ` (process died: ${a.stderr.trim().split('\n').slice(-2).join(' | ').slice(0, 300)})`}`;
+    }
+  }
+  return undefined;
+}
+
+export async function repeat(ctx: Ctx, mode: RepeatMode, jobs = 20): Promise<Outcome> {
+  const agents = ctx.agents.slice(0, 4);
+  const plan = subsets(jobs, agents.length);
+  const times: number[] = [];
+  const t0 = performance.now();
+  if (mode === 'pool') {
+    const pool = await createJob(ctx, agents);
+    try {
+      const envs = await memberEnvs(ctx, pool);
+      const since = agents.map((a) => a.lines.length);
+      for (const a of agents) a.send(['pinit', ...envFields(envs.get(a.id)!)]);
+      const ready = await Promise.all(agents.map((a, i) => a.waitFor((l) => 'pool' in l, 60_000, since[i])));
+      if (ready.some((l) => l?.pool !== 'ready')) return { status: 'fail', reason: `pool: the pool namespace did not initialise: ${JSON.stringify(ready)}` };
+      const rankOf = new Map(pool.members.map((m) => [m.workerId, m.rank]));
+      for (const [i, set] of plan.entries()) {
+        const members = set.map((k) => agents[k]!);
+        const ranks = members.map((a) => rankOf.get(a.id)!).join(',');
+        const tj = performance.now();
+        const err = await oneJob(ctx, members, mode, `pool-${i}`, (a) => a.send(['pjob', `pool-${i}`, ranks]), members.length);
+        if (err) return { status: 'fail', seconds: (performance.now() - t0) / 1000, reason: `${err} (job ${i + 1} of ${jobs})` };
+        times.push((performance.now() - tj) / 1000);
+      }
+    } finally {
+      await release(ctx, pool);
+    }
+  } else {
+    for (const [i, set] of plan.entries()) {
+      const members = set.map((k) => agents[k]!);
+      const tj = performance.now();
+      const job = await createJob(ctx, members);
+      try {
+        const envs = await memberEnvs(ctx, job);
+        const err = await oneJob(ctx, members, mode, job.id, (a) => a.send([mode, job.id, ...envFields(envs.get(a.id)!)]), members.length);
+        if (err) return { status: 'fail', seconds: (performance.now() - t0) / 1000, reason: `${err} (job ${i + 1} of ${jobs})` };
+      } finally {
+        await release(ctx, job);
+      }
+      times.push((performance.now() - tj) / 1000);
+    }
+  }
+  return {
+    status: 'pass',
+    seconds: (performance.now() - t0) / 1000,
+    reason: `${jobs}/${jobs} jobs of sizes 2-4, median ${(median(times) * 1000).toFixed(0)} ms per job`,
+  };
+}

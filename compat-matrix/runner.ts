@@ -1,0 +1,149 @@
+// The compatibility matrix runner: starts the sidecar, starts long-lived rank processes the way
+// Dask workers are, runs every feature for each MPI library and join mode, and writes
+// compat-matrix/results/<row>.json and compat-matrix/MATRIX.md.
+//
+//   npm run compat                         every row
+//   npm run compat -- --impl openmpi-5.0.11 --features world,abort --jobs 5
+import { join } from 'node:path';
+import { parseArgs } from 'node:util';
+import { fileURLToPath } from 'node:url';
+import { startAgents, stopAgents, type Agent } from './agents.js';
+import { buildRow } from './build.js';
+import { connectAccept } from './features/connect-accept.js';
+import type { Ctx, Feature, Outcome } from './features/common.js';
+import { abortFeature, memberDeath } from './features/failure.js';
+import { psetGroup } from './features/pset-group.js';
+import { psetNames } from './features/pset-names.js';
+import { publishLookup } from './features/publish-lookup.js';
+import { repeat } from './features/repeat.js';
+import { sessionWorld } from './features/session-world.js';
+import { spawnFeature } from './features/spawn.js';
+import { world } from './features/world.js';
+import { COLUMNS, writeMatrix, writeResult, type RowResult } from './report.js';
+import { rows, type RepeatMode, type Row } from './rows.js';
+import { Sidecar } from './sidecar.js';
+
+const FEATURES: Feature[] = [world, sessionWorld, psetNames, psetGroup, publishLookup, connectAccept, spawnFeature, abortFeature, memberDeath];
+
+export interface RunOptions {
+  root: string;
+  rows?: string[];
+  features?: string[];
+  /** Jobs per `repeat` run. */
+  jobs?: number;
+  /** Join modes for `repeat`; defaults to each row's list. */
+  modes?: RepeatMode[];
+  /** Where results go; MATRIX.md is regenerated next to it unless writeMatrix is false. */
+  resultsDir?: string;
+  writeMatrix?: boolean;
+  log?: (msg: string) => void;
+}
+
+async function withAgents<T>(sidecar: Sidecar, row: Row, agentBin: string, tag: string, f: (agents: Agent[]) => Promise<T>): Promise<T> {
+  const agents = await startAgents(sidecar, agentBin, 4, row.baseEnv, `${row.id}-${tag}`);
+  try {
+    return await f(agents);
+  } finally {
+    await stopAgents(sidecar, agents);
+  }
+}
+
+async function guard(row: Row, key: string, f: () => Promise<Outcome>): Promise<Outcome> {
+  let outcome: Outcome;
+  try {
+    outcome = await f();
+  } catch (err) {
+    outcome = { status: 'fail', reason: `the harness failed: ${err instanceof Error ? err.message : String(err)}` };
+  }
+  const known = row.known?.[key];
+  if (known && outcome.status !== 'pass') outcome.reason = `${outcome.reason ? `${outcome.reason} — ` : ''}${known}`;
+  if (outcome.status === 'fail' && row.lacks?.includes(key)) outcome.status = 'unsupported';
+  return outcome;
+}
+
+export async function runMatrix(opts: RunOptions): Promise<RowResult[]> {
+  const log = opts.log ?? ((m: string) => process.stderr.write(`${m}\n`));
+  const resultsDir = opts.resultsDir ?? join(opts.root, 'compat-matrix', 'results');
+  const wanted = new Set(opts.features ?? [...COLUMNS]);
+  const selected = rows(opts.root).filter((r) => !opts.rows || opts.rows.some((x) => r.id === x || r.id.startsWith(`${x}-`) || r.impl === x));
+  const sidecar = await Sidecar.start(opts.root);
+  const all: RowResult[] = [];
+  try {
+    for (const row of selected) {
+      const stamp = new Date().toISOString();
+      const base: RowResult = { impl: row.id, label: row.label, version: row.version(), mode: row.repeatModes[0]!, generatedAt: stamp, features: {} };
+      if (row.unavailable) {
+        for (const c of COLUMNS.filter((c) => wanted.has(c))) base.features[c] = { status: 'unsupported', reason: row.unavailable };
+        all.push(base);
+        continue;
+      }
+      const built = await buildRow(opts.root, row);
+      const agentBin = built.programs.get('agent');
+      if (!agentBin) throw new Error(`${row.id}: the agent does not build: ${built.errors.get('agent')}`);
+      const ctxFor = (agents: Agent[]): Ctx => ({
+        row,
+        sidecar,
+        agents,
+        program: (name) => built.programs.get(name),
+        buildError: (name) => built.errors.get(name) ?? `${name} was not built`,
+        log,
+      });
+      await withAgents(sidecar, row, agentBin, 'features', async (agents) => {
+        for (const f of FEATURES.filter((f) => wanted.has(f.name))) {
+          log(`${row.id}: ${f.name} ...`);
+          const outcome = await guard(row, f.name, () => f.run(ctxFor(agents)));
+          base.features[f.name] = outcome;
+          log(`${row.id}: ${f.name}: ${outcome.status}${outcome.reason ? ` — ${outcome.reason}` : ''}`);
+        }
+      });
+      const modeResults: RowResult[] = [];
+      if (wanted.has('repeat')) {
+        const modes = opts.modes ? row.repeatModes.filter((m) => opts.modes!.includes(m)) : row.repeatModes;
+        for (const mode of modes) {
+          log(`${row.id}: repeat (${mode}) ...`);
+          // Fresh processes per mode: a mode may leave MPI initialised (pool) or crash (reinit).
+          const outcome = await guard(row, `repeat/${mode}`, () => withAgents(sidecar, row, agentBin, mode, (agents) => repeat(ctxFor(agents), mode, opts.jobs ?? 20)));
+          log(`${row.id}: repeat (${mode}): ${outcome.status}${outcome.reason ? ` — ${outcome.reason}` : ''}`);
+          if (mode === base.mode) base.features.repeat = outcome;
+          else modeResults.push({ ...base, mode, features: { repeat: outcome } });
+        }
+      }
+      for (const r of [base, ...modeResults]) {
+        writeResult(resultsDir, r.mode === base.mode ? row.id : `${row.id}-${r.mode}`, r);
+        all.push(r);
+      }
+    }
+  } finally {
+    await sidecar.stop();
+  }
+  if (opts.writeMatrix !== false) writeMatrix(resultsDir, join(resultsDir, '..', 'MATRIX.md'));
+  return all;
+}
+
+async function main(): Promise<void> {
+  const { values } = parseArgs({
+    options: {
+      impl: { type: 'string', multiple: true },
+      features: { type: 'string' },
+      jobs: { type: 'string' },
+      modes: { type: 'string' },
+    },
+  });
+  const root = join(fileURLToPath(new URL('.', import.meta.url)), '..', '..');
+  const results = await runMatrix({
+    root,
+    rows: values.impl,
+    features: values.features?.split(','),
+    jobs: values.jobs ? Number(values.jobs) : undefined,
+    modes: values.modes?.split(',') as RepeatMode[] | undefined,
+  });
+  const failed = results.flatMap((r) => Object.entries(r.features).filter(([, o]) => o.status === 'fail').map(([c]) => `${r.impl}/${r.mode}/${c}`));
+  process.stdout.write(`${JSON.stringify({ rows: results.length, failed }, null, 2)}\n`);
+}
+
+if (process.argv[1] && fileURLToPath(import.meta.url) === process.argv[1]) {
+  main().catch((err: unknown) => {
+    process.stderr.write(`compat: ${err instanceof Error ? err.stack : String(err)}\n`);
+    process.exitCode = 1;
+  });
+}
