@@ -74,9 +74,10 @@ export class Sidecar {
       if (ev.kind === 'jobStateChanged') log.info({ job: ev.jobId, from: ev.from, to: ev.to, reason: ev.reason }, 'job state');
     });
 
-    // libpmix holds a lost-connection event for its caching window (1 s) to batch losses; a
-    // job should fail as soon as a member dies.
-    process.env.PMIX_MCA_pmix_event_caching_window ??= '0';
+    // libpmix holds a lost-connection event for its caching window (1 s by default) to batch
+    // losses, so a job fails about a second after a member dies. PMIX_MCA_pmix_event_caching_window=0
+    // makes it immediate; the default is kept because the Python client's error attribution
+    // (python/dask_pmix) currently relies on a dying rank's own report arriving first.
     const clients = new PmixClients();
     const pmix = PmixServer.start({
       tmpdir: opts.tmpdir,

@@ -148,7 +148,7 @@ describe('the sidecar with real PMIx clients', () => {
     const seconds = (Date.now() - t0) / 1000;
     expect(failed.error).toMatch(/rank 1 .* was lost: its connection to the PMIx server dropped/);
     expect(failed.members[1]).toMatchObject({ state: 'lost' });
-    expect(seconds).toBeLessThan(1.5);
+    expect(seconds).toBeLessThan(3);
     expect(sidecar.pmixClients.count(job.namespace)).toBe(1);
     ranks[0]!.child.kill('SIGKILL');
     await waitReleased(job.id);
