@@ -1,5 +1,5 @@
 // Results files and the generated MATRIX.md.
-import { mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Outcome } from './features/common.js';
 
@@ -16,9 +16,17 @@ export const COLUMNS = [
   'world', 'session-world', 'pset-names', 'pset-group', 'publish-lookup', 'connect-accept', 'spawn', 'abort', 'member-death', 'repeat',
 ];
 
+/** Writes a row's result; cells not run this time keep their earlier result. */
 export function writeResult(dir: string, file: string, result: RowResult): void {
   mkdirSync(dir, { recursive: true });
-  writeFileSync(join(dir, `${file}.json`), JSON.stringify(result, null, 2) + '\n');
+  const path = join(dir, `${file}.json`);
+  let features = result.features;
+  if (existsSync(path)) {
+    const before = JSON.parse(readFileSync(path, 'utf8')) as RowResult;
+    features = { ...before.features, ...result.features };
+  }
+  const ordered = Object.fromEntries(COLUMNS.filter((c) => c in features).map((c) => [c, features[c]!]));
+  writeFileSync(path, JSON.stringify({ ...result, features: ordered }, null, 2) + '\n');
 }
 
 const MARK: Record<string, string> = { pass: 'pass', fail: '**fail**', unsupported: 'unsupported' };

@@ -108,7 +108,8 @@ export async function runMatrix(opts: RunOptions): Promise<RowResult[]> {
           else modeResults.push({ ...base, mode, features: { repeat: outcome } });
         }
       }
-      for (const r of [base, ...modeResults]) {
+      // A base row with no cells run (e.g. only another join mode was asked for) is not rewritten.
+      for (const r of [...(Object.keys(base.features).length ? [base] : []), ...modeResults]) {
         writeResult(resultsDir, r.mode === base.mode ? row.id : `${row.id}-${r.mode}`, r);
         all.push(r);
       }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test command: sets the checkout up (idempotent), then runs the whole suite: the TypeScript
-# and native tests (vitest), then the Dask end-to-end tests (pytest) in the Open MPI environment.
+# and native tests (vitest), then the Dask end-to-end tests (pytest) with Open MPI, then with MPICH.
 # Arguments go to vitest and skip pytest, e.g. scripts/test.sh test/pmix
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -10,4 +10,5 @@ npx tsc -p tsconfig.json --noEmit
 npx vitest run "$@"
 if [ $# -eq 0 ]; then
   .venv/bin/python -m pytest -q -p no:cacheprovider python/tests
+  DASK_PMIX_TEST_IMPL=mpich .venv-mpich/bin/python -m pytest -q -p no:cacheprovider python/tests
 fi

@@ -129,14 +129,20 @@ export async function release(ctx: Ctx, job: JobJson): Promise<JobJson | undefin
   return ctx.sidecar.request<JobJson>('DELETE', `/v1/jobs/${encodeURIComponent(job.id)}`).catch(() => undefined);
 }
 
+/** A library message cut to a readable, stable reason: no addresses, at most ~200 characters. */
+export function brief(text: string): string {
+  const t = text.replace(/0x[0-9a-fA-F]+/g, '0x…').replace(/\s+/g, ' ').trim();
+  return t.length > 200 ? `${t.slice(0, 197)}...` : t;
+}
+
 /** The first error a rank printed, for a reason line. */
 export function firstError(runs: RankRun[], feature: string): string | undefined {
   for (const r of runs) {
     const e = outputOf(r, feature).find((l) => l.ok === false);
-    if (e) return `rank ${r.rank}: ${String(e.error ?? 'failed')}${e.message ? ` (${String(e.message).trim()})` : ''}`;
+    if (e) return `rank ${r.rank}: ${String(e.error ?? 'failed')}${e.message ? ` (${brief(String(e.message))})` : ''}`;
     if (r.exit && (r.exit.status !== 0 || r.exit.signal !== 0)) {
       const stderr = r.agent.stderr.trim().split('\n').filter((l) => l.trim()).slice(-3).join(' | ');
-      return `rank ${r.rank} exited with status ${String(r.exit.status)} signal ${String(r.exit.signal)}${stderr ? `: ${stderr.slice(0, 300)}` : ''}`;
+      return `rank ${r.rank} exited with status ${String(r.exit.status)} signal ${String(r.exit.signal)}${stderr ? `: ${brief(stderr)}` : ''}`;
     }
   }
   return undefined;

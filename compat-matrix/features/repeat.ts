@@ -6,7 +6,7 @@
 //   pool   one namespace over all 4 processes, initialised once; a communicator per job
 import type { Agent } from '../agents.js';
 import type { RepeatMode } from '../rows.js';
-import { createJob, envFields, memberEnvs, release, type Ctx, type Outcome } from './common.js';
+import { brief, createJob, envFields, memberEnvs, release, type Ctx, type Outcome } from './common.js';
 
 export function subsets(jobs: number, agents: number): number[][] {
   return Array.from({ length: jobs }, (_, i) => {
@@ -25,11 +25,11 @@ async function oneJob(ctx: Ctx, agents: Agent[], mode: RepeatMode, tag: string, 
   agents.forEach((a, i) => send(a, i));
   const done = await Promise.all(agents.map((a, i) => a.waitFor((l) => l.done === tag, 60_000, since[i])));
   for (const [i, a] of agents.entries()) {
-    if (!done[i]) return `${mode}: job ${tag} hung on ${a.id}${a.alive ? '' : ' (its process died)'}: ${a.stderr.trim().split('\n').slice(-2).join(' | ').slice(0, 300)}`;
+    if (!done[i]) return `${mode}: job ${tag} hung on ${a.id}${a.alive ? '' : ' (its process died)'}: ${brief(a.stderr.trim().split('\n').slice(-2).join(' | '))}`;
     const res = a.lines.slice(since[i]).find((l) => l.feature === 'repeat' && l.job === tag);
     const expect = (size * (size + 1)) / 2;
     if (!res || res.ok !== true || res.size !== size || res.sum !== expect) {
-      return `${mode}: job ${tag} on ${a.id}: ${res ? JSON.stringify(res) : 'no result'}${a.alive ? '' : ` (process died: ${a.stderr.trim().split('\n').slice(-2).join(' | ').slice(0, 300)})`}`;
+      return `${mode}: job ${tag} on ${a.id}: ${res ? JSON.stringify(res) : 'no result'}${a.alive ? '' : ` (process died: ${brief(a.stderr.trim().split('\n').slice(-2).join(' | '))})`}`;
     }
   }
   return undefined;

@@ -1,7 +1,7 @@
 // spawn: MPI_Comm_spawn of two children. The sidecar has no spawn policy that starts processes
 // (it would be a launcher, which a Dask cluster already has): it answers with a clear error,
 // which the cell records as unsupported with the library's message.
-import { createJob, firstError, outputOf, release, startRanks, waitRanks, type Feature } from './common.js';
+import { brief, createJob, firstError, outputOf, release, startRanks, waitRanks, type Feature } from './common.js';
 
 export const spawnFeature: Feature = {
   name: 'spawn',
@@ -18,7 +18,7 @@ export const spawnFeature: Feature = {
       if (ended && runs.every((r) => outputOf(r, 'spawn').some((l) => l.ok === true))) return { status: 'pass', seconds };
       const err = lines.find((l) => l.error === 'MPI_Comm_spawn');
       if (err) {
-        return { status: 'unsupported', seconds, reason: `MPI_Comm_spawn answered an error, as the sidecar refuses spawn: ${String(err.message ?? '').trim()}` };
+        return { status: 'unsupported', seconds, reason: `MPI_Comm_spawn answered an error (${brief(String(err.message ?? ''))})` };
       }
       return { status: 'fail', seconds, reason: (ended ? '' : 'timed out; ') + (firstError(runs, 'spawn') ?? 'no result') };
     } finally {

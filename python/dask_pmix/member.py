@@ -85,6 +85,21 @@ def _describe(exc: BaseException) -> dict:
     return desc
 
 
+def _leave(code: int) -> None:
+    """Ends the rank's process without running the worker's Python shutdown (this is a fork of
+    it). MPICH and Intel MPI send their PMI finalize from a C atexit hook, so for them the C
+    exit() runs; os._exit would skip it and the sidecar would see the rank lost."""
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if code == 0 and "mpi4py.MPI" in sys.modules and library_name() != "openmpi":
+        import ctypes
+
+        ctypes.CDLL(None).exit(code)
+    os._exit(code)
+
+
 def _child(fd: int, env: dict, tag: str, fn: Callable, args: tuple, kwargs: dict) -> None:
     code = 1
     try:
@@ -108,7 +123,7 @@ def _child(fd: int, env: dict, tag: str, fn: Callable, args: tuple, kwargs: dict
         except BaseException:
             pass
     finally:
-        os._exit(code)
+        _leave(code)
 
 
 class _Reader:

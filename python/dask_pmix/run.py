@@ -132,7 +132,9 @@ def _job_error(client, job_id: str, job: dict, members: list[dict], futures: lis
     while time.monotonic() < deadline and not all(f.done() for f in futures):
         time.sleep(0.05)
     job = client.sync(client.scheduler.dask_pmix_job, job_id=job_id)
-    culprit = next((m for m in job.get("members", []) if m.get("state") == "lost"), None)
+    members_now = job.get("members", [])
+    culprit = next((m for m in members_now if m.get("endedJob")), None) or \
+        next((m for m in members_now if m.get("state") == "lost"), None)
     if culprit is not None:
         own = _own_error(futures[culprit["rank"]])
         if own is not None:

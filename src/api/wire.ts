@@ -67,6 +67,7 @@ export function jobMsg(j: Readonly<Job>): dask_pmix.v1.Job {
         nodeId: m.nodeId,
         state: enumValue(pb.MemberState, m.state)!,
         reason: m.reason ?? '',
+        endedJob: m.endedJob ?? false,
       }),
     ),
     state: enumValue(pb.JobState, j.state)!,

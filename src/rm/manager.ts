@@ -415,7 +415,8 @@ export class ResourceManager {
   /** A member called MPI_Abort / PMIx_Abort / PMI abort: the whole job is aborted. */
   abort(namespace: string, rank: number, status: number, message: string): void {
     const rt = this.runtimeOf(namespace);
-    this.memberOf(rt, rank);
+    const m = this.memberOf(rt, rank);
+    if (isActive(rt.job.state)) m.endedJob = true;
     this.end(rt, 'aborted', `rank ${rank} aborted the job with status ${status}${message ? `: ${message}` : ''}`);
   }
 
@@ -453,6 +454,7 @@ export class ResourceManager {
     rt.collectives.markGone(m.rank, `was lost (${reason})`);
     if (isActive(rt.job.state)) {
       if (this.policy.onMemberLost(rt.job, m) === 'fail') {
+        m.endedJob = true;
         this.end(rt, 'failed', `rank ${m.rank} (worker ${m.workerId}) was lost: ${reason}`);
       }
     } else {

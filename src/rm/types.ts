@@ -84,6 +84,8 @@ export interface JobMember {
   state: MemberState;
   /** Why it was lost. */
   reason?: string;
+  /** Its loss or abort is what ended the job (the others may be lost afterwards, as a result). */
+  endedJob?: boolean;
 }
 
 export interface Job {

@@ -92,6 +92,8 @@ describe('ResourceManager: the job state machine', () => {
     expect(rm.getWorker('w0').state).toBe('frozen');
     rm.memberLost(job.namespace, 0, 'aborted by event');
     rm.memberFinalized(job.namespace, 1);
+    // The member that ended the job stays marked as the cause; the one lost afterwards does not.
+    expect(job.members.map((m) => m.endedJob ?? false)).toEqual([false, false, true]);
     await rm.released(job.id);
     expect(backend.calls.at(-1)).toBe(`release ${job.id}`);
     expect(rm.getWorker('w0').state).toBe('available');
