@@ -140,6 +140,8 @@ async function main(): Promise<void> {
   });
   const failed = results.flatMap((r) => Object.entries(r.features).filter(([, o]) => o.status === 'fail').map(([c]) => `${r.impl}/${r.mode}/${c}`));
   process.stdout.write(`${JSON.stringify({ rows: results.length, failed }, null, 2)}\n`);
+  // Idle keep-alive sockets and spent timers must not keep the command alive.
+  process.exit(0);
 }
 
 if (process.argv[1] && fileURLToPath(import.meta.url) === process.argv[1]) {

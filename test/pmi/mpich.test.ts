@@ -6,6 +6,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { bin } from '../helpers/build-clients.js';
+import { ROOT } from '../helpers/paths.js';
 import { describeRanks, startRank, type RankProcess } from '../helpers/ranks.js';
 import { PmiRmFixture, type FixtureJob } from './helpers/rm-fixture.js';
 
@@ -167,9 +168,9 @@ describe('several jobs on one listener', () => {
   });
 });
 
-// Intel MPI (PyPI impi-rt) is not installed by setup: point DASK_PMIX_IMPI_LIB at its lib/
-// directory (e.g. a venv with `pip install --no-deps impi-rt`) to run these.
-const IMPI_LIB = process.env.DASK_PMIX_IMPI_LIB ?? '';
+// Intel MPI (PyPI impi-rt): setup installs it in .venv-impi; DASK_PMIX_IMPI_LIB points elsewhere.
+// (Skipped when absent.)
+const IMPI_LIB = process.env.DASK_PMIX_IMPI_LIB ?? join(ROOT, '.venv-impi', 'lib');
 describe.skipIf(!IMPI_LIB || !existsSync(`${IMPI_LIB}/libmpi.so.12`))('Intel MPI (impi-rt, MPICH ABI)', () => {
   // The 5.0.2-built program runs on Intel's libmpi.so.12 through LD_LIBRARY_PATH (same ABI).
   const env = { LD_LIBRARY_PATH: IMPI_LIB, I_MPI_FABRICS: 'shm' };
