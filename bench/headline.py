@@ -46,13 +46,25 @@ def _median(xs):
     return statistics.median(xs) if xs else None
 
 
+def _results(stdout: str) -> list[dict]:
+    """RESULT lines of all ranks; a launcher may interleave ranks' output on one line."""
+    decoder = json.JSONDecoder()
+    out, i = [], stdout.find("RESULT ")
+    while i >= 0:
+        obj, end = decoder.raw_decode(stdout, i + len("RESULT "))
+        out.append(obj)
+        i = stdout.find("RESULT ", end)
+    return out
+
+
 def launcher_runs(impl: str, size: int, repeat: int, env_extra: dict) -> list[dict]:
     bindir = Path(sys.executable).parent
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
         f.write(BODY)
         script = f.name
     if impl == "openmpi":
-        cmd = [str(bindir / "mpirun"), "-n", str(size), "--oversubscribe", sys.executable, script]
+        root = ["--allow-run-as-root"] if os.getuid() == 0 else []
+        cmd = [str(bindir / "mpirun"), *root, "-n", str(size), "--oversubscribe", sys.executable, script]
     else:
         cmd = [str(bindir / "mpiexec"), "-n", str(size), sys.executable, script]
     runs = []
@@ -61,7 +73,7 @@ def launcher_runs(impl: str, size: int, repeat: int, env_extra: dict) -> list[di
         env = {**os.environ, **env_extra, "BENCH_T0": repr(t0)}
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
         t_end = time.time()
-        results = [json.loads(line[7:]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+        results = _results(proc.stdout)
         if proc.returncode != 0 or len(results) != size:
             runs.append({"error": proc.stderr[-2000:] or proc.stdout[-2000:]})
             continue
@@ -115,6 +127,7 @@ def main() -> int:
 
     # Ranks yield when idle: there are more of them than cores.
     mpi_env = {"OMPI_MCA_mpi_yield_when_idle": "1", "OMPI_MCA_btl": "^ofi"} if args.impl == "openmpi" else {}
+    # Medians of `repeat` runs each; ratio_* = launcher median / sidecar median (above 1: ours is faster).
     report: dict = {"benchmark": "headline", "impl": args.impl, "cpus": os.cpu_count(), "repeat": args.repeat,
                     "sizes": {}}
     with LocalCluster(n_workers=max(sizes), threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
