@@ -111,12 +111,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  expected {expected_part:.0f} (array total {expected:.0f}); chunks moved: {len(moved)}; "
               f"bystander finished {len(busy_done)} tasks during the job -> {'OK' if ok1 and not moved else 'FAIL'}")
 
+        # The second job comes from a process set defined over REST.
         second = [w for w in workers if w != members[0]][:3]
+        sidecar.define_pset("demo-ring", members=second)
         t2 = time.perf_counter()
-        results2 = run_mpi(client, _ring, workers=second, impl=args.impl)
+        results2 = run_mpi(client, _ring, pset="demo-ring", impl=args.impl)
         t3 = time.perf_counter()
         ok2 = all(r["got_from"] == (r["rank"] - 1) % r["size"] for r in results2)
-        print(f"\njob 2: a ring over a different subset {second} ({t3 - t2:.3f} s): "
+        print(f"\njob 2: a ring over pset demo-ring, a different subset {second} ({t3 - t2:.3f} s): "
               f"{[r['got_from'] for r in results2]} -> {'OK' if ok2 else 'FAIL'}")
 
         print("\nprocess sets (GET /v1/psets):")

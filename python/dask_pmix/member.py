@@ -161,12 +161,28 @@ def _exit_description(status: int) -> str:
 
 def run_rank(*, job_id: str, rank: int, worker: str, env: dict, fn: Callable, args: tuple = (),
              kwargs: dict | None = None, job_state: Callable[[], dict], timeout: float | None = None,
-             poll_interval: float = 0.2, finalize_grace: float = 30.0) -> Any:
+             report_lost: Callable[[str], None] | None = None, poll_interval: float = 0.2,
+             finalize_grace: float = 30.0) -> Any:
     """Runs `fn(comm, *args, **kwargs)` as `rank` of `job_id` in a forked child; returns its value.
 
     `job_state()` returns the sidecar's view of the job ({"state", "error"}); when the job fails
     the child is killed and MPIJobError is raised, so no rank waits on a peer that is gone.
+    `report_lost(reason)` tells the sidecar when the rank's process ended without finishing, so
+    the members are released at once instead of when the sidecar notices.
     """
+    try:
+        return _run_rank(job_id, rank, worker, env, fn, args, kwargs, job_state, timeout, poll_interval,
+                         finalize_grace)
+    except MPIJobError as e:
+        if report_lost is not None:
+            try:
+                report_lost(e.reason)
+            except Exception:
+                pass
+        raise
+
+
+def _run_rank(job_id, rank, worker, env, fn, args, kwargs, job_state, timeout, poll_interval, finalize_grace):
     MPI = mpi_module()
     if MPI.Is_initialized():
         raise MPIJobError("MPI is already initialised in this worker process; dask-pmix forks a fresh "

@@ -71,6 +71,7 @@ class SidecarPlugin(SchedulerPlugin):
             "dask_pmix_create_job": self.create_job,
             "dask_pmix_job": self.job,
             "dask_pmix_release_job": self.release_job,
+            "dask_pmix_member_lost": self.member_lost,
         })
         for address in list(scheduler.workers):
             self._register_soon(address)
@@ -196,13 +197,35 @@ class SidecarPlugin(SchedulerPlugin):
             self._forget(job_id)
         return job
 
-    async def release_job(self, job_id: str) -> dict | None:
+    async def release_job(self, job_id: str, grace: float = 5.0) -> dict | None:
+        """Gives the members back. A job that ended stays in the sidecar's history and is released
+        there once its ranks have gone (at once, normally); one still active, or one whose ranks
+        linger past `grace`, is deleted: aborted, released and forgotten."""
+        job: dict | None = None
         try:
+            deadline = time.monotonic() + grace
+            while True:
+                job = await asyncio.to_thread(self.rest.job, job_id)
+                if job.get("state") in ACTIVE_STATES:
+                    break
+                if job.get("releasedAt"):
+                    self._forget(job_id)
+                    return job
+                if time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.05)
             job = await asyncio.to_thread(self.rest.delete_job, job_id)
         except SidecarError as e:
             job = {"id": job_id, "error": str(e)}
         self._forget(job_id)
         return job
+
+    async def member_lost(self, job_id: str, worker: str, reason: str) -> dict | None:
+        """A worker reports that its rank's process is gone (it killed it, or it died)."""
+        try:
+            return await asyncio.to_thread(self.rest.member_lost, job_id, worker, reason)
+        except SidecarError as e:
+            return {"id": job_id, "error": str(e)}
 
     def _forget(self, job_id: str) -> None:
         with self._lock:

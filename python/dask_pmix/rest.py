@@ -85,6 +85,9 @@ class SidecarClient:
     def delete_job(self, job_id: str) -> dict | None:
         return self._request("DELETE", f"/v1/jobs/{quote(job_id)}")
 
+    def member_lost(self, job_id: str, worker_id: str, reason: str) -> dict:
+        return self._request("POST", f"/v1/jobs/{quote(job_id)}/members/{quote(worker_id)}/lost", {"reason": reason})
+
     def member_env(self, job_id: str, worker_id: str) -> dict:
         return self._request("GET", f"/v1/jobs/{quote(job_id)}/env/{quote(worker_id)}")
 

@@ -10,8 +10,9 @@ from .errors import MPIJobError
 FAILED_STATES = ("failed", "aborted")
 
 
-def _job_state_from_worker(job_id: str) -> Callable[[], dict]:
-    """Asks the scheduler (which relays to the sidecar) for the job's state, from a task thread."""
+def _sidecar_calls(job_id: str, worker_id: str) -> tuple[Callable[[], dict], Callable[[str], None]]:
+    """The job's state, and a loss report, through the scheduler (which relays to the sidecar),
+    callable from a task thread."""
     from distributed import get_worker
     from distributed.utils import sync
 
@@ -23,7 +24,10 @@ def _job_state_from_worker(job_id: str) -> Callable[[], dict]:
         except Exception as e:  # the scheduler is unreachable: keep running, the rank decides
             return {"state": "unknown", "error": str(e)}
 
-    return state
+    def lost(reason: str) -> None:
+        sync(worker.loop, worker.scheduler.dask_pmix_member_lost, job_id=job_id, worker=worker_id, reason=reason)
+
+    return state, lost
 
 
 def _member_task(job_id: str, rank: int, worker_id: str, env: dict, fn: Callable, args: tuple, kwargs: dict,
@@ -37,8 +41,9 @@ def _member_task(job_id: str, rank: int, worker_id: str, env: dict, fn: Callable
     secede()
     if local is not None:
         kwargs = {**kwargs, "local": local}
+    state, lost = _sidecar_calls(job_id, worker_id)
     return run_rank(job_id=job_id, rank=rank, worker=worker_id, env=env, fn=fn, args=args, kwargs=kwargs,
-                    job_state=_job_state_from_worker(job_id), timeout=timeout)
+                    job_state=state, report_lost=lost, timeout=timeout)
 
 
 def _holders(client, futures: Iterable) -> dict[str, list]:
