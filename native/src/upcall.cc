@@ -25,20 +25,29 @@ void ReleaseInfo(void* p) {
 
 }  // namespace
 
+template <>
+void OpReply::Reply(Napi::Env, pmix_status_t status, const Napi::Value&) {
+  Fail(status);
+}
+
+template <>
 void OpReply::Fail(pmix_status_t status) {
   if (cb_ && delivery::CanCallBack()) cb_(status, cbdata_);
 }
 
+template <>
 void ModexReply::Reply(Napi::Env, pmix_status_t status, const Napi::Value& result) {
   Bytes b = Bytes::FromJs(result);
   if (!cb_ || !delivery::CanCallBack()) return free(b.data);
   cb_(status, b.data, b.size, cbdata_, FreeRelease, b.data);  // libpmix frees it through FreeRelease
 }
 
+template <>
 void ModexReply::Fail(pmix_status_t status) {
   if (cb_ && delivery::CanCallBack()) cb_(status, nullptr, 0, cbdata_, nullptr, nullptr);
 }
 
+template <>
 void InfoReply::Reply(Napi::Env, pmix_status_t status, const Napi::Value& result) {
   Info info = Info::FromJs(result);
   if (!cb_ || !delivery::CanCallBack()) return;
@@ -47,10 +56,12 @@ void InfoReply::Reply(Napi::Env, pmix_status_t status, const Napi::Value& result
   cb_(status, rel->info, n, cbdata_, ReleaseInfo, rel);  // libpmix frees it through ReleaseInfo
 }
 
+template <>
 void InfoReply::Fail(pmix_status_t status) {
   if (cb_ && delivery::CanCallBack()) cb_(status, nullptr, 0, cbdata_, nullptr, nullptr);
 }
 
+template <>
 void LookupReply::Reply(Napi::Env env, pmix_status_t status, const Napi::Value& result) {
   size_t n = 0;
   pmix_pdata_t* pdata = nullptr;
@@ -81,10 +92,12 @@ void LookupReply::Reply(Napi::Env env, pmix_status_t status, const Napi::Value& 
   if (pdata) PMIx_Pdata_free(pdata, n);
 }
 
+template <>
 void LookupReply::Fail(pmix_status_t status) {
   if (cb_ && delivery::CanCallBack()) cb_(status, nullptr, 0, cbdata_);
 }
 
+template <>
 void SpawnReply::Reply(Napi::Env env, pmix_status_t status, const Napi::Value& result) {
   pmix_nspace_t ns;
   std::memset(ns, 0, sizeof ns);
@@ -96,12 +109,14 @@ void SpawnReply::Reply(Napi::Env env, pmix_status_t status, const Napi::Value& r
   if (cb_ && delivery::CanCallBack()) cb_(status, ns, cbdata_);
 }
 
+template <>
 void SpawnReply::Fail(pmix_status_t status) {
   pmix_nspace_t ns;
   std::memset(ns, 0, sizeof ns);
   if (cb_ && delivery::CanCallBack()) cb_(status, ns, cbdata_);
 }
 
+template <>
 void ToolReply::Reply(Napi::Env, pmix_status_t status, const Napi::Value& result) {
   pmix_proc_t proc;
   PMIx_Proc_construct(&proc);
@@ -109,10 +124,12 @@ void ToolReply::Reply(Napi::Env, pmix_status_t status, const Napi::Value& result
   if (cb_ && delivery::CanCallBack()) cb_(status, &proc, cbdata_);
 }
 
+template <>
 void ToolReply::Fail(pmix_status_t status) {
   if (cb_ && delivery::CanCallBack()) cb_(status, nullptr, cbdata_);
 }
 
+template <>
 void CredentialReply::Reply(Napi::Env env, pmix_status_t status, const Napi::Value& result) {
   if (!result.IsObject()) throw Napi::TypeError::New(env, "credential result is {credential, info}");
   Napi::Object o = result.As<Napi::Object>();
@@ -129,15 +146,18 @@ void CredentialReply::Reply(Napi::Env env, pmix_status_t status, const Napi::Val
   free(b.data);
 }
 
+template <>
 void CredentialReply::Fail(pmix_status_t status) {
   if (cb_ && delivery::CanCallBack()) cb_(status, nullptr, nullptr, 0, cbdata_);
 }
 
+template <>
 void ValidationReply::Reply(Napi::Env, pmix_status_t status, const Napi::Value& result) {
   Info info = Info::FromJs(result);
   if (cb_ && delivery::CanCallBack()) cb_(status, info.data(), info.size(), cbdata_);
 }
 
+template <>
 void ValidationReply::Fail(pmix_status_t status) {
   if (cb_ && delivery::CanCallBack()) cb_(status, nullptr, 0, cbdata_);
 }

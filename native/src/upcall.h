@@ -28,108 +28,44 @@ class Upcall {
   Args args_;
 };
 
-// pmix_op_cbfunc_t: a status only. A null callback makes the upcall a notification.
-class OpReply : public Upcall {
+// Answers through one libpmix callback type; Reply and Fail are specialised per type in
+// upcall.cc. A null callback makes the upcall a notification.
+template <typename Callback>
+class Replying : public Upcall {
  public:
-  OpReply(const char* name, Args args, pmix_op_cbfunc_t cb, void* cbdata)
-      : Upcall(name, std::move(args)), cb_(cb), cbdata_(cbdata) {}
-  void Reply(Napi::Env, pmix_status_t status, const Napi::Value&) override { Fail(status); }
-  void Fail(pmix_status_t status) override;
-
- private:
-  pmix_op_cbfunc_t cb_;
-  void* cbdata_;
-};
-
-// pmix_modex_cbfunc_t: a blob (Buffer) that libpmix frees through our release callback.
-class ModexReply : public Upcall {
- public:
-  ModexReply(const char* name, Args args, pmix_modex_cbfunc_t cb, void* cbdata)
+  Replying(const char* name, Args args, Callback cb, void* cbdata)
       : Upcall(name, std::move(args)), cb_(cb), cbdata_(cbdata) {}
   void Reply(Napi::Env env, pmix_status_t status, const Napi::Value& result) override;
   void Fail(pmix_status_t status) override;
 
  private:
-  pmix_modex_cbfunc_t cb_;
+  Callback cb_;
   void* cbdata_;
 };
 
-// pmix_info_cbfunc_t: an info array that libpmix frees through our release callback.
-class InfoReply : public Upcall {
- public:
-  InfoReply(const char* name, Args args, pmix_info_cbfunc_t cb, void* cbdata)
-      : Upcall(name, std::move(args)), cb_(cb), cbdata_(cbdata) {}
-  void Reply(Napi::Env env, pmix_status_t status, const Napi::Value& result) override;
-  void Fail(pmix_status_t status) override;
+// The specialisations, declared here so that every translation unit knows they exist.
+#define DPMIX_REPLYING(Callback)                                                                   \
+  template <>                                                                                      \
+  void Replying<Callback>::Reply(Napi::Env env, pmix_status_t status, const Napi::Value& result); \
+  template <>                                                                                      \
+  void Replying<Callback>::Fail(pmix_status_t status);
+DPMIX_REPLYING(pmix_op_cbfunc_t)
+DPMIX_REPLYING(pmix_modex_cbfunc_t)
+DPMIX_REPLYING(pmix_info_cbfunc_t)
+DPMIX_REPLYING(pmix_lookup_cbfunc_t)
+DPMIX_REPLYING(pmix_spawn_cbfunc_t)
+DPMIX_REPLYING(pmix_tool_connection_cbfunc_t)
+DPMIX_REPLYING(pmix_credential_cbfunc_t)
+DPMIX_REPLYING(pmix_validation_cbfunc_t)
+#undef DPMIX_REPLYING
 
- private:
-  pmix_info_cbfunc_t cb_;
-  void* cbdata_;
-};
-
-// pmix_lookup_cbfunc_t: published data [{proc, key, value}], packed by libpmix during the call.
-class LookupReply : public Upcall {
- public:
-  LookupReply(const char* name, Args args, pmix_lookup_cbfunc_t cb, void* cbdata)
-      : Upcall(name, std::move(args)), cb_(cb), cbdata_(cbdata) {}
-  void Reply(Napi::Env env, pmix_status_t status, const Napi::Value& result) override;
-  void Fail(pmix_status_t status) override;
-
- private:
-  pmix_lookup_cbfunc_t cb_;
-  void* cbdata_;
-};
-
-// pmix_spawn_cbfunc_t: the spawned namespace.
-class SpawnReply : public Upcall {
- public:
-  SpawnReply(const char* name, Args args, pmix_spawn_cbfunc_t cb, void* cbdata)
-      : Upcall(name, std::move(args)), cb_(cb), cbdata_(cbdata) {}
-  void Reply(Napi::Env env, pmix_status_t status, const Napi::Value& result) override;
-  void Fail(pmix_status_t status) override;
-
- private:
-  pmix_spawn_cbfunc_t cb_;
-  void* cbdata_;
-};
-
-// pmix_tool_connection_cbfunc_t: the proc a tool is given.
-class ToolReply : public Upcall {
- public:
-  ToolReply(const char* name, Args args, pmix_tool_connection_cbfunc_t cb, void* cbdata)
-      : Upcall(name, std::move(args)), cb_(cb), cbdata_(cbdata) {}
-  void Reply(Napi::Env env, pmix_status_t status, const Napi::Value& result) override;
-  void Fail(pmix_status_t status) override;
-
- private:
-  pmix_tool_connection_cbfunc_t cb_;
-  void* cbdata_;
-};
-
-// pmix_credential_cbfunc_t: {credential: Buffer, info?: Info[]}.
-class CredentialReply : public Upcall {
- public:
-  CredentialReply(const char* name, Args args, pmix_credential_cbfunc_t cb, void* cbdata)
-      : Upcall(name, std::move(args)), cb_(cb), cbdata_(cbdata) {}
-  void Reply(Napi::Env env, pmix_status_t status, const Napi::Value& result) override;
-  void Fail(pmix_status_t status) override;
-
- private:
-  pmix_credential_cbfunc_t cb_;
-  void* cbdata_;
-};
-
-// pmix_validation_cbfunc_t: an info array, copied by libpmix during the call.
-class ValidationReply : public Upcall {
- public:
-  ValidationReply(const char* name, Args args, pmix_validation_cbfunc_t cb, void* cbdata)
-      : Upcall(name, std::move(args)), cb_(cb), cbdata_(cbdata) {}
-  void Reply(Napi::Env env, pmix_status_t status, const Napi::Value& result) override;
-  void Fail(pmix_status_t status) override;
-
- private:
-  pmix_validation_cbfunc_t cb_;
-  void* cbdata_;
-};
+using OpReply = Replying<pmix_op_cbfunc_t>;                 // a status only
+using ModexReply = Replying<pmix_modex_cbfunc_t>;           // a Buffer, freed by our release callback
+using InfoReply = Replying<pmix_info_cbfunc_t>;             // Info[], freed by our release callback
+using LookupReply = Replying<pmix_lookup_cbfunc_t>;         // [{proc, key, value}], packed during the call
+using SpawnReply = Replying<pmix_spawn_cbfunc_t>;           // the spawned namespace
+using ToolReply = Replying<pmix_tool_connection_cbfunc_t>;  // the proc given to a tool
+using CredentialReply = Replying<pmix_credential_cbfunc_t>; // {credential: Buffer, info?: Info[]}
+using ValidationReply = Replying<pmix_validation_cbfunc_t>; // Info[], copied during the call
 
 }  // namespace dpmix
