@@ -45,6 +45,7 @@ class SidecarPlugin(SchedulerPlugin):
         self._owners: dict[str, str] = {}       # job id -> client id
         self._lock = threading.Lock()
         self._registrations: dict[str, asyncio.Future] = {}
+        self._creating = 0  # job requests in flight: their members are not known yet
         self._stop = threading.Event()
         self._events_thread: threading.Thread | None = None
 
@@ -110,6 +111,10 @@ class SidecarPlugin(SchedulerPlugin):
             asyncio.ensure_future(self.release_job(job_id=job_id))
 
     def valid_workers_downscaling(self, scheduler, workers: list) -> list:
+        # While a job is being created the sidecar may already have frozen members we have not
+        # heard of yet: retire nobody until the answer is in.
+        if self._creating:
+            return []
         frozen = self.frozen_workers()
         return [ws for ws in workers if ws.address not in frozen]
 
@@ -175,12 +180,16 @@ class SidecarPlugin(SchedulerPlugin):
         if labels:
             request["labels"] = {str(k): str(v) for k, v in labels.items()}
         try:
-            job = await asyncio.to_thread(self.rest.create_job, request)
-            members = [m["workerId"] for m in job.get("members", [])]
-            with self._lock:
-                self._frozen[job["id"]] = set(members)
-                if owner:
-                    self._owners[job["id"]] = owner
+            self._creating += 1
+            try:
+                job = await asyncio.to_thread(self.rest.create_job, request)
+                members = [m["workerId"] for m in job.get("members", [])]
+                with self._lock:
+                    self._frozen[job["id"]] = set(members)
+                    if owner:
+                        self._owners[job["id"]] = owner
+            finally:
+                self._creating -= 1
             envs = {}
             for member in members:
                 envs[member] = (await asyncio.to_thread(self.rest.member_env, job["id"], member))["env"]
