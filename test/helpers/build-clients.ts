@@ -24,9 +24,11 @@ export function targets(): Target[] {
       flags: ['-O', '-Wall', `-I${PMIX_INCLUDE}`, join(PMIX_LIB_DIR, 'libpmix.so.2'), `-Wl,-rpath,${PMIX_LIB_DIR}`],
     },
     { out: 'mpi_job_ompi5', src: src('mpi_job.c'), cc: join(VENV, 'bin', 'mpicc'), flags: ['-O'] },
+    { out: 'mpi_hosts_ompi5', src: src('mpi_hosts.c'), cc: join(VENV, 'bin', 'mpicc'), flags: ['-O'] },
     // MPICH: Debian's 4.0.2 and the PyPI wheel's 5.0.x, both PMI-1 clients in practice.
     { out: 'mpi_job_mpich4', src: src('mpi_job.c'), cc: 'mpicc.mpich', flags: ['-O'] },
     { out: 'mpi_job_mpich5', src: src('mpi_job.c'), cc: join(VENV_MPICH, 'bin', 'mpicc'), flags: ['-O'] },
+    { out: 'mpi_hosts_mpich5', src: src('mpi_hosts.c'), cc: join(VENV_MPICH, 'bin', 'mpicc'), flags: ['-O'] },
     { out: 'mpich_probe_mpich4', src: src('mpich_probe.c'), cc: 'mpicc.mpich', flags: ['-O'] },
     { out: 'mpich_probe_mpich5', src: src('mpich_probe.c'), cc: join(VENV_MPICH, 'bin', 'mpicc'), flags: ['-O'] },
     ...['publish_lookup', 'abort', 'connect_accept'].flatMap((p) => [
