@@ -25,7 +25,7 @@ _HEADER = struct.Struct("!Q")
 
 
 def mpi_module():
-    """mpi4py.MPI, imported without initialising MPI (so forking stays safe)."""
+    """mpi4py.MPI in a rank's process, imported without initialising MPI: the rank joins with Sessions."""
     import mpi4py
 
     if "mpi4py.MPI" not in __import__("sys").modules:
@@ -100,9 +100,22 @@ def _leave(code: int) -> None:
     os._exit(code)
 
 
+def _die_with_parent() -> None:
+    """The rank dies with the worker thread that forked it (a worker killed outright must not
+    leave a rank spinning next to peers that are gone)."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    parent = os.getppid()
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before the call
+        os._exit(1)
+
+
 def _child(fd: int, env: dict, tag: str, fn: Callable, args: tuple, kwargs: dict) -> None:
     code = 1
     try:
+        _die_with_parent()
         os.environ.update(env)
         MPI = mpi_module()
         session, comm = connect(MPI, tag)
@@ -141,7 +154,21 @@ class _Reader:
                 self.complete = True
 
 
+def _shm_segments(pid: int) -> set[str]:
+    """The /dev/shm files a process has mapped (its MPI library's shared-memory segments)."""
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return {line.split(None, 5)[5].strip() for line in f
+                    if len(line.split(None, 5)) == 6 and line.split(None, 5)[5].startswith("/dev/shm/")}
+    except OSError:
+        return set()
+
+
 def _kill(pid: int) -> None:
+    # A rank killed mid-job never unlinks its MPI library's segments (MPICH's mpich_shm_* stay
+    # behind): note them first, remove them once the rank is gone. The other ranks of the job,
+    # the only other users, are failing too; a mapping survives the unlink anyway.
+    segments = _shm_segments(pid)
     try:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
@@ -150,6 +177,11 @@ def _kill(pid: int) -> None:
         os.waitpid(pid, 0)
     except ChildProcessError:
         pass
+    for path in segments:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 def _exit_description(status: int) -> str:
@@ -183,8 +215,13 @@ def run_rank(*, job_id: str, rank: int, worker: str, env: dict, fn: Callable, ar
 
 
 def _run_rank(job_id, rank, worker, env, fn, args, kwargs, job_state, timeout, poll_interval, finalize_grace):
-    MPI = mpi_module()
-    if MPI.Is_initialized():
+    # The MPI library is loaded in the child only. Loaded in the worker, UCX (inside both MPICH's
+    # and Open MPI's wheels) hooks dlopen/mmap behind a lock; a fork while another worker thread
+    # holds it leaves the child deadlocked in MPI_Session_init (seen with MPICH 5.0.2).
+    import sys
+
+    MPI = sys.modules.get("mpi4py.MPI")
+    if MPI is not None and MPI.Is_initialized():
         raise MPIJobError("MPI is already initialised in this worker process; dask-pmix forks a fresh "
                           "rank per job and needs the worker itself to stay uninitialised",
                           job_id=job_id, rank=rank, worker=worker)
@@ -200,13 +237,21 @@ def _run_rank(job_id, rank, worker, env, fn, args, kwargs, job_state, timeout, p
     finalize_deadline: float | None = None  # set once the result is in: the child finalizes
     next_poll = 0.0
     exit_status: int | None = None
+    # A pidfd becomes readable when the child exits: the wait ends then, not at the next poll.
+    try:
+        exited_fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        exited_fd = None
+    watch = [r] + ([exited_fd] if exited_fd is not None else [])
     try:
         while True:
-            ready, _, _ = select.select([r], [], [], poll_interval)
-            if ready:
+            ready, _, _ = select.select(watch, [], [], poll_interval)
+            if r in ready:
                 data = os.read(r, 1 << 20)
                 if data:
                     reader.feed(data)
+                else:
+                    watch.remove(r)  # end of file: only the exit is left to wait for
             done_pid, status = os.waitpid(pid, os.WNOHANG)
             if done_pid == pid:
                 exit_status = status
@@ -233,6 +278,8 @@ def _run_rank(job_id, rank, worker, env, fn, args, kwargs, job_state, timeout, p
                     break
     finally:
         os.close(r)
+        if exited_fd is not None:
+            os.close(exited_fd)
     if reader.complete:
         kind, value = reader.message
         if kind == "ok":

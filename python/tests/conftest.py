@@ -14,8 +14,8 @@ IMPL = os.environ.get("DASK_PMIX_TEST_IMPL", "openmpi")
 
 
 def start_cluster(n_workers: int = 4, **kwargs):
-    cluster = LocalCluster(n_workers=n_workers, threads_per_worker=2, processes=True, dashboard_address=None,
-                           worker_dashboard_address=None, **kwargs)
+    cluster = LocalCluster(n_workers=n_workers, threads_per_worker=2, processes=True, dashboard_address=":0",
+                           worker_dashboard_address=":0", **kwargs)
     client = Client(cluster)
     client.register_plugin(SidecarPlugin())
     info = wait_for_plugin(client)

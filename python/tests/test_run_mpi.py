@@ -135,13 +135,16 @@ def test_frozen_workers_are_not_downscaled(dask_cluster, impl):
     assert {w["state"] for w in sidecar.workers()} == {"available"}
 
 
-def test_retire_and_adaptive_keep_members_and_a_killed_member_fails_the_job(impl):
+def test_retire_and_adaptive_keep_members_and_a_killed_member_fails_the_job(impl, tmp_path):
     cluster, client, sidecar = start_cluster(4)
     try:
         workers = workers_of(client)
         members = workers[:3]
+        pid_dir = str(tmp_path)
 
         def long_job(comm):
+            with open(os.path.join(pid_dir, f"rank{comm.rank}.pid"), "w") as f:
+                f.write(str(os.getpid()))
             for _ in range(300):
                 comm.Barrier()
                 time.sleep(0.05)
@@ -179,6 +182,14 @@ def test_retire_and_adaptive_keep_members_and_a_killed_member_fails_the_job(impl
         print(f"killed member -> MPIJobError in {time.monotonic() - t_kill:.2f} s")
         assert time.monotonic() - t_kill < 5.0
         assert outcome["error"].worker == victim
+        # The killed worker's rank process goes with it instead of spinning on as an orphan.
+        victim_rank = members.index(victim)
+        rank_pid = int(open(os.path.join(pid_dir, f"rank{victim_rank}.pid")).read())
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and os.path.exists(f"/proc/{rank_pid}") and \
+                open(f"/proc/{rank_pid}/stat").read().split()[2] != "Z":
+            time.sleep(0.1)
+        assert not os.path.exists(f"/proc/{rank_pid}") or open(f"/proc/{rank_pid}/stat").read().split()[2] == "Z"
         # The others serve the next job.
         alive = [w for w in members if w != victim]
         assert run_mpi(client, allreduce_ranks, workers=alive, impl=impl)[0]["total"] == 1

@@ -25,8 +25,9 @@ const HELP = `usage: dask-pmix serve [options]
   --pmi-port PORT          its port                       [default: any free one]
   --pmi-advertise HOST     host name members use in PMI_PORT  [default: the bound address]
   --no-pmi                 serve Open MPI (PMIx) only
+  --exit-with-parent       stop when the process that started it is gone (the embedded sidecar)
   --ompi-env K=V           an Open MPI setting for every member (repeatable; replaces the defaults
-                           OMPI_MCA_btl=^ofi OMPI_MCA_mpi_yield_when_idle=1)
+                           OMPI_MCA_btl=^ofi OMPI_MCA_pml=ob1 OMPI_MCA_mpi_yield_when_idle=1)
   -h, --help
 `;
 
@@ -57,6 +58,7 @@ export async function serve(argv: string[]): Promise<number> {
       'pmi-port': { type: 'string' },
       'pmi-advertise': { type: 'string' },
       'no-pmi': { type: 'boolean' },
+      'exit-with-parent': { type: 'boolean' },
       help: { type: 'boolean', short: 'h' },
     },
     strict: true,
@@ -119,10 +121,12 @@ export async function serve(argv: string[]): Promise<number> {
   process.stdout.write(`dask-pmix listening on ${sidecar.url}\n`);
 
   return new Promise<number>((resolve) => {
-    const stop = (signal: NodeJS.Signals) => {
+    let orphanWatch: NodeJS.Timeout | undefined;
+    const stop = (signal: NodeJS.Signals | 'its parent exited') => {
       process.off('SIGTERM', stop);
       process.off('SIGINT', stop);
-      sidecar.stop(`the sidecar received ${signal}`).then(
+      if (orphanWatch) clearInterval(orphanWatch);
+      sidecar.stop(signal === 'its parent exited' ? 'the process that started the sidecar exited' : `the sidecar received ${signal}`).then(
         () => {
           cleanup();
           resolve(0);
@@ -135,5 +139,12 @@ export async function serve(argv: string[]): Promise<number> {
     };
     process.on('SIGTERM', stop);
     process.on('SIGINT', stop);
+    if (values['exit-with-parent']) {
+      // A scheduler killed outright cannot stop its sidecar; the sidecar notices it was orphaned.
+      const parent = process.ppid;
+      orphanWatch = setInterval(() => {
+        if (process.ppid !== parent) stop('its parent exited');
+      }, 1000);
+    }
   });
 }

@@ -79,4 +79,26 @@ describe('dask-pmix serve', () => {
     expect(code).not.toBe(0);
     expect(err).toMatch(/--port must be a non-negative number/);
   });
+
+  it('with --exit-with-parent, stops when the process that started it is gone', async () => {
+    // A parent shell starts the sidecar and exits at once, as a scheduler killed outright would.
+    const shell = spawn('bash', ['-c', `"${join(ROOT, 'bin', 'dask-pmix')}" serve --port 0 --log-level warn --exit-with-parent >/dev/null 2>&1 & echo $!; sleep 1`], {
+      env: { ...process.env, DASK_PMIX_NO_SETUP: '1' },
+      stdio: ['ignore', 'pipe', 'inherit'],
+    });
+    let out = '';
+    shell.stdout.on('data', (d: Buffer) => (out += d.toString()));
+    await new Promise((r) => shell.on('exit', r));
+    const pid = Number(out.trim());
+    expect(pid).toBeGreaterThan(0);
+    const alive = () => {
+      try {
+        process.kill(pid, 0);
+        return true;
+      } catch {
+        return false;
+      }
+    };
+    await until(() => (alive() ? undefined : true), 15_000, 'the orphaned sidecar to exit');
+  });
 });
