@@ -15,6 +15,7 @@ import pickle
 import select
 import signal
 import struct
+import sys
 import time
 import traceback
 from typing import Any, Callable
@@ -28,7 +29,7 @@ def mpi_module():
     """mpi4py.MPI in a rank's process, imported without initialising MPI: the rank joins with Sessions."""
     import mpi4py
 
-    if "mpi4py.MPI" not in __import__("sys").modules:
+    if "mpi4py.MPI" not in sys.modules:
         mpi4py.rc.initialize = False
         mpi4py.rc.finalize = False
         mpi4py.rc.threads = True
@@ -89,8 +90,6 @@ def _leave(code: int) -> None:
     """Ends the rank's process without running the worker's Python shutdown (this is a fork of
     it). MPICH and Intel MPI send their PMI finalize from a C atexit hook, so for them the C
     exit() runs; os._exit would skip it and the sidecar would see the rank lost."""
-    import sys
-
     sys.stdout.flush()
     sys.stderr.flush()
     if code == 0 and "mpi4py.MPI" in sys.modules and library_name() != "openmpi":
@@ -112,12 +111,24 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
-def _child(fd: int, env: dict, tag: str, fn: Callable, args: tuple, kwargs: dict) -> None:
+FAMILY = {"openmpi": "openmpi", "mpich": "mpich", "intelmpi": "mpich"}
+
+
+def _check_library(impl: str) -> None:
+    """A rank whose mpi4py loads another MPI than the job's would start as a lone singleton."""
+    have = library_name()
+    if FAMILY.get(have, have) != FAMILY.get(impl, impl):
+        raise RuntimeError(f"the job is for {impl}, but mpi4py in this worker's environment loads {have}; "
+                           f"run the workers in an environment whose MPI is {impl}")
+
+
+def _child(fd: int, env: dict, tag: str, impl: str, fn: Callable, args: tuple, kwargs: dict) -> None:
     code = 1
     try:
         _die_with_parent()
         os.environ.update(env)
         MPI = mpi_module()
+        _check_library(impl)
         session, comm = connect(MPI, tag)
         try:
             value = fn(comm, *args, **kwargs)
@@ -191,7 +202,7 @@ def _exit_description(status: int) -> str:
     return f"the rank's process exited with status {os.WEXITSTATUS(status)} before returning a result"
 
 
-def run_rank(*, job_id: str, rank: int, worker: str, env: dict, fn: Callable, args: tuple = (),
+def run_rank(*, job_id: str, rank: int, worker: str, env: dict, fn: Callable, args: tuple = (), impl: str = "openmpi",
              kwargs: dict | None = None, job_state: Callable[[], dict], timeout: float | None = None,
              report_lost: Callable[[str], None] | None = None, poll_interval: float = 0.2,
              finalize_grace: float = 30.0) -> Any:
@@ -203,7 +214,7 @@ def run_rank(*, job_id: str, rank: int, worker: str, env: dict, fn: Callable, ar
     the members are released at once instead of when the sidecar notices.
     """
     try:
-        return _run_rank(job_id, rank, worker, env, fn, args, kwargs, job_state, timeout, poll_interval,
+        return _run_rank(job_id, rank, worker, env, impl, fn, args, kwargs, job_state, timeout, poll_interval,
                          finalize_grace)
     except MPIJobError as e:
         if report_lost is not None:
@@ -214,7 +225,7 @@ def run_rank(*, job_id: str, rank: int, worker: str, env: dict, fn: Callable, ar
         raise
 
 
-def _run_rank(job_id, rank, worker, env, fn, args, kwargs, job_state, timeout, poll_interval, finalize_grace):
+def _run_rank(job_id, rank, worker, env, impl, fn, args, kwargs, job_state, timeout, poll_interval, finalize_grace):
     # The MPI library is loaded in the child only. Loaded in the worker, UCX (inside both MPICH's
     # and Open MPI's wheels) hooks dlopen/mmap behind a lock; a fork while another worker thread
     # holds it leaves the child deadlocked in MPI_Session_init (seen with MPICH 5.0.2).
@@ -230,7 +241,7 @@ def _run_rank(job_id, rank, worker, env, fn, args, kwargs, job_state, timeout, p
     pid = os.fork()
     if pid == 0:  # the rank
         os.close(r)
-        _child(w, env, tag, fn, args, kwargs or {})
+        _child(w, env, tag, impl, fn, args, kwargs or {})
     os.close(w)
     reader = _Reader()
     deadline = None if timeout is None else time.monotonic() + timeout

@@ -30,8 +30,8 @@ def _sidecar_calls(job_id: str, worker_id: str) -> tuple[Callable[[], dict], Cal
     return state, lost
 
 
-def _member_task(job_id: str, rank: int, worker_id: str, env: dict, fn: Callable, args: tuple, kwargs: dict,
-                 timeout: float | None, local: list | None) -> Any:
+def _member_task(job_id: str, rank: int, worker_id: str, env: dict, impl: str, fn: Callable, args: tuple,
+                 kwargs: dict, timeout: float | None, local: list | None) -> Any:
     from distributed import secede
 
     from .member import run_rank
@@ -42,7 +42,7 @@ def _member_task(job_id: str, rank: int, worker_id: str, env: dict, fn: Callable
     if local is not None:
         kwargs = {**kwargs, "local": local}
     state, lost = _sidecar_calls(job_id, worker_id)
-    return run_rank(job_id=job_id, rank=rank, worker=worker_id, env=env, fn=fn, args=args, kwargs=kwargs,
+    return run_rank(job_id=job_id, rank=rank, worker=worker_id, env=env, impl=impl, fn=fn, args=args, kwargs=kwargs,
                     job_state=state, report_lost=lost, timeout=timeout)
 
 
@@ -90,7 +90,7 @@ def run_mpi(client, fn: Callable, *args, n: int | None = None, workers: list[str
             worker_id = m["workerId"]
             mine = local_by_worker.get(worker_id, []) if local_by_worker is not None else None
             futures.append(client.submit(
-                _member_task, job_id, m["rank"], worker_id, envs[worker_id], fn, args, kwargs, timeout, mine,
+                _member_task, job_id, m["rank"], worker_id, envs[worker_id], impl, fn, args, kwargs, timeout, mine,
                 key=f"dask-pmix-{job_id}-rank-{m['rank']}", workers=[worker_id], allow_other_workers=False,
                 pure=False, retries=0))
         return _gather(client, job_id, members, futures)

@@ -196,3 +196,11 @@ def test_retire_and_adaptive_keep_members_and_a_killed_member_fails_the_job(impl
     finally:
         client.close()
         cluster.close()
+
+
+def test_a_job_for_another_mpi_than_the_workers_fails_clearly(dask_cluster, impl):
+    _, client, sidecar = dask_cluster
+    other = "mpich" if impl == "openmpi" else "openmpi"
+    with pytest.raises(MPIJobError, match=f"the job is for {other}"):
+        run_mpi(client, allreduce_ranks, n=2, impl=other)
+    assert {w["state"] for w in sidecar.workers()} == {"available"}
