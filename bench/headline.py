@@ -126,7 +126,8 @@ def main() -> int:
     from dask_pmix import SidecarPlugin, run_mpi, wait_for_plugin
 
     # Ranks yield when idle: there are more of them than cores.
-    mpi_env = {"OMPI_MCA_mpi_yield_when_idle": "1", "OMPI_MCA_btl": "^ofi"} if args.impl == "openmpi" else {}
+    # The launcher gets the settings the sidecar hands its members, so that both start the same way.
+    mpi_env = {"OMPI_MCA_mpi_yield_when_idle": "1", "OMPI_MCA_btl": "^ofi", "OMPI_MCA_pml": "ob1"} if args.impl == "openmpi" else {}
     # Medians of `repeat` runs each; ratio_* = launcher median / sidecar median (above 1: ours is faster).
     report: dict = {"benchmark": "headline", "impl": args.impl, "cpus": os.cpu_count(), "repeat": args.repeat,
                     "sizes": {}}
