@@ -1,6 +1,7 @@
 // Starts MPI ranks and PMIx clients the way a Dask worker joins: a separate process whose
 // environment holds only the basics plus what the sidecar handed out, never a launcher's.
 import { spawn, type ChildProcess } from 'node:child_process';
+import { readFileSync, rmSync } from 'node:fs';
 
 export interface RankProcess {
   child: ChildProcess;
@@ -9,6 +10,8 @@ export interface RankProcess {
   stderr: () => string;
   /** Resolves with the exit code (or the signal name) when the process ends. */
   exited: Promise<number | string>;
+  /** Kills the process; the MPI library's /dev/shm segments it had mapped are removed after it. */
+  kill(signal?: NodeJS.Signals): void;
   /** Resolves with the first JSON line that satisfies `pred`. */
   waitFor(pred: (line: Record<string, unknown>) => boolean, timeoutMs?: number): Promise<Record<string, unknown>>;
 }
@@ -53,18 +56,31 @@ export function startRank(cmd: string, args: string[], env: Record<string, strin
   child.stderr!.setEncoding('utf8').on('data', (chunk: string) => {
     err += chunk;
   });
-  const timer = setTimeout(() => child.kill('SIGKILL'), timeoutMs);
+  // A rank that dies mid-job never unlinks its MPI library's shared-memory segments (MPICH's
+  // mpich_shm_* stay in /dev/shm): note the ones it maps while it lives, remove them if it ends
+  // abnormally, so that failing tests leave no litter behind.
+  const segments = new Set<string>();
+  const note = () => child.pid && shmSegments(child.pid).forEach((f) => segments.add(f));
+  const watch = setInterval(note, 200);
   const exited = new Promise<number | string>((resolve) => {
     child.on('exit', (code, signal) => {
       clearTimeout(timer);
+      clearInterval(watch);
+      if (code !== 0) segments.forEach((f) => rmSync(f, { force: true }));
       resolve(code ?? signal ?? -1);
     });
   });
+  const kill = (signal: NodeJS.Signals = 'SIGKILL') => {
+    note();
+    child.kill(signal);
+  };
+  const timer = setTimeout(() => kill('SIGKILL'), timeoutMs);
   return {
     child,
     lines,
     stderr: () => err,
     exited,
+    kill,
     waitFor(pred, ms = 30_000) {
       const seen = lines.find(pred);
       if (seen) return Promise.resolve(seen);
@@ -74,6 +90,16 @@ export function startRank(cmd: string, args: string[], env: Record<string, strin
       });
     },
   };
+}
+
+/** The /dev/shm files a process has mapped. */
+export function shmSegments(pid: number): string[] {
+  try {
+    const maps = readFileSync(`/proc/${pid}/maps`, 'utf8');
+    return [...new Set(maps.split('\n').map((l) => l.split(/\s+/)[5] ?? '').filter((f) => f.startsWith('/dev/shm/')))];
+  } catch {
+    return [];
+  }
 }
 
 /** Waits for all to exit and returns their exit codes, with their output on failure. */

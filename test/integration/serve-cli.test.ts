@@ -48,7 +48,7 @@ describe('dask-pmix serve', () => {
       expect(await exited, err).toBe(0);
       await drained;
       expect(text).toMatch(/"to":"aborted","reason":"the sidecar received SIGTERM"/);
-      rank.child.kill('SIGKILL');
+      rank.kill();
     } finally {
       child.kill('SIGKILL');
     }

@@ -130,7 +130,7 @@ describe('the sidecar with real PMIx clients', () => {
     const failed = await waitState(job.id, ['failed'], 5000);
     expect(failed.error).toBe('wiring timeout: rank 1 did not connect within 1 s');
     expect(Date.now() - t0).toBeLessThan(2000);
-    r0.child.kill('SIGKILL');
+    r0.kill();
     await waitReleased(job.id);
     // Its workers can serve the next job.
     const again = await createJob({ members: job.members.map((m) => m.workerId) });
@@ -143,14 +143,14 @@ describe('the sidecar with real PMIx clients', () => {
     await Promise.all(ranks.map((r) => r.waitFor((l) => l.init === true)));
     await waitState(job.id, ['running']);
     const t0 = Date.now();
-    ranks[1]!.child.kill('SIGKILL');
+    ranks[1]!.kill();
     const failed = await waitState(job.id, ['failed'], 10_000);
     const seconds = (Date.now() - t0) / 1000;
     expect(failed.error).toMatch(/rank 1 .* was lost: its connection to the PMIx server dropped/);
     expect(failed.members[1]).toMatchObject({ state: 'lost' });
     expect(seconds).toBeLessThan(3);
     expect(sidecar.pmixClients.count(job.namespace)).toBe(1);
-    ranks[0]!.child.kill('SIGKILL');
+    ranks[0]!.kill();
     await waitReleased(job.id);
     await until(() => sidecar.pmixClients.count(job.namespace) === 0, 5000, 'the last client to go');
   });
@@ -165,7 +165,7 @@ describe('the sidecar with real PMIx clients', () => {
     const w = startRank(watcher, [], e0!, 30_000);
     const h = client(e1!, 'hang');
     await Promise.all([w.waitFor((l) => l.init === true), h.waitFor((l) => l.init === true)]);
-    h.child.kill('SIGKILL');
+    h.kill();
     const ev = await w.waitFor((l) => 'event' in l, 10_000);
     expect(ev).toMatchObject({ rank: 0, event: -200, source_nspace: job.namespace, terminate: true });
     expect(String(ev.text)).toMatch(new RegExp(`job ${job.id} failed: rank 1 .* was lost`));
@@ -200,7 +200,7 @@ describe('the sidecar with real PMIx clients', () => {
     await r.waitFor((l) => 'abort_returned' in l);
     const aborted = await waitState(job.id, ['aborted']);
     expect(aborted.error).toBe('rank 0 aborted the job with status 7: test client abort');
-    r.child.kill('SIGKILL');
+    r.kill();
     await waitReleased(job.id);
   });
 });

@@ -82,7 +82,7 @@ describe.each([
     // waits in MPI_Recv from rank 1. Stopping them is the worker's part, as hydra's is.
     await new Promise((r) => setTimeout(r, 200));
     expect(ranks.map((r) => r.child.exitCode)).toEqual([null, null]);
-    for (const r of ranks) r.child.kill('SIGKILL');
+    for (const r of ranks) r.kill();
     await Promise.all(ranks.map((r) => r.exited));
   });
 });

@@ -78,7 +78,7 @@ describe('PMIx server binding', () => {
     const [env] = await fx.job('abortjob', 1);
     const r = client(env!, 'abort', '7');
     await r.waitFor((l) => 'abort_returned' in l);
-    r.child.kill('SIGKILL');
+    r.kill();
     expect(fx.recorded.aborts).toContainEqual({ proc: { nspace: 'abortjob', rank: 0 }, status: 7, message: 'test client abort' });
   });
 
