@@ -1,5 +1,6 @@
 // What every feature needs: creating a job over REST, handing each member its environment, and
 // running a program on the members as children of their long-lived agents.
+import { readFileSync, rmSync } from 'node:fs';
 import type { Agent, Line } from '../agents.js';
 import type { Row } from '../rows.js';
 import { sleep, type JobJson, type Sidecar } from '../sidecar.js';
@@ -113,16 +114,25 @@ export async function waitRanks(runs: RankRun[], job: string, timeoutMs: number)
   return all;
 }
 
+/**
+ * Kills the ranks still running, as their workers would. A rank killed mid-job never unlinks its
+ * MPI library's /dev/shm segments (MPICH's mpich_shm_*): they are noted first and removed after.
+ */
 export function killRanks(runs: RankRun[]): void {
+  const segments = new Set<string>();
   for (const r of runs) {
-    if (r.pid && !r.exit) {
-      try {
-        process.kill(r.pid, 'SIGKILL');
-      } catch {
-        /* gone */
-      }
+    if (!r.pid || r.exit) continue;
+    try {
+      readFileSync(`/proc/${r.pid}/maps`, 'utf8').split('\n').forEach((l) => {
+        const f = l.split(/\s+/)[5] ?? '';
+        if (f.startsWith('/dev/shm/')) segments.add(f);
+      });
+      process.kill(r.pid, 'SIGKILL');
+    } catch {
+      /* gone */
     }
   }
+  if (segments.size) setTimeout(() => segments.forEach((f) => rmSync(f, { force: true })), 500);
 }
 
 export async function release(ctx: Ctx, job: JobJson): Promise<JobJson | undefined> {
