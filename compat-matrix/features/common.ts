@@ -29,6 +29,15 @@ export interface Feature {
   run(ctx: Ctx): Promise<Outcome>;
 }
 
+/** Why this row cannot run a custom-pset feature, or undefined when it can. */
+export function psetsUnsupported(ctx: Ctx): Outcome | undefined {
+  if (!ctx.row.sessions) return { status: 'unsupported', reason: `${ctx.row.label} implements MPI 3.1: no MPI Sessions` };
+  if (ctx.row.impl !== 'openmpi') {
+    return { status: 'unsupported', reason: 'MPICH over PMI-1/PMI-2 knows only mpi://WORLD and mpi://SELF (custom psets need its PMIx build)' };
+  }
+  return undefined;
+}
+
 export async function createJob(ctx: Ctx, members: Agent[], extra: Record<string, unknown> = {}): Promise<JobJson> {
   return ctx.sidecar.request<JobJson>('POST', '/v1/jobs', {
     impl: ctx.row.impl,

@@ -1,14 +1,12 @@
 // pset-group: MPI_Group_from_session_pset on custom names + MPI_Comm_create_from_group, with two
 // disjoint psets of one job building their communicators at the same time.
-import { createJob, firstError, outputOf, release, startRanks, waitRanks, type Feature } from './common.js';
+import { createJob, psetsUnsupported, firstError, outputOf, release, startRanks, waitRanks, type Feature } from './common.js';
 
 export const psetGroup: Feature = {
   name: 'pset-group',
   async run(ctx) {
-    if (!ctx.row.sessions) return { status: 'unsupported', reason: `${ctx.row.label} implements MPI 3.1: no MPI Sessions` };
-    if (ctx.row.impl !== 'openmpi') {
-      return { status: 'unsupported', reason: 'MPICH over PMI-1/PMI-2 knows only mpi://WORLD and mpi://SELF (custom psets need its PMIx build)' };
-    }
+    const unsupported = psetsUnsupported(ctx);
+    if (unsupported) return unsupported;
     const program = ctx.program('pset_group');
     if (!program) return { status: 'unsupported', reason: ctx.buildError('pset_group') };
     const members = ctx.agents.slice(0, 4);

@@ -1,14 +1,12 @@
 // pset-names: MPI_Session_get_num_psets / get_nth_pset list the psets the sidecar defined for
 // the job (the job is created from a pset; a second, overlapping pset is defined as well).
-import { createJob, outputOf, release, startRanks, waitRanks, type Feature } from './common.js';
+import { createJob, psetsUnsupported, outputOf, release, startRanks, waitRanks, type Feature } from './common.js';
 
 export const psetNames: Feature = {
   name: 'pset-names',
   async run(ctx) {
-    if (!ctx.row.sessions) return { status: 'unsupported', reason: `${ctx.row.label} implements MPI 3.1: no MPI Sessions` };
-    if (ctx.row.impl !== 'openmpi') {
-      return { status: 'unsupported', reason: 'MPICH over PMI-1/PMI-2 knows only mpi://WORLD and mpi://SELF (custom psets need its PMIx build)' };
-    }
+    const unsupported = psetsUnsupported(ctx);
+    if (unsupported) return unsupported;
     const program = ctx.program('pset_names');
     if (!program) return { status: 'unsupported', reason: ctx.buildError('pset_names') };
     const members = ctx.agents.slice(0, 2);

@@ -33,14 +33,8 @@ static void set_env(char **fields, int n) {
 #ifdef MPI_SESSION_NULL
 static int session_job(const char *job, double t0) {
     MPI_Session session;
-    MPI_Group group;
     MPI_Comm comm;
-    int rc = MPI_Session_init(MPI_INFO_NULL, MPI_ERRORS_RETURN, &session);
-    if (rc != MPI_SUCCESS) { compat_error(F, "MPI_Session_init", rc); return 4; }
-    rc = MPI_Group_from_session_pset(session, "mpi://WORLD", &group);
-    if (rc != MPI_SUCCESS) { compat_error(F, "MPI_Group_from_session_pset", rc); return 4; }
-    rc = MPI_Comm_create_from_group(group, job, MPI_INFO_NULL, MPI_ERRORS_RETURN, &comm);
-    if (rc != MPI_SUCCESS) { compat_error(F, "MPI_Comm_create_from_group", rc); return 4; }
+    if (compat_session_world(F, job, &session, &comm) != MPI_SUCCESS) return 4;
     double t1 = compat_now();
     int rank, size, sum = 0;
     MPI_Comm_rank(comm, &rank);
@@ -49,7 +43,6 @@ static int session_job(const char *job, double t0) {
     compat_report(F, rank, size, ok, "\"job\":\"%s\",\"sum\":%d,\"comm_s\":%.4f,\"pid\":%d", job, sum, t1 - t0,
                   (int)getpid());
     MPI_Comm_free(&comm);
-    MPI_Group_free(&group);
     MPI_Session_finalize(&session);
     return ok ? 0 : 3;
 }

@@ -55,4 +55,21 @@ static inline int compat_allreduce_ok(MPI_Comm comm, int *sum_out) {
     return sum == size * (size + 1) / 2;
 }
 
+#ifdef MPI_SESSION_NULL
+/* MPI_Session_init + mpi://WORLD + MPI_Comm_create_from_group(tag). Reports and returns the MPI
+ * error on failure. Open MPI 5.0 says MPI 3.1 in mpi.h although it has Sessions, hence the test
+ * on MPI_SESSION_NULL rather than MPI_VERSION. */
+static inline int compat_session_world(const char *feature, const char *tag, MPI_Session *session, MPI_Comm *comm) {
+    MPI_Group group;
+    int rc = MPI_Session_init(MPI_INFO_NULL, MPI_ERRORS_RETURN, session);
+    if (rc != MPI_SUCCESS) { compat_error(feature, "MPI_Session_init", rc); return rc; }
+    rc = MPI_Group_from_session_pset(*session, "mpi://WORLD", &group);
+    if (rc != MPI_SUCCESS) { compat_error(feature, "MPI_Group_from_session_pset", rc); return rc; }
+    rc = MPI_Comm_create_from_group(group, tag, MPI_INFO_NULL, MPI_ERRORS_RETURN, comm);
+    MPI_Group_free(&group);
+    if (rc != MPI_SUCCESS) compat_error(feature, "MPI_Comm_create_from_group", rc);
+    return rc;
+}
+#endif
+
 #endif
