@@ -204,3 +204,27 @@ def test_a_job_for_another_mpi_than_the_workers_fails_clearly(dask_cluster, impl
     with pytest.raises(MPIJobError, match=f"the job is for {other}"):
         run_mpi(client, allreduce_ranks, n=2, impl=other)
     assert {w["state"] for w in sidecar.workers()} == {"available"}
+
+
+def test_jobs_created_over_rest_by_others_also_freeze_their_members(dask_cluster, impl):
+    # The plugin follows the sidecar's event stream: a job it did not create still keeps Dask from
+    # retiring its members.
+    _, client, sidecar = dask_cluster
+    workers = workers_of(client)
+    job = sidecar.create_job({"impl": impl, "members": workers[1:3]})
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            to_close = client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.workers_to_close(n=4))
+            if not set(to_close) & set(workers[1:3]) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert set(to_close) == {workers[0], workers[3]}
+    finally:
+        sidecar.delete_job(job["id"])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if len(client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.workers_to_close(n=4))) == 4:
+            break
+        time.sleep(0.1)
+    assert len(client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.workers_to_close(n=4))) == 4
