@@ -75,9 +75,10 @@ export class Sidecar {
     });
 
     // libpmix holds a lost-connection event for its caching window (1 s by default) to batch
-    // losses, so a job fails about a second after a member dies. PMIX_MCA_pmix_event_caching_window=0
-    // makes it immediate; the default is kept because the Python client's error attribution
-    // (python/dask_pmix) currently relies on a dying rank's own report arriving first.
+    // losses, so a job would fail about a second after a member dies. The member that ended a job
+    // is marked (endedJob), so nothing needs that second: losses are reported at once unless the
+    // operator sets the window.
+    process.env.PMIX_MCA_pmix_event_caching_window ??= '0';
     const clients = new PmixClients();
     const pmix = PmixServer.start({
       tmpdir: opts.tmpdir,
