@@ -8,6 +8,8 @@ from typing import Any, Callable, Iterable
 from .errors import MPIJobError
 
 FAILED_STATES = ("failed", "aborted")
+# Ranks go ahead of tasks queued on their workers: the other ranks are already waiting for them.
+RANK_PRIORITY = 1_000_000
 
 
 def _sidecar_calls(job_id: str, worker_id: str) -> tuple[Callable[[], dict], Callable[[str], None]]:
@@ -92,7 +94,7 @@ def run_mpi(client, fn: Callable, *args, n: int | None = None, workers: list[str
             futures.append(client.submit(
                 _member_task, job_id, m["rank"], worker_id, envs[worker_id], impl, fn, args, kwargs, timeout, mine,
                 key=f"dask-pmix-{job_id}-rank-{m['rank']}", workers=[worker_id], allow_other_workers=False,
-                pure=False, retries=0))
+                pure=False, retries=0, priority=RANK_PRIORITY))
         return _gather(client, job_id, members, futures)
     finally:
         for f in futures:
