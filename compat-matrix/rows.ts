@@ -88,7 +88,7 @@ export function rows(root: string): Row[] {
       known: {
         spawn: SPAWN_REFUSED,
         'repeat/reinit':
-          "MPI_Session_init aborts with 'Internal error' when a process initialises for its second job here (the plan's second job has 3 members, the first 2); two processes re-joining a job of the same members works (test/pmi/mpich.test.ts)",
+          "MPI_Session_init aborts with 'Internal error' when a process initialises again into a job of another size; into a job of the same size it works, with the same or other members (checked with 2-rank jobs)"
       },
     },
     {
