@@ -1,0 +1,129 @@
+// Ranks on other hosts, for real: two network namespaces on a bridge stand for two hosts, the
+// sidecar listens on the bridge (PMIx remote connections, the PMI listener), and Open MPI and
+// MPICH ranks started inside the namespaces join over TCP, sharing memory only within a host.
+// Needs root and iproute2 (as CI has); skipped where network namespaces cannot be made.
+import { execFileSync } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Sidecar } from '../../src/service/sidecar.js';
+import { bin } from '../helpers/build-clients.js';
+import { restClient } from '../helpers/http.js';
+import { describeRanks, startRank } from '../helpers/ranks.js';
+
+const TAG = `dp${process.pid % 100000}`;
+const BRIDGE = `br-${TAG}`;
+const SUBNET = `10.${100 + (process.pid % 100)}.7`;
+const SERVER_IP = `${SUBNET}.1`;
+const HOSTS = [
+  { ns: `${TAG}a`, host: 'node-a', ip: `${SUBNET}.2` },
+  { ns: `${TAG}b`, host: 'node-b', ip: `${SUBNET}.3` },
+];
+
+function ip(...args: string[]): void {
+  execFileSync('ip', args, { stdio: 'pipe' });
+}
+
+function makeNetwork(): boolean {
+  try {
+    ip('link', 'add', BRIDGE, 'type', 'bridge');
+  } catch {
+    return false;
+  }
+  ip('addr', 'add', `${SERVER_IP}/24`, 'dev', BRIDGE);
+  ip('link', 'set', BRIDGE, 'up');
+  for (const [i, h] of HOSTS.entries()) {
+    const veth = `v${TAG}${i}`;
+    ip('netns', 'add', h.ns);
+    ip('link', 'add', veth, 'type', 'veth', 'peer', 'name', 'eth0', 'netns', h.ns);
+    ip('link', 'set', veth, 'master', BRIDGE);
+    ip('link', 'set', veth, 'up');
+    ip('netns', 'exec', h.ns, 'ip', 'addr', 'add', `${h.ip}/24`, 'dev', 'eth0');
+    ip('netns', 'exec', h.ns, 'ip', 'link', 'set', 'eth0', 'up');
+    ip('netns', 'exec', h.ns, 'ip', 'link', 'set', 'lo', 'up');
+  }
+  return true;
+}
+
+function removeNetwork(): void {
+  for (const h of HOSTS) {
+    try {
+      ip('netns', 'del', h.ns);
+    } catch {
+      /* not there */
+    }
+  }
+  try {
+    ip('link', 'del', BRIDGE);
+  } catch {
+    /* not there */
+  }
+}
+
+const available = makeNetwork();
+let sidecar: Sidecar;
+let workdir: string;
+let api: ReturnType<typeof restClient>;
+let nextWorker = 0;
+
+beforeAll(async () => {
+  if (!available) return;
+  sidecar = await Sidecar.start({
+    port: 0,
+    tmpdir: (workdir = mkdtempSync(join(tmpdir(), 'dask-pmix-netns-'))),
+    version: 'test',
+    remoteConnections: true,
+    tcpIfInclude: `${SUBNET}.0/24`,
+    pmi: { host: SERVER_IP },
+  });
+  api = restClient(sidecar.url);
+});
+afterAll(async () => {
+  await sidecar?.stop('tests done');
+  if (workdir) rmSync(workdir, { recursive: true, force: true });
+  removeNetwork();
+});
+
+/** Two ranks on each host; returns what each rank saw. */
+async function runAcrossHosts(impl: 'openmpi' | 'mpich', program: string, extraEnv: (h: (typeof HOSTS)[number]) => Record<string, string>) {
+  const placement = [HOSTS[0]!, HOSTS[0]!, HOSTS[1]!, HOSTS[1]!];
+  const ids: string[] = [];
+  for (const h of placement) {
+    const id = `tcp://${h.ip}:${4000 + nextWorker++}`;
+    const r = await api('POST', '/v1/workers', { id, host: h.host, pid: 1 });
+    expect(r.status, JSON.stringify(r.body)).toBe(201);
+    ids.push(id);
+  }
+  const created = await api('POST', '/v1/jobs', { impl, members: ids });
+  expect(created.status, JSON.stringify(created.body)).toBe(201);
+  const job = created.body as { id: string; members: { workerId: string; rank: number }[] };
+  const ranks = [];
+  for (const [i, m] of job.members.entries()) {
+    const env = (await api('GET', `/v1/jobs/${job.id}/env/${encodeURIComponent(m.workerId)}`)).body.env as Record<string, string>;
+    const h = placement[i]!;
+    // The rank runs inside its host's namespace: it reaches the sidecar over the bridge only.
+    ranks.push(startRank('ip', ['netns', 'exec', h.ns, bin(program)], { ...env, ...extraEnv(h) }, 60_000));
+  }
+  const codes = await Promise.all(ranks.map((r) => r.exited));
+  expect(codes, describeRanks(ranks)).toEqual([0, 0, 0, 0]);
+  const state = (await api('GET', `/v1/jobs/${job.id}`)).body;
+  return { seen: ranks.map((r) => r.lines.find((l) => 'local_size' in l)), ranks, state };
+}
+
+describe.skipIf(!available)('ranks on two hosts (network namespaces), one sidecar', () => {
+  it('Open MPI ranks connect over TCP, share memory within a host, and the job completes', async () => {
+    const { seen, ranks, state } = await runAcrossHosts('openmpi', 'mpi_hosts_ompi5', () => ({}));
+    expect(seen.map((l) => [l?.local_size, l?.sum, l?.ok]), describeRanks(ranks)).toEqual([
+      [2, 10, true], [2, 10, true], [2, 10, true], [2, 10, true],
+    ]);
+    expect(state.state).toBe('completed');
+  });
+
+  it('MPICH ranks reach the PMI listener on the bridge and share memory within a host', async () => {
+    const { seen, ranks } = await runAcrossHosts('mpich', 'mpi_hosts_mpich5', () => ({ UCX_TLS: 'tcp,self,sm' }));
+    expect(seen.map((l) => [l?.local_size, l?.sum, l?.ok]), describeRanks(ranks)).toEqual([
+      [2, 10, true], [2, 10, true], [2, 10, true], [2, 10, true],
+    ]);
+  });
+});
