@@ -23,6 +23,7 @@ from typing import Any, Callable
 from .errors import MPIJobError
 
 _HEADER = struct.Struct("!Q")
+FAMILY = {"openmpi": "openmpi", "mpich": "mpich", "intelmpi": "mpich"}
 
 
 def mpi_module():
@@ -50,8 +51,25 @@ def library_name() -> str:
     return "unknown"
 
 
-def connect(MPI, tag: str):
-    """A communicator over the job's world, built with MPI Sessions."""
+class _World:
+    """MPI_Init/MPI_Finalize shaped like a session, for the libraries that join through the world."""
+
+    def __init__(self, MPI):
+        self.MPI = MPI
+        MPI.Init_thread(MPI.THREAD_MULTIPLE)
+
+    def Finalize(self):
+        self.MPI.Finalize()
+
+
+def connect(MPI, tag: str, impl: str):
+    """A communicator over the job's world: built with MPI Sessions for Open MPI (whose process
+    sets come from the sidecar), and the world for MPICH and Intel MPI, which know no process set
+    but mpi://WORLD here, and in whose session-only mode mpi4py's pickle-based collectives fail
+    (they use MPI_COMM_SELF). One rank per process and job, so either model is fine to finalize."""
+    if FAMILY.get(impl, impl) != "openmpi":
+        world = _World(MPI)
+        return world, MPI.COMM_WORLD.Dup()
     session = MPI.Session.Init()
     group = session.Create_group("mpi://WORLD")
     try:
@@ -111,9 +129,6 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
-FAMILY = {"openmpi": "openmpi", "mpich": "mpich", "intelmpi": "mpich"}
-
-
 def _check_library(impl: str) -> None:
     """A rank whose mpi4py loads another MPI than the job's would start as a lone singleton."""
     have = library_name()
@@ -129,7 +144,7 @@ def _child(fd: int, env: dict, tag: str, impl: str, fn: Callable, args: tuple, k
         os.environ.update(env)
         MPI = mpi_module()
         _check_library(impl)
-        session, comm = connect(MPI, tag)
+        session, comm = connect(MPI, tag, impl)
         try:
             value = fn(comm, *args, **kwargs)
         except BaseException as exc:

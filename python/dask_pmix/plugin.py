@@ -63,7 +63,8 @@ class SidecarPlugin(SchedulerPlugin):
     async def start(self, scheduler) -> None:
         self.scheduler = scheduler
         if not self.url:
-            self.embedded = EmbeddedSidecar(token=self.token, extra_args=self.sidecar_args, log_path=self.sidecar_log)
+            args = list(self.sidecar_args) or _serve_args_for(scheduler.address)
+            self.embedded = EmbeddedSidecar(token=self.token, extra_args=args, log_path=self.sidecar_log)
             self.url = await asyncio.to_thread(self.embedded.start)
         self.rest = SidecarClient(self.url, self.token)
         await asyncio.to_thread(self.rest.health)
@@ -261,6 +262,23 @@ class SidecarPlugin(SchedulerPlugin):
             except Exception:  # the stream broke or the sidecar restarted: reconnect
                 if self._stop.wait(1.0):
                     return
+
+
+def _serve_args_for(scheduler_address: str) -> list[str]:
+    """Ranks on other hosts reach the sidecar where they reach the scheduler: when the scheduler
+    listens on a routable address, so do the embedded sidecar's PMIx and PMI listeners (its REST
+    API stays on loopback, for this plugin only)."""
+    import ipaddress
+    from urllib.parse import urlparse
+
+    host = urlparse(scheduler_address).hostname or ""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return []
+    if ip.is_loopback or ip.is_unspecified or ip.version != 4:
+        return []
+    return ["--pmix-if", str(ip), "--pmi-host", str(ip)]
 
 
 def dask_setup(scheduler) -> None:

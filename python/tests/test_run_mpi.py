@@ -228,3 +228,17 @@ def test_jobs_created_over_rest_by_others_also_freeze_their_members(dask_cluster
             break
         time.sleep(0.1)
     assert len(client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.workers_to_close(n=4))) == 4
+
+
+def test_pickle_based_collectives_work(dask_cluster, impl):
+    # mpi4py's lower-case collectives (any picklable object); under MPICH they need the world
+    # model, which is what dask-pmix gives MPICH ranks.
+    _, client, _ = dask_cluster
+
+    def objects(comm):
+        data = comm.bcast({"from": "root", "n": comm.size} if comm.rank == 0 else None, root=0)
+        everyone = comm.allgather(("rank", comm.rank))
+        return data["n"], comm.allreduce(comm.rank), everyone
+
+    results = run_mpi(client, objects, n=3, impl=impl)
+    assert results == [(3, 3, [("rank", 0), ("rank", 1), ("rank", 2)])] * 3

@@ -1,7 +1,8 @@
 // `dask-pmix serve`: runs the sidecar until SIGTERM or SIGINT, then refuses new jobs, aborts the
 // running ones with notice to their members, finalizes PMIx and exits 0.
 import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { isIP } from 'node:net';
+import { networkInterfaces, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import pino from 'pino';
@@ -19,7 +20,7 @@ const HELP = `usage: dask-pmix serve [options]
   --max-jobs N             active jobs at once            [default 64]
   --release-grace SECS     how long members of a failed job may linger before it is released [10]
   --remote                 accept PMIx clients on other hosts over TCP
-  --pmix-if IFACE          interface or subnet for remote PMIx clients (implies --remote)
+  --pmix-if IFACE          interface, subnet or address for remote PMIx clients (implies --remote)
   --pmix-port PORT         fixed TCP port for PMIx clients
   --pmi-host ADDR          PMI-1/PMI-2 listener address (MPICH, Intel MPI)  [default 127.0.0.1]
   --pmi-port PORT          its port                       [default: any free one]
@@ -36,6 +37,19 @@ function num(name: string, v: string | undefined, dflt?: number): number | undef
   const n = Number(v);
   if (!Number.isFinite(n) || n < 0) throw new Error(`--${name} must be a non-negative number, not '${v}'`);
   return n;
+}
+
+/**
+ * What libpmix's listener understands for an interface choice. An address is turned into the
+ * name of the interface that holds it: libpmix matches names and subnets, and silently listens
+ * elsewhere for anything it does not match (a /32 included), which remote ranks cannot reach.
+ */
+export function interfaceFor(choice: string): string {
+  if (!isIP(choice)) return choice;
+  for (const [name, addrs] of Object.entries(networkInterfaces())) {
+    if (addrs?.some((a) => a.address === choice)) return name;
+  }
+  throw new Error(`--pmix-if ${choice}: no interface of this host has that address`);
 }
 
 export async function serve(argv: string[]): Promise<number> {
@@ -102,7 +116,7 @@ export async function serve(argv: string[]): Promise<number> {
       ...(maxJobs !== undefined ? { maxActiveJobs: maxJobs } : {}),
       ...(grace !== undefined ? { releaseGraceMs: grace * 1000 } : {}),
       ...(values.remote || values['pmix-if'] ? { remoteConnections: true } : {}),
-      ...(values['pmix-if'] ? { tcpIfInclude: values['pmix-if'] } : {}),
+      ...(values['pmix-if'] ? { tcpIfInclude: interfaceFor(values['pmix-if']) } : {}),
       ...(pmixPort !== undefined ? { tcpPort: pmixPort } : {}),
       ...(ompiEnv ? { ompiEnv } : {}),
       pmi: values['no-pmi']
