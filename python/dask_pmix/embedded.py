@@ -51,8 +51,8 @@ class EmbeddedSidecar:
         return f"http://{self.host}:{self.port}"
 
     def start(self, timeout: float = 120.0) -> str:
-        args = [find_executable(), "serve", "--host", self.host, "--port", str(self.port), "--exit-with-parent",
-                *self.extra_args]
+        args = [find_executable(), "serve", "--host", self.host, "--port", str(self.port),
+                "--parent-pid", str(os.getpid()), *self.extra_args]
         env = dict(os.environ)
         if self.token:
             env["DASK_PMIX_TOKEN"] = self.token

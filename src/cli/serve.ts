@@ -26,7 +26,8 @@ const HELP = `usage: dask-pmix serve [options]
   --pmi-port PORT          its port                       [default: any free one]
   --pmi-advertise HOST     host name members use in PMI_PORT  [default: the bound address]
   --no-pmi                 serve Open MPI (PMIx) only
-  --exit-with-parent       stop when the process that started it is gone (the embedded sidecar)
+  --parent-pid PID         stop when that process is gone (the embedded sidecar: its scheduler)
+  --exit-with-parent       the same for the process that started this one
   --ompi-env K=V           an Open MPI setting for every member (repeatable; replaces the defaults
                            OMPI_MCA_btl=^ofi OMPI_MCA_pml=ob1 OMPI_MCA_mpi_yield_when_idle=1)
   -h, --help
@@ -52,6 +53,9 @@ export function interfaceFor(choice: string): string {
   throw new Error(`--pmix-if ${choice}: no interface of this host has that address`);
 }
 
+// Read when the module loads, before a slow start-up could let the parent exit unnoticed.
+const STARTED_BY = process.ppid;
+
 export async function serve(argv: string[]): Promise<number> {
   const { values } = parseArgs({
     args: argv,
@@ -73,6 +77,7 @@ export async function serve(argv: string[]): Promise<number> {
       'pmi-advertise': { type: 'string' },
       'no-pmi': { type: 'boolean' },
       'exit-with-parent': { type: 'boolean' },
+      'parent-pid': { type: 'string' },
       help: { type: 'boolean', short: 'h' },
     },
     strict: true,
@@ -153,12 +158,16 @@ export async function serve(argv: string[]): Promise<number> {
     };
     process.on('SIGTERM', stop);
     process.on('SIGINT', stop);
-    if (values['exit-with-parent']) {
-      // A scheduler killed outright cannot stop its sidecar; the sidecar notices it was orphaned.
-      const parent = process.ppid;
+    // A scheduler killed outright cannot stop its sidecar; the sidecar notices it is gone.
+    const parent = values['parent-pid'] ? num('parent-pid', values['parent-pid'])! : values['exit-with-parent'] ? STARTED_BY : 0;
+    if (parent > 1) {
       orphanWatch = setInterval(() => {
-        if (process.ppid !== parent) stop('its parent exited');
-      }, 1000);
+        try {
+          process.kill(parent, 0);
+        } catch (err) {
+          if ((err as NodeJS.ErrnoException).code === 'ESRCH') stop('its parent exited');
+        }
+      }, 500);
     }
   });
 }

@@ -80,9 +80,9 @@ describe('dask-pmix serve', () => {
     expect(err).toMatch(/--port must be a non-negative number/);
   });
 
-  it('with --exit-with-parent, stops when the process that started it is gone', async () => {
+  it('with --parent-pid, stops when that process is gone', async () => {
     // A parent shell starts the sidecar and exits at once, as a scheduler killed outright would.
-    const shell = spawn('bash', ['-c', `"${join(ROOT, 'bin', 'dask-pmix')}" serve --port 0 --log-level warn --exit-with-parent >/dev/null 2>&1 & echo $!; sleep 1`], {
+    const shell = spawn('bash', ['-c', `"${join(ROOT, 'bin', 'dask-pmix')}" serve --port 0 --log-level warn --parent-pid $$ >/dev/null 2>&1 & echo $!; sleep 1`], {
       env: { ...process.env, DASK_PMIX_NO_SETUP: '1' },
       stdio: ['ignore', 'pipe', 'inherit'],
     });
