@@ -242,3 +242,20 @@ def test_pickle_based_collectives_work(dask_cluster, impl):
 
     results = run_mpi(client, objects, n=3, impl=impl)
     assert results == [(3, 3, [("rank", 0), ("rank", 1), ("rank", 2)])] * 3
+
+
+def test_jobs_of_a_client_that_goes_away_are_released(dask_cluster, impl):
+    from distributed import Client
+
+    cluster, client, sidecar = dask_cluster
+    workers = workers_of(client)
+    other = Client(cluster.scheduler_address)
+    created = other.sync(other.scheduler.dask_pmix_create_job, workers=workers[:2], impl=impl, owner=other.id)
+    assert {w["id"] for w in sidecar.workers() if w["state"] == "frozen"} == set(workers[:2])
+    other.close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(w["state"] == "frozen" for w in sidecar.workers()):
+        time.sleep(0.1)
+    assert {w["state"] for w in sidecar.workers()} == {"available"}
+    # An active job is deleted (aborted and forgotten), so it is no longer listed as active.
+    assert not [j for j in sidecar.jobs() if j["id"] == created["job"]["id"] and j["state"] in ("pending", "wiring", "running")]
