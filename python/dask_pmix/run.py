@@ -107,7 +107,6 @@ def _gather(client, job_id: str, members: list[dict], futures: list) -> list:
     """Waits for every rank, but stops as soon as the sidecar fails the job: a rank whose worker
     died has a task that will never run, so its future alone would wait forever."""
     from distributed import wait
-
     from distributed.client import TimeoutError as DaskTimeoutError
 
     while True:
@@ -121,7 +120,7 @@ def _gather(client, job_id: str, members: list[dict], futures: list) -> list:
             return client.gather(futures)
         job = client.sync(client.scheduler.dask_pmix_job, job_id=job_id)
         if errored or job.get("state") in FAILED_STATES:
-            raise _job_error(client, job_id, job, members, futures, errored)
+            raise _job_error(client, job_id, members, futures)
 
 
 def _own_error(f) -> MPIJobError | None:
@@ -132,7 +131,7 @@ def _own_error(f) -> MPIJobError | None:
     return e if isinstance(e, MPIJobError) and e.origin == "rank" else None
 
 
-def _job_error(client, job_id: str, job: dict, members: list[dict], futures: list, errored: list) -> MPIJobError:
+def _job_error(client, job_id: str, members: list[dict], futures: list) -> MPIJobError:
     """The most telling error. The sidecar names the rank it lost first; when that rank also
     reported why (its exception), that report wins. A rank whose worker died never reports."""
     deadline = time.monotonic() + 1.0

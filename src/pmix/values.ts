@@ -109,11 +109,3 @@ export function findString(infos: readonly Info[] | undefined, key: string): str
   const val = findValue(infos, key);
   return val && val.type === 'string' ? val.value : undefined;
 }
-
-export function sameProc(a: Proc, b: Proc): boolean {
-  return a.nspace === b.nspace && a.rank === b.rank;
-}
-
-export function procName(p: Proc): string {
-  return `${p.nspace}:${p.rank}`;
-}

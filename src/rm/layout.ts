@@ -14,14 +14,3 @@ export function layoutMembers(workers: readonly Worker[]): JobMember[] {
     return { workerId: w.id, rank, host: w.host, localRank, nodeRank: localRank, nodeId, state: 'assigned' };
   });
 }
-
-/** The job's hosts in node-id order, each with its ranks in rank order. */
-export function hostsOfMembers(members: readonly JobMember[]): { host: string; nodeId: number; ranks: number[] }[] {
-  const nodes: { host: string; nodeId: number; ranks: number[] }[] = [];
-  for (const m of [...members].sort((a, b) => a.rank - b.rank)) {
-    let n = nodes[m.nodeId];
-    if (!n) nodes[m.nodeId] = n = { host: m.host, nodeId: m.nodeId, ranks: [] };
-    n.ranks.push(m.rank);
-  }
-  return nodes.filter(Boolean);
-}

@@ -11,7 +11,6 @@ export type Placement = 'pack' | 'spread';
 /** How a member joins: a child forked by the worker per job (default), or the worker itself. */
 export type JobMode = 'fork' | 'process';
 
-export const ACTIVE_JOB_STATES: readonly JobState[] = ['pending', 'wiring', 'running'];
 export function isActive(state: JobState): boolean {
   return state === 'pending' || state === 'wiring' || state === 'running';
 }
