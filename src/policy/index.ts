@@ -1,26 +1,11 @@
 // Decisions, kept apart from the mechanics in src/rm: which workers form a job, whether a job
 // may start, and what a member's loss does. The core asks; a deployment may swap any part.
 import { RmError } from '../rm/errors.js';
-import type { Job, JobMember, Selector, Worker } from '../rm/types.js';
+import type { Policy } from '../rm/policy.js';
 import { selectWorkers } from './selection.js';
 
 export { selectWorkers, matches } from './selection.js';
-
-export type LossDecision = 'fail' | 'continue';
-
-export interface Policy {
-  /** Chooses `sel.count` workers from the available ones, in rank order; throws RmError. */
-  select(sel: Selector, available: readonly Worker[]): Worker[];
-  /** Whether a new job of `size` may start now; throws RmError('conflict' | 'unprocessable'). */
-  admit(ctx: { activeJobs: number; size: number }): void;
-  /** A member was lost before it finalized (killed, worker retired, connection dropped). */
-  onMemberLost(job: Readonly<Job>, member: Readonly<JobMember>): LossDecision;
-  /**
-   * How long the members of a job that failed or was aborted have to leave (finalize, exit)
-   * before the job is released anyway: its namespace torn down and its workers unfrozen.
-   */
-  readonly releaseGraceMs: number;
-}
+export type { LossDecision, Policy } from '../rm/policy.js';
 
 export interface DefaultPolicyOptions {
   /** At most this many jobs pending, wiring or running at once (default 64). */

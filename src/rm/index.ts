@@ -10,3 +10,4 @@ export * from './kv-store.js';
 export * from './context-ids.js';
 export * from './layout.js';
 export { ResourceManager, type RmOptions } from './manager.js';
+export type { LossDecision, Policy } from './policy.js';

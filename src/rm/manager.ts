@@ -1,35 +1,30 @@
-// The resource manager: the worker pool, process sets and jobs, and the job state machine
+// The resource manager: the facade the protocol servers and the REST layer drive. It owns the
+// worker pool and the process sets, and hands jobs to the job lifecycle (job-lifecycle.ts),
+// which runs their state machine.
 //
-//   pending → wiring → running → completed | failed | aborted
-//
-// pending: created, members frozen, environments handed out; wiring: a member reached the
-// process manager; running: every member has; completed: every member finalized. A member lost,
-// a wiring or job timeout, MPI_Abort or a DELETE end the job early. Once a job has ended and
-// its members have left (or the release grace has passed), it is released: its backend tears
-// the namespace down and its workers are unfrozen.
-//
-// Plain TypeScript without I/O: the protocol servers and the REST layer drive it, and the
-// protocol backends (JobBackend) do the protocol's side of creating and releasing a job.
-import { defaultPolicy, type Policy } from '../policy/index.js';
+// Plain TypeScript without I/O: the protocol backends (JobBackend) do the protocol's side of
+// creating and releasing a job, and the policy (a port, policy.ts) is injected.
 import type { JobBackend } from './backend.js';
-import { realClock, isoTime, type Clock, type TimerHandle } from './clock.js';
-import { Collectives, type CollectiveObserver, type CollectiveResult, type JoinRequest } from './collectives.js';
+import { realClock, isoTime, type Clock } from './clock.js';
+import type { CollectiveObserver, CollectiveResult, JoinRequest } from './collectives.js';
 import { ContextIds } from './context-ids.js';
 import { RmError } from './errors.js';
 import { EventLog } from './events.js';
-import { KvStore } from './kv-store.js';
-import { layoutMembers } from './layout.js';
+import { assertDistinct, JobLifecycle } from './job-lifecycle.js';
+import type { KvStore } from './kv-store.js';
 import { NameService } from './name-service.js';
+import type { Policy } from './policy.js';
 import { ProcessSets } from './process-sets.js';
 import {
-  IMPLS, isActive, type Impl, type Job, type JobMember, type JobSpec, type JobState, type MemberState, type ProcessSet,
-  type PsetSpec, type RankRef, type Worker, type WorkerSpec,
+  IMPLS, type Impl, type Job, type JobMember, type JobSpec, type JobState, type ProcessSet, type PsetSpec, type RankRef,
+  type Worker, type WorkerSpec,
 } from './types.js';
 import { WorkerPool } from './worker-pool.js';
 
 export interface RmOptions {
+  /** The decisions the core asks for (src/policy has the default). */
+  policy: Policy;
   clock?: Clock;
-  policy?: Policy;
   backends?: JobBackend[];
   /** Default wiring timeout of a job (seconds), when its request gives none. */
   wiringTimeoutSeconds?: number;
@@ -46,17 +41,6 @@ export interface RmOptions {
   onError?: (what: string, err: unknown) => void;
 }
 
-/** What the core holds for each job beyond its record. */
-interface JobRuntime {
-  job: Job;
-  backend: JobBackend;
-  collectives: Collectives;
-  kv: KvStore;
-  timers: TimerHandle[];
-  notified?: Promise<void>;
-  releasing?: Promise<void>;
-}
-
 export class ResourceManager {
   readonly clock: Clock;
   readonly policy: Policy;
@@ -65,24 +49,31 @@ export class ResourceManager {
   readonly contextIds = new ContextIds();
   private readonly workers = new WorkerPool();
   private readonly psets = new ProcessSets();
-  private readonly jobs = new Map<string, JobRuntime>();
-  private readonly byNamespace = new Map<string, JobRuntime>();
   private readonly backends = new Map<Impl, JobBackend>();
-  private readonly opts: Required<Pick<RmOptions, 'wiringTimeoutSeconds' | 'collectiveTimeoutMs' | 'historySize'>> & RmOptions;
-  private stopping: string | undefined;
-  /** Jobs whose backend is still preparing them: they count against the admission cap. */
-  private creating = 0;
-  private jobCounter = 0;
-  private readonly idPrefix = Math.floor(Math.random() * 0x10000).toString(16).padStart(4, '0');
-  /** Jobs created since start, for metrics. */
-  jobsCreated = 0;
+  private readonly jobs: JobLifecycle;
 
-  constructor(opts: RmOptions = {}) {
-    this.opts = { wiringTimeoutSeconds: 60, collectiveTimeoutMs: 0, historySize: 1000, ...opts };
+  constructor(private readonly opts: RmOptions) {
     this.clock = opts.clock ?? realClock;
-    this.policy = opts.policy ?? defaultPolicy();
+    this.policy = opts.policy;
     this.events = new EventLog(() => this.clock.now());
     this.names = new NameService(this.clock);
+    this.jobs = new JobLifecycle({
+      clock: this.clock,
+      policy: this.policy,
+      events: this.events,
+      names: this.names,
+      workers: this.workers,
+      psets: this.psets,
+      backendFor: (impl) => this.backends.get(impl),
+      impls: () => this.impls,
+      wiringTimeoutSeconds: opts.wiringTimeoutSeconds ?? 60,
+      collectiveTimeoutMs: opts.collectiveTimeoutMs ?? 0,
+      historySize: opts.historySize ?? 1000,
+      ...(opts.newJobId ? { newJobId: opts.newJobId } : {}),
+      ...(opts.namespaceOf ? { namespaceOf: opts.namespaceOf } : {}),
+      ...(opts.onCollective ? { onCollective: opts.onCollective } : {}),
+      ...(opts.onError ? { onError: opts.onError } : {}),
+    });
     for (const b of opts.backends ?? []) this.addBackend(b);
   }
 
@@ -99,7 +90,12 @@ export class ResourceManager {
   }
 
   get isStopping(): boolean {
-    return this.stopping !== undefined;
+    return this.jobs.isStopping;
+  }
+
+  /** Jobs created since start, for metrics. */
+  get jobsCreated(): number {
+    return this.jobs.created;
   }
 
   private now(): string {
@@ -130,11 +126,7 @@ export class ResourceManager {
    */
   removeWorker(id: string, reason = 'removed'): Readonly<Worker> {
     const w = this.workers.remove(id);
-    if (w.jobId) {
-      const rt = this.jobs.get(w.jobId);
-      const m = rt?.job.members.find((x) => x.workerId === id);
-      if (rt && m) this.loseMember(rt, m, `its worker left (${reason})`);
-    }
+    if (w.jobId) this.jobs.workerLeft(w.jobId, id, reason);
     this.events.emit({ kind: 'workerLeft', workerId: id, reason });
     return w;
   }
@@ -183,9 +175,8 @@ export class ResourceManager {
     const out: RankRef[] = [];
     for (const id of p.members) {
       const w = this.workers.get(id);
-      const rt = w?.jobId ? this.jobs.get(w.jobId) : undefined;
-      const m = rt?.job.members.find((x) => x.workerId === id);
-      if (rt && m && isActive(rt.job.state)) out.push({ namespace: rt.job.namespace, rank: m.rank });
+      const found = w?.jobId ? this.jobs.activeMembership(id, w.jobId) : undefined;
+      if (found) out.push({ namespace: found.job.namespace, rank: found.member.rank });
     }
     return out;
   }
@@ -204,363 +195,98 @@ export class ResourceManager {
     return this.policy.select(spec.selector!, this.workers.list().filter((w) => w.state === 'available')).map((w) => w.id);
   }
 
-  // ---- jobs ----------------------------------------------------------------------------------
+  // ---- jobs (the lifecycle lives in job-lifecycle.ts) ----------------------------------------
 
   /**
    * Creates a job: picks and freezes its members, lays out its ranks, and has its backend make
    * the namespace known. Fails without side effects.
    */
-  async createJob(spec: JobSpec): Promise<Readonly<Job>> {
-    if (this.stopping !== undefined) throw new RmError('unavailable', `the sidecar is stopping: ${this.stopping}`);
-    const backend = this.backends.get(spec.impl);
-    if (!backend) {
-      throw new RmError('unprocessable', `this sidecar cannot serve ${spec.impl} jobs (it serves ${this.impls.join(', ') || 'none'})`);
-    }
-    const wiring = spec.wiringTimeoutSeconds ?? this.opts.wiringTimeoutSeconds;
-    if (!(wiring > 0)) throw new RmError('bad_request', 'wiringTimeoutSeconds must be positive');
-    if ((spec.timeoutSeconds ?? 0) < 0) throw new RmError('bad_request', 'timeoutSeconds must not be negative');
-    const { workers, pset } = this.chooseMembers(spec);
-    this.policy.admit({ activeJobs: this.activeJobs().length + this.creating, size: workers.length });
-
-    const id = this.opts.newJobId?.() ?? `j${this.idPrefix}-${++this.jobCounter}`;
-    if (this.jobs.has(id)) throw new RmError('conflict', `job id '${id}' is taken`);
-    const namespace = this.opts.namespaceOf?.(id) ?? `dask-pmix.${id}`;
-    const job: Job = {
-      id,
-      impl: spec.impl,
-      mode: spec.mode ?? 'fork',
-      namespace,
-      members: layoutMembers(workers),
-      state: 'pending',
-      createdAt: this.now(),
-      wiringTimeoutSeconds: wiring,
-      timeoutSeconds: spec.timeoutSeconds ?? 0,
-      labels: { ...(spec.labels ?? {}) },
-    };
-    if (pset) job.pset = pset.name;
-    if (spec.owner) job.owner = spec.owner;
-
-    // Reserve synchronously, so that a concurrent request cannot pick the same workers while
-    // the backend works; undone if the backend refuses.
-    for (const w of workers) this.workers.setJob(w.id, id);
-    if (pset) pset.jobId = id;
-    const undo = () => {
-      for (const w of workers) if (this.workers.get(w.id)?.jobId === id) this.workers.setJob(w.id, undefined);
-      if (pset && pset.jobId === id) delete pset.jobId;
-    };
-    this.creating++;
-    try {
-      await backend.prepare(job, new Map(workers.map((w) => [w.id, w])));
-    } catch (err) {
-      undo();
-      throw new RmError('unavailable', `the ${job.impl} backend could not prepare the job: ${err instanceof Error ? err.message : String(err)}`);
-    } finally {
-      this.creating--;
-    }
-    const gone = workers.find((w) => this.workers.get(w.id)?.jobId !== id);
-    if (this.stopping !== undefined || gone) {
-      // The sidecar began to stop, or a member left, while the backend worked.
-      undo();
-      await backend.release(job).catch((e: unknown) => this.opts.onError?.('release', e));
-      throw gone
-        ? new RmError('conflict', `worker '${gone.id}' left while the job was being created`)
-        : new RmError('unavailable', `the sidecar is stopping: ${this.stopping}`);
-    }
-
-    const rt: JobRuntime = {
-      job,
-      backend,
-      collectives: new Collectives(job.members.length, this.clock, this.opts.collectiveTimeoutMs, this.opts.onCollective),
-      kv: new KvStore(this.clock),
-      timers: [],
-    };
-    this.jobs.set(id, rt);
-    this.byNamespace.set(namespace, rt);
-    this.jobsCreated++;
-    rt.timers.push(this.clock.setTimer(wiring * 1000, () => this.wiringExpired(rt)));
-    for (const w of workers) this.events.emit({ kind: 'workerStateChanged', workerId: w.id, from: 'available', to: 'frozen', jobId: id });
-    this.emitJob(rt, undefined, 'created');
-    return job;
-  }
-
-  private chooseMembers(spec: JobSpec): { workers: Worker[]; pset?: ProcessSet } {
-    const given = (spec.pset ? 1 : 0) + (spec.members?.length ? 1 : 0) + (spec.selector ? 1 : 0);
-    if (given !== 1) throw new RmError('bad_request', 'a job needs exactly one of pset, members (a non-empty list) or selector');
-    const take = (ids: string[], what: string): Worker[] =>
-      ids.map((id) => {
-        const w = this.workers.get(id);
-        if (!w) throw new RmError('unprocessable', `${what} '${id}' is not a registered worker`);
-        if (w.state !== 'available') throw new RmError('conflict', `worker '${id}' is already in job ${w.jobId}`);
-        return w;
-      });
-    if (spec.members?.length) {
-      assertDistinct(spec.members);
-      return { workers: take(spec.members, 'member') };
-    }
-    if (spec.pset) {
-      const p = this.psets.get(spec.pset);
-      if (!p) throw new RmError('unprocessable', `no pset '${spec.pset}'`);
-      if (p.jobId) throw new RmError('conflict', `pset '${spec.pset}' is used by active job ${p.jobId}`);
-      return { workers: take(p.members, `member of pset '${p.name}'`), pset: p };
-    }
-    const available = this.workers.list().filter((w) => w.state === 'available');
-    return { workers: this.policy.select(spec.selector!, available) };
+  createJob(spec: JobSpec): Promise<Readonly<Job>> {
+    return this.jobs.create(spec);
   }
 
   getJob(id: string): Readonly<Job> {
-    return this.requireJob(id).job;
+    return this.jobs.get(id);
   }
 
   listJobs(): readonly Readonly<Job>[] {
-    return [...this.jobs.values()].map((rt) => rt.job);
+    return this.jobs.list();
   }
 
   activeJobs(): readonly Readonly<Job>[] {
-    return this.listJobs().filter((j) => isActive(j.state));
+    return this.jobs.active();
   }
 
   /** DELETE: aborts the job if it is active, releases it at once and forgets it. */
-  async deleteJob(id: string, reason = 'deleted over REST'): Promise<Readonly<Job>> {
-    const rt = this.requireJob(id);
-    this.end(rt, 'aborted', reason);
-    await this.release(rt);
-    if (this.jobs.get(id) === rt) {
-      this.jobs.delete(id);
-      this.byNamespace.delete(rt.job.namespace);
-    }
-    return rt.job;
+  deleteJob(id: string, reason = 'deleted over REST'): Promise<Readonly<Job>> {
+    return this.jobs.delete(id, reason);
   }
 
   /** The complete protocol environment `workerId` must set to join job `jobId` as its rank. */
   memberEnv(jobId: string, workerId: string): { job: Readonly<Job>; member: Readonly<JobMember>; env: Record<string, string> } {
-    const rt = this.requireJob(jobId);
-    const member = rt.job.members.find((m) => m.workerId === workerId);
-    if (!member) throw new RmError('not_found', `worker '${workerId}' is not a member of job ${jobId}`);
-    if (!isActive(rt.job.state)) throw new RmError('conflict', `job ${jobId} is ${rt.job.state}${rt.job.error ? `: ${rt.job.error}` : ''}`);
-    if (member.state !== 'assigned') throw new RmError('conflict', `rank ${member.rank} of job ${jobId} is already ${member.state}`);
-    const worker = this.workers.get(workerId);
-    if (!worker) throw new RmError('conflict', `worker '${workerId}' has left`);
-    return { job: rt.job, member, env: rt.backend.memberEnv(rt.job, member, worker) };
+    return this.jobs.memberEnv(jobId, workerId);
   }
 
   /** A member's process died, as its worker saw it (the protocol may not notice at once). */
   reportMemberLost(jobId: string, workerId: string, reason: string): Readonly<Job> {
-    const rt = this.requireJob(jobId);
-    const member = rt.job.members.find((m) => m.workerId === workerId);
-    if (!member) throw new RmError('not_found', `worker '${workerId}' is not a member of job ${jobId}`);
-    this.loseMember(rt, member, reason);
-    return rt.job;
+    return this.jobs.reportMemberLost(jobId, workerId, reason);
   }
 
-  private requireJob(id: string): JobRuntime {
-    const rt = this.jobs.get(id);
-    if (!rt) throw new RmError('not_found', `no job '${id}'`);
-    return rt;
+  /** Waits until the job is released (for tests and shutdown). */
+  released(id: string): Promise<void> {
+    return this.jobs.released(id);
   }
 
   // ---- the protocol side: what PMIx and PMI servers report and ask -------------------------
 
   /** The job and member behind a protocol's (namespace, rank); throws not_found. */
   findMember(namespace: string, rank: number): { job: Readonly<Job>; member: Readonly<JobMember> } {
-    const rt = this.runtimeOf(namespace);
-    const member = rt.job.members[rank];
-    if (!member) throw new RmError('not_found', `job ${rt.job.id} has no rank ${rank} (size ${rt.job.members.length})`);
-    return { job: rt.job, member };
+    return this.jobs.findMember(namespace, rank);
   }
 
   /** The job of a namespace / kvsname, if it is still known. */
   jobByNamespace(namespace: string): Readonly<Job> | undefined {
-    return this.byNamespace.get(namespace)?.job;
+    return this.jobs.byNamespaceOf(namespace);
   }
 
   /** A member's MPI library reached the process manager. Throws if its job is over. */
   memberConnected(namespace: string, rank: number): void {
-    const rt = this.runtimeOf(namespace);
-    const m = this.memberOf(rt, rank);
-    if (!isActive(rt.job.state)) throw new RmError('aborted', `job ${rt.job.id} is ${rt.job.state}`);
-    if (m.state === 'connected') return;
-    if (m.state !== 'assigned') throw new RmError('conflict', `rank ${rank} of job ${rt.job.id} is ${m.state}`);
-    this.setMember(rt, m, 'connected');
-    if (rt.job.state === 'pending') this.transition(rt, 'wiring', `rank ${rank} connected`);
-    if (rt.job.members.every((x) => x.state === 'connected' || x.state === 'finalized')) {
-      rt.job.startedAt = this.now();
-      this.transition(rt, 'running', 'every member connected');
-      if (rt.job.timeoutSeconds > 0) {
-        rt.timers.push(this.clock.setTimer(rt.job.timeoutSeconds * 1000, () => this.end(rt, 'failed', `job timeout: still running after ${rt.job.timeoutSeconds} s`)));
-      }
-    }
+    this.jobs.memberConnected(namespace, rank);
   }
 
   /** A member finalized cleanly. The job completes when every member has. */
   memberFinalized(namespace: string, rank: number): void {
-    const rt = this.runtimeOf(namespace);
-    const m = this.memberOf(rt, rank);
-    if (m.state === 'finalized' || m.state === 'lost') return;
-    this.setMember(rt, m, 'finalized');
-    this.names.procEnded(rt.job.id, rank);
-    rt.collectives.markGone(rank, 'has finalized');
-    if (isActive(rt.job.state) && rt.job.members.every((x) => x.state === 'finalized')) {
-      this.end(rt, 'completed', 'every member finalized');
-    } else if (!isActive(rt.job.state)) {
-      this.releaseIfLeft(rt);
-    }
+    this.jobs.memberFinalized(namespace, rank);
   }
 
   /** A member's process went away without finalizing (connection lost, killed). */
   memberLost(namespace: string, rank: number, reason: string): void {
-    const rt = this.runtimeOf(namespace);
-    this.loseMember(rt, this.memberOf(rt, rank), reason);
+    this.jobs.memberLost(namespace, rank, reason);
   }
 
   /** A member called MPI_Abort / PMIx_Abort / PMI abort: the whole job is aborted. */
   abort(namespace: string, rank: number, status: number, message: string): void {
-    const rt = this.runtimeOf(namespace);
-    const m = this.memberOf(rt, rank);
-    if (isActive(rt.job.state)) m.endedJob = true;
-    this.end(rt, 'aborted', `rank ${rank} aborted the job with status ${status}${message ? `: ${message}` : ''}`);
+    this.jobs.abort(namespace, rank, status, message);
   }
 
   /** Joins a collective of the job (fence, barrier, kvs-fence, group construct). */
   collective(namespace: string, req: JoinRequest): Promise<CollectiveResult> {
-    try {
-      return this.runtimeOf(namespace).collectives.join(req);
-    } catch (e) {
-      return Promise.reject(e);
-    }
+    return this.jobs.collective(namespace, req);
   }
 
   /** The job's key-value space (PMI put/get, kvs-put/kvs-get, node attributes). */
   kv(namespace: string): KvStore {
-    return this.runtimeOf(namespace).kv;
+    return this.jobs.kv(namespace);
   }
 
-  private runtimeOf(namespace: string): JobRuntime {
-    const rt = this.byNamespace.get(namespace);
-    if (!rt) throw new RmError('not_found', `no job with namespace '${namespace}'`);
-    return rt;
-  }
-
-  private memberOf(rt: JobRuntime, rank: number): JobMember {
-    const m = rt.job.members[rank];
-    if (!m) throw new RmError('not_found', `job ${rt.job.id} has no rank ${rank} (size ${rt.job.members.length})`);
-    return m;
-  }
-
-  private loseMember(rt: JobRuntime, m: JobMember, reason: string): void {
-    if (m.state === 'finalized' || m.state === 'lost') return;
-    m.reason = reason;
-    this.setMember(rt, m, 'lost', reason);
-    this.names.procEnded(rt.job.id, m.rank);
-    rt.collectives.markGone(m.rank, `was lost (${reason})`);
-    if (isActive(rt.job.state)) {
-      if (this.policy.onMemberLost(rt.job, m) === 'fail') {
-        m.endedJob = true;
-        this.end(rt, 'failed', `rank ${m.rank} (worker ${m.workerId}) was lost: ${reason}`);
-      }
-    } else {
-      this.releaseIfLeft(rt);
-    }
-  }
-
-  // ---- state machine -------------------------------------------------------------------------
-
-  private setMember(rt: JobRuntime, m: JobMember, to: MemberState, reason?: string): void {
-    const from = m.state;
-    m.state = to;
-    const e = { kind: 'memberStateChanged' as const, jobId: rt.job.id, workerId: m.workerId, rank: m.rank, from, to };
-    this.events.emit(reason ? { ...e, reason } : e);
-  }
-
-  private transition(rt: JobRuntime, to: JobState, reason: string): void {
-    const from = rt.job.state;
-    rt.job.state = to;
-    this.emitJob(rt, from, reason);
-  }
-
-  private emitJob(rt: JobRuntime, from: JobState | undefined, reason: string): void {
-    const e = { kind: 'jobStateChanged' as const, jobId: rt.job.id, to: rt.job.state, reason, job: structuredClone(rt.job) };
-    this.events.emit(from ? { ...e, from } : e);
-  }
-
-  private wiringExpired(rt: JobRuntime): void {
-    if (rt.job.state !== 'pending' && rt.job.state !== 'wiring') return;
-    const missing = rt.job.members.filter((m) => m.state === 'assigned').map((m) => m.rank);
-    this.end(rt, 'failed', `wiring timeout: rank${missing.length === 1 ? '' : 's'} ${missing.join(',')} did not connect within ${rt.job.wiringTimeoutSeconds} s`);
-  }
-
-  /** Ends an active job; a job that already ended stays as it is. */
-  private end(rt: JobRuntime, to: 'completed' | 'failed' | 'aborted', reason: string): void {
-    const job = rt.job;
-    if (!isActive(job.state)) return;
-    for (const t of rt.timers.splice(0)) t.cancel();
-    job.endedAt = this.now();
-    if (to !== 'completed') job.error = reason;
-    rt.collectives.close(`job ${job.id} ${to}: ${reason}`);
-    rt.kv.close(`job ${job.id} ${to}: ${reason}`);
-    this.names.jobEnded(job.id, `job ${job.id} ${to}: ${reason}`);
-    this.transition(rt, to, reason);
-    if (to !== 'completed') {
-      rt.notified = rt.backend.notifyEnded(job).catch((e: unknown) => this.opts.onError?.('notifyEnded', e));
-    }
-    if (!this.releaseIfLeft(rt)) {
-      rt.timers.push(this.clock.setTimer(this.policy.releaseGraceMs, () => void this.release(rt)));
-    }
-  }
-
-  /** Releases the ended job if none of its members is still connected; true if it did. */
-  private releaseIfLeft(rt: JobRuntime): boolean {
-    if (isActive(rt.job.state) || rt.job.members.some((m) => m.state === 'connected')) return false;
-    void this.release(rt);
-    return true;
-  }
-
-  /** Tears the job down once: backend first, then the workers are free again. */
-  private release(rt: JobRuntime): Promise<void> {
-    rt.releasing ??= (async () => {
-      for (const t of rt.timers.splice(0)) t.cancel();
-      await rt.notified;
-      try {
-        await rt.backend.release(rt.job);
-      } catch (e) {
-        this.opts.onError?.('release', e);
-      }
-      this.names.jobReleased(rt.job.id);
-      rt.job.releasedAt = this.now();
-      for (const m of rt.job.members) {
-        if (this.workers.get(m.workerId)?.jobId !== rt.job.id) continue;
-        this.workers.setJob(m.workerId, undefined);
-        this.events.emit({ kind: 'workerStateChanged', workerId: m.workerId, from: 'frozen', to: 'available' });
-      }
-      const p = rt.job.pset ? this.psets.get(rt.job.pset) : undefined;
-      if (p && p.jobId === rt.job.id) delete p.jobId;
-      this.trimHistory();
-    })();
-    return rt.releasing;
-  }
-
-  private trimHistory(): void {
-    const released = [...this.jobs.values()].filter((rt) => rt.job.releasedAt);
-    for (const rt of released.slice(0, Math.max(0, released.length - this.opts.historySize))) {
-      this.jobs.delete(rt.job.id);
-      this.byNamespace.delete(rt.job.namespace);
-    }
-  }
-
-  /** Waits until the job is released (for tests and shutdown). */
-  async released(id: string): Promise<void> {
-    const rt = this.requireJob(id);
-    if (isActive(rt.job.state)) throw new RmError('conflict', `job ${id} is still ${rt.job.state}`);
-    await (rt.releasing ?? this.release(rt));
-  }
+  // ---- life cycle ----------------------------------------------------------------------------
 
   /**
    * Stops: refuses new jobs, aborts the active ones (their members are told), releases every
    * job at once, and closes the backends.
    */
   async shutdown(reason = 'the sidecar is stopping'): Promise<void> {
-    this.stopping ??= reason;
-    for (const rt of this.jobs.values()) this.end(rt, 'aborted', reason);
-    await Promise.all([...this.jobs.values()].map((rt) => this.release(rt)));
+    await this.jobs.shutdown(reason);
     for (const b of new Set(this.backends.values())) {
       await b.close().catch((e: unknown) => this.opts.onError?.('close', e));
     }
@@ -570,16 +296,6 @@ export class ResourceManager {
   stats(): { workers: Record<string, number>; jobs: Record<JobState, number>; psets: number; names: number } {
     const workers: Record<string, number> = { available: 0, frozen: 0 };
     for (const w of this.workers.list()) workers[w.state] = (workers[w.state] ?? 0) + 1;
-    const jobs: Record<JobState, number> = { pending: 0, wiring: 0, running: 0, completed: 0, failed: 0, aborted: 0 };
-    for (const rt of this.jobs.values()) jobs[rt.job.state]++;
-    return { workers, jobs, psets: this.psets.size, names: this.names.size };
-  }
-}
-
-function assertDistinct(ids: readonly string[]): void {
-  const seen = new Set<string>();
-  for (const id of ids) {
-    if (seen.has(id)) throw new RmError('bad_request', `worker '${id}' is listed twice`);
-    seen.add(id);
+    return { workers, jobs: this.jobs.countByState(), psets: this.psets.size, names: this.names.size };
   }
 }

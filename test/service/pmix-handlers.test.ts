@@ -2,6 +2,7 @@
 import { beforeEach, describe, expect, it } from 'vitest';
 import { Keys, PmixError, Rank, Status, info, v, type Info, type UpcallHandlers } from '../../src/pmix/index.js';
 import { ManualClock, ResourceManager, type Job } from '../../src/rm/index.js';
+import { defaultPolicy } from '../../src/policy/index.js';
 import { pmixHandlers } from '../../src/service/pmix-handlers.js';
 import { RecordingBackend } from '../rm/fake-backend.js';
 
@@ -10,7 +11,7 @@ let h: Required<Pick<UpcallHandlers, 'query' | 'group' | 'fence' | 'publish' | '
 let job: Readonly<Job>;
 
 beforeEach(async () => {
-  rm = new ResourceManager({ clock: new ManualClock(), backends: [new RecordingBackend(['openmpi'])] });
+  rm = new ResourceManager({ clock: new ManualClock(), backends: [new RecordingBackend(['openmpi'])], policy: defaultPolicy() });
   h = pmixHandlers({ rm }) as typeof h;
   for (const id of ['a', 'b', 'c']) rm.registerWorker({ id, host: 'h' });
   rm.definePset({ name: 'p1', members: ['a', 'b'] });
