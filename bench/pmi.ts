@@ -21,7 +21,8 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs, promisify } from 'node:util';
 import { defaultPolicy } from '../src/policy/index.js';
-import { DEFAULT_PMI_ENV, PmiBackend } from '../src/pmi/index.js';
+import { DEFAULT_MEMBER_ENV } from '../src/service/default-env.js';
+import { PmiBackend } from '../src/service/pmi-backend.js';
 import { ResourceManager } from '../src/rm/index.js';
 
 const run = promisify(execFile);
@@ -179,7 +180,7 @@ function initOf(lines: Line[], n: number, t0: number): InitTime {
   };
 }
 
-const mpiEnv = () => ({ ...baseEnv(), ...DEFAULT_PMI_ENV.mpich });
+const mpiEnv = () => ({ ...baseEnv(), ...DEFAULT_MEMBER_ENV.mpich });
 
 async function initOurs(ours: Ours, f: Flavour, n: number): Promise<InitTime> {
   const job = await ours.job(n);
@@ -251,7 +252,7 @@ async function main(): Promise<void> {
     iterations: iters,
     repeats,
     hydra: { pmi_latency: FLAVOURS.mpich5.version, mpi_init: { mpich4: FLAVOURS.mpich4.version, mpich5: FLAVOURS.mpich5.version } },
-    env: DEFAULT_PMI_ENV.mpich,
+    env: DEFAULT_MEMBER_ENV.mpich,
     notes: [
       'medians over repeats of per-run medians over ranks; ratio = ours / hydra (below 1: dask-pmix faster)',
       'pmi_latency.hydra: mpiexec default (PMI_FD, a UNIX socketpair to its proxy); hydra_pmi_port: mpiexec -pmi-port (TCP, as ours)',

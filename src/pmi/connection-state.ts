@@ -1,6 +1,5 @@
 // What one client connection knows, shared by its PMI-1 and PMI-2 command handlers (a PMI-2
 // client speaks one PMI-1 line before switching), plus the checks both protocols make.
-import { isRmError } from '../rm/errors.js';
 import { PmiError, errorMessage } from './errors.js';
 import type { PmiConnectionInfo, PmiJobCore, PmiMember } from './job-core.js';
 import { clip } from './pmi1-codec.js';
@@ -37,12 +36,13 @@ export class ConnectionState {
   ) {}
 
   /**
-   * The error to answer a failed command with. PmiError and the core's RmError are the
-   * expected kind; anything else is a bug, answered all the same but reported.
+   * The error to answer a failed command with. A PmiError is the expected kind (the core's
+   * adapter turns the core's errors into them); anything else is a bug, answered all the same
+   * but reported.
    */
   replyError(what: string, e: unknown): PmiError {
     if (e instanceof PmiError) return e;
-    if (!isRmError(e)) this.onError?.(what, e);
+    this.onError?.(what, e);
     return new PmiError(errorMessage(e));
   }
 

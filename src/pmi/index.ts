@@ -7,4 +7,3 @@ export type {
 export { PmiError, PMI_FAIL } from './errors.js';
 export { LIMITS } from './connection-state.js';
 export { nodeLayout, processMapping, parseProcessMapping, type NodeLayout } from './process-mapping.js';
-export { PmiBackend, FENCE, DEFAULT_PMI_ENV, type PmiBackendOptions } from './rm-backend.js';

@@ -21,20 +21,6 @@ export interface PmixBackendOptions {
   onError?: (what: string, err: unknown) => void;
 }
 
-/**
- * The Open MPI settings every member gets by default. The wheel's libfabric transport costs about
- * a second per init where there is no fabric, and probing UCX for the pml another 100-150 ms
- * (measured on this 2-core machine: communicator ready 45 ms instead of 130-190 ms with ob1);
- * clusters with a fabric set OMPI_MCA_pml=ucx through --ompi-env. Ranks that wait busy-poll,
- * which starves the other ranks on a small machine. The async-modex settings are left alone on
- * purpose: with them a member that connects late hangs.
- */
-export const DEFAULT_OMPI_ENV: Readonly<Record<string, string>> = {
-  OMPI_MCA_btl: '^ofi',
-  OMPI_MCA_pml: 'ob1',
-  OMPI_MCA_mpi_yield_when_idle: '1',
-};
-
 export class PmixBackend implements JobBackend {
   readonly impls = ['openmpi'] as const;
   private readonly server: PmixServer;

@@ -7,9 +7,10 @@ import { Metrics } from '../api/metrics.js';
 import { defaultPolicy } from '../policy/index.js';
 import { PmixServer } from '../pmix/index.js';
 import { StatusName } from '../pmix/status.js';
-import { PmiBackend } from '../pmi/index.js';
 import { ResourceManager, type JobBackend } from '../rm/index.js';
-import { DEFAULT_OMPI_ENV, PmixBackend } from './pmix-backend.js';
+import { DEFAULT_MEMBER_ENV } from './default-env.js';
+import { PmiBackend } from './pmi-backend.js';
+import { PmixBackend } from './pmix-backend.js';
 import { PmixClients } from './pmix-clients.js';
 import { pmixHandlers } from './pmix-handlers.js';
 
@@ -97,7 +98,7 @@ export class Sidecar {
         server: pmix,
         clients,
         tmpdir: opts.tmpdir,
-        ompiEnv: opts.ompiEnv ?? { ...DEFAULT_OMPI_ENV },
+        ompiEnv: opts.ompiEnv ?? { ...DEFAULT_MEMBER_ENV.openmpi },
         onError: (what, err) => log.warn({ err, what }, 'PMIx backend call failed'),
       }));
       if (opts.pmi !== false) {

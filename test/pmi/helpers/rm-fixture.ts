@@ -1,6 +1,7 @@
 // The real resource manager with the PMI backend installed, as the sidecar runs them, plus
 // helpers to create MPICH jobs over registered workers and wait for their ends.
-import { PmiBackend, type TraceEvent } from '../../../src/pmi/index.js';
+import type { TraceEvent } from '../../../src/pmi/index.js';
+import { PmiBackend } from '../../../src/service/pmi-backend.js';
 import { ResourceManager, type Impl, type Job, type JobState } from '../../../src/rm/index.js';
 import { defaultPolicy } from '../../../src/policy/index.js';
 

@@ -1,53 +1,19 @@
 // The PMI backend of the resource manager: MPICH and Intel MPI jobs of src/rm, served by one
-// PMI listener. It is both sides of the adapter:
+// PMI listener (src/pmi). It is both sides of the adapter:
 //   - a JobBackend for the core (prepare → memberEnv → release), which hands each member
 //     PMI_PORT, a PMI_ID and PMI_RANK / PMI_SIZE;
-//   - the PmiJobCore of the wire server, which turns each connected member's commands into the
-//     core's calls: the job's collectives, key-value store, name service and state machine.
-//
-// The one thing PMI adds on top of the core is when a put becomes visible: PMI says at the next
-// barrier / kvs-fence (hydra caches puts until then), so a member's puts are staged here and
-// committed to the job's store when that member's fence completes. All members' fences
-// complete in one synchronous step in the core, and each commit runs before any further
-// command can be read, so no rank sees a half-committed epoch.
+//   - the PmiJobCore of the wire server, which binds each connecting client to its member
+//     (pmi-member.ts turns that member's commands into the core's calls).
 import { execFile } from 'node:child_process';
 import { randomInt } from 'node:crypto';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { hostname, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
+import { PmiError, PmiListener, type PmiJobCore, type PmiMember, type Trace } from '../pmi/index.js';
 import type { Job, JobBackend, JobMember, ResourceManager, Worker } from '../rm/index.js';
-import { isActive } from '../rm/index.js';
-import type { Trace } from './connection.js';
-import { PmiError } from './errors.js';
-import type { KvsLookup, PmiJobCore, PmiMember, PmiMemberInfo } from './job-core.js';
-import { PmiListener } from './listener.js';
-
-/** The collective a PMI-1 barrier and a PMI-2 kvs-fence join: the same one a PMIx fence joins. */
-export const FENCE = 'fence';
-
-/**
- * What each member of an MPICH / Intel MPI job gets besides the PMI variables, unless the
- * sidecar is configured otherwise. Waiting ranks busy-poll; on a worker that shares its cores
- * (with Dask threads, or with more ranks than cores) they must back off:
- * - MPICH >= 4.1 (ch4): MPIR_CVAR_CH4_PROGRESS_THROTTLE sleeps 1 us after that many polls
- *   without progress. Measured on 2 cores, 16 ranks, 200 Allreduces behind a 2 ms straggler:
- *   10.5 s without, 1.0 s with a count of 16 (the default count of 4096 helps much less).
- *   MPICH 4.0.2 has no such setting (nor any UCX one that applies: shared memory on one host
- *   is MPICH's own, and UCX_TLS changes nothing measurable there).
- * - Intel MPI backs off by itself when oversubscribed; spinning once and then sched_yield
- *   shaves a little more (0.64 s → 0.49 s in the same test with 8 ranks).
- */
-export const DEFAULT_PMI_ENV: Readonly<Record<'mpich' | 'intelmpi', Readonly<Record<string, string>>>> = {
-  mpich: {
-    MPIR_CVAR_CH4_PROGRESS_THROTTLE: '1',
-    MPIR_CVAR_CH4_PROGRESS_THROTTLE_NO_PROGRESS_COUNT: '16',
-  },
-  intelmpi: {
-    I_MPI_SPIN_COUNT: '1',
-    I_MPI_THREAD_YIELD: '2',
-  },
-};
+import { DEFAULT_MEMBER_ENV } from './default-env.js';
+import { RmPmiMember, asPmiError, type PmiJob } from './pmi-member.js';
 
 export interface PmiBackendOptions {
   rm: ResourceManager;
@@ -57,7 +23,7 @@ export interface PmiBackendOptions {
   port?: number;
   /** Host name members use in PMI_PORT; default: the bound address, or this host's name for 0.0.0.0. */
   advertisedHost?: string;
-  /** Added to every member's environment; replaces DEFAULT_PMI_ENV of the job's impl. */
+  /** Added to every member's environment; replaces DEFAULT_MEMBER_ENV of the job's impl. */
   extraEnv?: Readonly<Record<string, string>>;
   trace?: Trace;
   onError?: (what: string, err: unknown) => void;
@@ -85,19 +51,6 @@ async function writeTopology(): Promise<{ file: string; dir: string } | undefine
     rmSync(dir, { recursive: true, force: true });
     return undefined;
   }
-}
-
-/** What the backend keeps per job. */
-interface PmiJob {
-  job: Readonly<Job>;
-  pmiIds: number[];
-  hosts: string[];
-  /** Puts of each rank not yet committed by a fence. */
-  staged: Map<string, string>[];
-  /** Which ranks have a live connection. */
-  connected: boolean[];
-  /** Released by the core: nothing of it is reported any more. */
-  released: boolean;
 }
 
 export class PmiBackend implements JobBackend, PmiJobCore {
@@ -152,7 +105,7 @@ export class PmiBackend implements JobBackend, PmiJobCore {
     const pj = this.require(job.id);
     const impl = job.impl === 'intelmpi' ? 'intelmpi' : 'mpich';
     return {
-      ...(this.opts.extraEnv ?? DEFAULT_PMI_ENV[impl]),
+      ...(this.opts.extraEnv ?? DEFAULT_MEMBER_ENV[impl]),
       PMI_PORT: this.pmiPort,
       PMI_ID: String(pj.pmiIds[member.rank]),
       // Only read by clients that skip the PMI_ID handshake (MPICH 4.0.x without PMI_ID);
@@ -201,7 +154,11 @@ export class PmiBackend implements JobBackend, PmiJobCore {
     if (!e) throw new PmiError(`unknown PMI_ID ${pmiId}: no active MPICH/Intel MPI job has such a member`);
     const { pj, rank } = e;
     if (pj.connected[rank]) throw new PmiError(`PMI_ID ${pmiId} (rank ${rank} of job ${pj.job.id}) is already connected`);
-    this.opts.rm.memberConnected(pj.job.namespace, rank);
+    try {
+      this.opts.rm.memberConnected(pj.job.namespace, rank);
+    } catch (e) {
+      throw asPmiError(e);
+    }
     pj.connected[rank] = true;
     const local = LOCAL_HOSTS.has(pj.hosts[rank]!);
     return new RmPmiMember(this.opts.rm, pj, rank, local ? this.topologyFile : undefined, () => {
@@ -224,125 +181,3 @@ export class PmiBackend implements JobBackend, PmiJobCore {
   }
 }
 
-/** Keys of node attributes inside the job's store: control characters never occur in PMI keys. */
-const nodeKey = (host: string, key: string) => `\u0001node\u0001${host}\u0001${key}`;
-
-class RmPmiMember implements PmiMember {
-  readonly info: PmiMemberInfo;
-  private readonly ns: string;
-  private readonly host: string;
-
-  constructor(
-    private readonly rm: ResourceManager,
-    private readonly pj: PmiJob,
-    private readonly rank: number,
-    private readonly topologyFile: string | undefined,
-    private readonly detach: () => void,
-  ) {
-    const job = pj.job;
-    this.ns = job.namespace;
-    this.host = pj.hosts[rank]!;
-    this.info = {
-      jobId: job.id,
-      kvsname: job.namespace,
-      rank,
-      size: job.members.length,
-      appnum: 0,
-      universeSize: job.members.length,
-      hosts: pj.hosts,
-    };
-  }
-
-  /** Throws the job's end as the client's error once it failed, was aborted or completed. */
-  private live(): void {
-    if (this.pj.released) throw new PmiError(`job ${this.info.jobId} has ended and been released`);
-    const job = this.rm.jobByNamespace(this.ns);
-    if (!job) throw new PmiError(`job ${this.info.jobId} has been released`);
-    if (!isActive(job.state)) throw new PmiError(`job ${job.id} ${job.state}${job.error ? `: ${job.error}` : ''}`);
-  }
-
-  private get publisher() {
-    return { jobId: this.info.jobId, namespace: this.ns, rank: this.rank };
-  }
-
-  put(key: string, value: string): void {
-    this.live();
-    this.pj.staged[this.rank]!.set(key, value);
-  }
-
-  get(key: string): KvsLookup {
-    this.live();
-    const own = this.pj.staged[this.rank]!.get(key);
-    if (own !== undefined) return { found: true, value: own };
-    const v = this.rm.kv(this.ns).get(key);
-    if (v !== undefined) return { found: true, value: v };
-    return this.pj.staged.some((s) => s.has(key)) ? { found: false, why: 'unfenced' } : { found: false, why: 'unknown' };
-  }
-
-  async fence(): Promise<void> {
-    this.live();
-    await this.rm.collective(this.ns, { name: FENCE, participants: 'all', contributors: [this.rank] });
-    // Runs in the same microtask drain as every other member's commit (see the file comment).
-    const staged = this.pj.staged[this.rank]!;
-    const kv = this.rm.kv(this.ns);
-    for (const [k, v] of staged) kv.put(this.rank, k, v);
-    staged.clear();
-  }
-
-  jobAttr(key: string): string | undefined {
-    this.live();
-    return key === 'PMI_hwloc_xmlfile' ? this.topologyFile : undefined;
-  }
-
-  putNodeAttr(key: string, value: string): void {
-    this.live();
-    this.rm.kv(this.ns).put(this.rank, nodeKey(this.host, key), value);
-  }
-
-  async getNodeAttr(key: string, wait: boolean): Promise<string | undefined> {
-    this.live();
-    const kv = this.rm.kv(this.ns);
-    const k = nodeKey(this.host, key);
-    return wait ? kv.waitFor(k) : kv.get(k);
-  }
-
-  publish(service: string, port: string): void {
-    this.live();
-    this.rm.names.publish(this.publisher, [{ key: service, value: port }], { range: 'session' });
-  }
-
-  async lookup(service: string): Promise<string> {
-    this.live();
-    const [d] = await this.rm.names.lookup(this.publisher, [service], { range: 'session' });
-    const v = d?.value as unknown;
-    if (typeof v === 'string') return v;
-    // Published through PMIx by an Open MPI job: a typed value.
-    if (v && typeof v === 'object' && typeof (v as { value?: unknown }).value === 'string') return (v as { value: string }).value;
-    throw new PmiError(`service ${service} was published with a value PMI cannot carry`);
-  }
-
-  unpublish(service: string): void {
-    this.live();
-    if (this.rm.names.unpublish(this.publisher, [service]) === 0) {
-      throw new PmiError(`service ${service} is not published by this process`);
-    }
-  }
-
-  abort(exitCode: number, message: string): void {
-    this.rm.abort(this.ns, this.rank, exitCode, message);
-  }
-
-  finalize(): void {
-    this.pj.staged[this.rank]!.clear();
-    if (!this.pj.released) this.rm.memberFinalized(this.ns, this.rank);
-  }
-
-  disconnected(reason: string): void {
-    this.detach();
-    if (this.pj.released) return;
-    const job = this.rm.jobByNamespace(this.ns);
-    if (!job) return;
-    const m = job.members[this.rank];
-    if (m && m.state === 'connected') this.rm.memberLost(this.ns, this.rank, reason);
-  }
-}

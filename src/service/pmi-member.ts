@@ -1,0 +1,176 @@
+// One connected member of an MPICH / Intel MPI job, as the PMI wire server sees it: each PMI
+// command becomes the core's call (the job's collective, key-value store, name service and
+// state machine). The core's errors reach the client as PmiErrors (rc=-1 msg=...).
+//
+// The one thing PMI adds on top of the core is when a put becomes visible: PMI says at the next
+// barrier / kvs-fence (hydra caches puts until then), so a member's puts are staged here and
+// committed to the job's store when that member's fence completes. All members' fences
+// complete in one synchronous step in the core, and each commit runs before any further
+// command can be read, so no rank sees a half-committed epoch.
+import { PmiError, type KvsLookup, type PmiMember, type PmiMemberInfo } from '../pmi/index.js';
+import { isActive, isRmError, type Job, type ResourceManager } from '../rm/index.js';
+
+/** The collective a PMI-1 barrier and a PMI-2 kvs-fence join: the same one a PMIx fence joins. */
+export const FENCE = 'fence';
+
+/** What the PMI backend keeps per job. */
+export interface PmiJob {
+  job: Readonly<Job>;
+  pmiIds: number[];
+  hosts: string[];
+  /** Puts of each rank not yet committed by a fence. */
+  staged: Map<string, string>[];
+  /** Which ranks have a live connection. */
+  connected: boolean[];
+  /** Released by the core: nothing of it is reported any more. */
+  released: boolean;
+}
+
+/** The core's errors are the client's to hear; anything else stays a bug for the server to report. */
+export function asPmiError(e: unknown): unknown {
+  return isRmError(e) ? new PmiError(e.message) : e;
+}
+
+/** Runs a call into the core, turning its errors into PMI errors. */
+function core<T>(f: () => T): T {
+  try {
+    return f();
+  } catch (e) {
+    throw asPmiError(e);
+  }
+}
+
+async function coreAsync<T>(p: () => Promise<T>): Promise<T> {
+  try {
+    return await p();
+  } catch (e) {
+    throw asPmiError(e);
+  }
+}
+
+/** Keys of node attributes inside the job's store: control characters never occur in PMI keys. */
+const nodeKey = (host: string, key: string) => `\u0001node\u0001${host}\u0001${key}`;
+
+export class RmPmiMember implements PmiMember {
+  readonly info: PmiMemberInfo;
+  private readonly ns: string;
+  private readonly host: string;
+
+  constructor(
+    private readonly rm: ResourceManager,
+    private readonly pj: PmiJob,
+    private readonly rank: number,
+    private readonly topologyFile: string | undefined,
+    private readonly detach: () => void,
+  ) {
+    const job = pj.job;
+    this.ns = job.namespace;
+    this.host = pj.hosts[rank]!;
+    this.info = {
+      jobId: job.id,
+      kvsname: job.namespace,
+      rank,
+      size: job.members.length,
+      appnum: 0,
+      universeSize: job.members.length,
+      hosts: pj.hosts,
+    };
+  }
+
+  /** Throws the job's end as the client's error once it failed, was aborted or completed. */
+  private live(): void {
+    if (this.pj.released) throw new PmiError(`job ${this.info.jobId} has ended and been released`);
+    const job = this.rm.jobByNamespace(this.ns);
+    if (!job) throw new PmiError(`job ${this.info.jobId} has been released`);
+    if (!isActive(job.state)) throw new PmiError(`job ${job.id} ${job.state}${job.error ? `: ${job.error}` : ''}`);
+  }
+
+  private get publisher() {
+    return { jobId: this.info.jobId, namespace: this.ns, rank: this.rank };
+  }
+
+  put(key: string, value: string): void {
+    this.live();
+    this.pj.staged[this.rank]!.set(key, value);
+  }
+
+  get(key: string): KvsLookup {
+    this.live();
+    const own = this.pj.staged[this.rank]!.get(key);
+    if (own !== undefined) return { found: true, value: own };
+    const v = core(() => this.rm.kv(this.ns).get(key));
+    if (v !== undefined) return { found: true, value: v };
+    return this.pj.staged.some((s) => s.has(key)) ? { found: false, why: 'unfenced' } : { found: false, why: 'unknown' };
+  }
+
+  async fence(): Promise<void> {
+    this.live();
+    await coreAsync(() => this.rm.collective(this.ns, { name: FENCE, participants: 'all', contributors: [this.rank] }));
+    // Runs in the same microtask drain as every other member's commit (see the file comment).
+    const staged = this.pj.staged[this.rank]!;
+    core(() => {
+      const kv = this.rm.kv(this.ns);
+      for (const [k, v] of staged) kv.put(this.rank, k, v);
+    });
+    staged.clear();
+  }
+
+  jobAttr(key: string): string | undefined {
+    this.live();
+    return key === 'PMI_hwloc_xmlfile' ? this.topologyFile : undefined;
+  }
+
+  putNodeAttr(key: string, value: string): void {
+    this.live();
+    core(() => this.rm.kv(this.ns).put(this.rank, nodeKey(this.host, key), value));
+  }
+
+  async getNodeAttr(key: string, wait: boolean): Promise<string | undefined> {
+    this.live();
+    const k = nodeKey(this.host, key);
+    return coreAsync(async () => {
+      const kv = this.rm.kv(this.ns);
+      return wait ? kv.waitFor(k) : kv.get(k);
+    });
+  }
+
+  publish(service: string, port: string): void {
+    this.live();
+    core(() => this.rm.names.publish(this.publisher, [{ key: service, value: port }], { range: 'session' }));
+  }
+
+  async lookup(service: string): Promise<string> {
+    this.live();
+    const [d] = await coreAsync(() => this.rm.names.lookup(this.publisher, [service], { range: 'session' }));
+    const v = d?.value as unknown;
+    if (typeof v === 'string') return v;
+    // Published through PMIx by an Open MPI job: a typed value.
+    if (v && typeof v === 'object' && typeof (v as { value?: unknown }).value === 'string') return (v as { value: string }).value;
+    throw new PmiError(`service ${service} was published with a value PMI cannot carry`);
+  }
+
+  unpublish(service: string): void {
+    this.live();
+    if (core(() => this.rm.names.unpublish(this.publisher, [service])) === 0) {
+      throw new PmiError(`service ${service} is not published by this process`);
+    }
+  }
+
+  abort(exitCode: number, message: string): void {
+    core(() => this.rm.abort(this.ns, this.rank, exitCode, message));
+  }
+
+  finalize(): void {
+    this.pj.staged[this.rank]!.clear();
+    if (!this.pj.released) core(() => this.rm.memberFinalized(this.ns, this.rank));
+  }
+
+  disconnected(reason: string): void {
+    this.detach();
+    if (this.pj.released) return;
+    const job = this.rm.jobByNamespace(this.ns);
+    if (!job) return;
+    const m = job.members[this.rank];
+    if (m && m.state === 'connected') this.rm.memberLost(this.ns, this.rank, reason);
+  }
+}
