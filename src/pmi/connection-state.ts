@@ -2,15 +2,10 @@
 // client speaks one PMI-1 line before switching), plus the checks both protocols make.
 import { PmiError, errorMessage } from './errors.js';
 import type { PmiConnectionInfo, PmiJobCore, PmiMember } from './job-core.js';
+import { LIMITS } from './limits.js';
 import { clip } from './pmi1-codec.js';
 import { processMapping } from './process-mapping.js';
 
-/**
- * The limits we advertise (PMI-1 get_maxes) and enforce. Same as hydra's: MPICH 4.0.2 shrinks
- * vallen_max so that `put kvsname= key= value=` fits its 1024-byte line, and splits longer
- * values into segments itself.
- */
-export const LIMITS = { kvsnameMax: 256, keyMax: 64, valueMax: 1024 } as const;
 
 /** Keys the process manager answers itself; clients may not put them (as hydra). */
 export const RESERVED_KEY_PREFIX = 'PMI_';
@@ -110,6 +105,13 @@ export function checkValue(value: string | undefined, what = 'value'): string {
   if (value === undefined) throw new PmiError(`missing ${what}=`);
   if (value.length > LIMITS.valueMax) throw new PmiError(`${what} longer than ${LIMITS.valueMax} characters`);
   return value;
+}
+
+/** A name-service name (MPI_Publish_name's service): held to the kvsname maximum. */
+export function checkService(args: ReadonlyMap<string, string>, key: string): string {
+  const v = requireArg(args, key);
+  if (v.length > LIMITS.kvsnameMax) throw new PmiError(`${key} longer than ${LIMITS.kvsnameMax} characters`);
+  return v;
 }
 
 export function requireArg(args: ReadonlyMap<string, string>, key: string): string {

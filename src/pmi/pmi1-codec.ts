@@ -1,16 +1,13 @@
 // PMI-1 ("simple PMI") wire format, as MPICH's clients write and read it
 // (src/pmi/src/pmi_wire.c in 5.x, src/pmi/simple/simple_pmiutil.c in 4.0.2):
 //
-//   cmd=<name> key=value key=value\n      one command per line, at most PMIU_MAXLINE bytes
+//   cmd=<name> key=value key=value\n      one command per line (limits.ts bounds it)
 //   mcmd=spawn\nkey=value\n...endcmd\n     spawn only: one block per app, values run to end of line
 //
 // Values are opaque tokens: we neither unescape nor escape them, so a value a client put comes
 // back byte for byte. MPICH 4.0.2 cannot parse a token without `=` or a value with a space, so
 // everything we generate ourselves (error messages above all) is squeezed into one token.
 import { PmiError } from './errors.js';
-
-/** PMIU_MAXLINE: the client's line buffer, newline included. */
-export const PMI1_MAX_LINE = 1024;
 
 export interface Pmi1Command {
   readonly cmd: string;

@@ -4,8 +4,9 @@
 // with rc=-1 and a msg, so MPICH 5.x reports "server responded with rc=-1 - <msg>" and 4.0.2
 // sees rc != 0 where it looks. Only `abort` has no reply.
 import {
-  ConnectionState, LIMITS, checkKey, checkKvsname, checkValue, parseIntArg, requireArg,
+  ConnectionState, checkKey, checkKvsname, checkService, checkValue, parseIntArg, requireArg,
 } from './connection-state.js';
+import { LIMITS } from './limits.js';
 import { PmiError } from './errors.js';
 import type { SpawnApp, SpawnRequest } from './job-core.js';
 import {
@@ -216,17 +217,17 @@ const HANDLERS: Readonly<Record<string, Handler>> = {
 
   publish_name(s, c) {
     const m = s.state.requireMember();
-    m.publish(requireArg(c.args, 'service'), checkValue(c.args.get('port'), 'port'));
+    m.publish(checkService(c.args, 'service'), checkValue(c.args.get('port'), 'port'));
     return formatPmi1('publish_result', { rc: 0 });
   },
 
   unpublish_name(s, c) {
-    s.state.requireMember().unpublish(requireArg(c.args, 'service'));
+    s.state.requireMember().unpublish(checkService(c.args, 'service'));
     return formatPmi1('unpublish_result', { rc: 0 });
   },
 
   async lookup_name(s, c) {
-    const port = await s.state.requireMember().lookup(requireArg(c.args, 'service'));
+    const port = await s.state.requireMember().lookup(checkService(c.args, 'service'));
     return formatPmi1('lookup_result', { rc: 0, port: pmi1Value(port) });
   },
 };

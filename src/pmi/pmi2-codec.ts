@@ -10,8 +10,6 @@ import { clip } from './pmi1-codec.js';
 
 /** Length header width. */
 export const PMI2_HEADER = 6;
-/** PMII_MAX_COMMAND_LEN in MPICH's PMI-2 client. */
-export const PMI2_MAX_BODY = 64 * 1024;
 
 export interface Pmi2Command {
   readonly cmd: string;

@@ -4,7 +4,7 @@
 // flight together (a threaded client matches replies by thrid), so a waiting kvs-fence or
 // info-getnodeattr does not hold up the others.
 import {
-  ConnectionState, checkKey, checkKvsname, checkValue, parseIntArg, requireArg,
+  ConnectionState, checkKey, checkKvsname, checkService, checkValue, parseIntArg,
 } from './connection-state.js';
 import { PmiError } from './errors.js';
 import type { SpawnApp, SpawnRequest } from './job-core.js';
@@ -96,17 +96,17 @@ const HANDLERS: Readonly<Record<string, Handler>> = {
   },
 
   'name-publish'(s, c) {
-    s.requireMember().publish(requireArg(c.args, 'name'), checkValue(c.args.get('port'), 'port'));
+    s.requireMember().publish(checkService(c.args, 'name'), checkValue(c.args.get('port'), 'port'));
     return {};
   },
 
   'name-unpublish'(s, c) {
-    s.requireMember().unpublish(requireArg(c.args, 'name'));
+    s.requireMember().unpublish(checkService(c.args, 'name'));
     return {};
   },
 
   async 'name-lookup'(s, c) {
-    const port = await s.requireMember().lookup(requireArg(c.args, 'name'));
+    const port = await s.requireMember().lookup(checkService(c.args, 'name'));
     // MPICH >= 4.1 reads port=, the older clients value=.
     return { port, value: port };
   },

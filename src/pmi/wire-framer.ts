@@ -8,8 +8,8 @@
 // arbitrary bytes never throw. Memory per connection is bounded: nothing longer than a frame's
 // limit is ever buffered; an over-long line or PMI-2 body is skipped and reported, and the
 // stream resynchronises after it.
-import { PMI1_MAX_LINE } from './pmi1-codec.js';
-import { PMI2_HEADER, PMI2_MAX_BODY, isPmi2Header } from './pmi2-codec.js';
+import { PMI1_MAX_LINE, PMI2_MAX_BODY } from './limits.js';
+import { PMI2_HEADER, isPmi2Header } from './pmi2-codec.js';
 
 /** Upper bound on a whole spawn block (many argument and info lines). */
 export const PMI1_MAX_BLOCK = 64 * 1024;

@@ -1,8 +1,9 @@
 // The PMI-1 and PMI-2 codecs, the framer that tells them apart, and PMI_process_mapping.
 import { describe, expect, it } from 'vitest';
 import { PmiError } from '../../src/pmi/errors.js';
+import { PMI1_MAX_LINE } from '../../src/pmi/limits.js';
 import {
-  formatPmi1, formatPmi1Error, parsePmi1Line, parsePmi1SpawnBlock, pmi1Token, PMI1_MAX_LINE,
+  formatPmi1, formatPmi1Error, parsePmi1Line, parsePmi1SpawnBlock, pmi1Token,
 } from '../../src/pmi/pmi1-codec.js';
 import { formatPmi2, isPmi2Header, parsePmi2Body, pmi2Frame } from '../../src/pmi/pmi2-codec.js';
 import { expand, nodeLayout, parseProcessMapping, processMapping } from '../../src/pmi/process-mapping.js';

@@ -3,7 +3,7 @@
 // failure does to the others. MPICH itself is in mpich.test.ts.
 import { readFileSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { PMI1_MAX_LINE } from '../../src/pmi/pmi1-codec.js';
+import { LIMITS, PMI1_MAX_LINE } from '../../src/pmi/limits.js';
 import { frame2, parse1, parse2, WireClient } from './helpers/wire-client.js';
 import { PmiRmFixture, type FixtureJob } from './helpers/rm-fixture.js';
 
@@ -120,6 +120,36 @@ describe('PMI-1', () => {
     a.close();
     b.close();
     await fx.released(j.job.id);
+  });
+
+  it('accepts every line the advertised maxima allow: a maximal put and its get round-trip', async () => {
+    // MPICH 5 across hosts puts 4096-byte business cards as 511-byte hex segments: a put line
+    // of about 1090 bytes, beyond the 1024 of MPICH's own client buffer.
+    const j = await fx.job(2);
+    const kvs = j.job.namespace;
+    const [a, b] = [await member1(j, 0), await member1(j, 1)];
+    const maxes = await a.cmd1('cmd=get_maxes');
+    const [kvsMax, keyMax, valMax] = [Number(maxes.kvsname_max), Number(maxes.keylen_max), Number(maxes.vallen_max)];
+    const key = 'k'.repeat(keyMax);
+    const value = Array.from({ length: valMax }, (_, i) => '0123456789ABCDEF'[(i * 7) % 16]).join('');
+    expect(await a.cmd1(`cmd=put kvsname=${kvs} key=${key} value=${value}`)).toEqual({ cmd: 'put_result', rc: '0' });
+    // The longest put the maxima allow (a kvsname of kvsname_max) is read and answered on its
+    // merits (here: not this member's kvsname), not dropped for its length.
+    const longest = `cmd=put kvsname=${'n'.repeat(kvsMax)} key=${key} value=${value}`;
+    expect(longest.length + 1).toBe(PMI1_MAX_LINE);
+    expect(await a.cmd1(longest)).toMatchObject({ cmd: 'put_result', rc: '-1', msg: expect.stringContaining('wrong_kvsname') });
+    expect(await a.cmd1(`cmd=publish_name service=${'s'.repeat(kvsMax)} port=${value}`)).toEqual({ cmd: 'publish_result', rc: '0' });
+    await Promise.all([a.cmd1('cmd=barrier_in'), b.cmd1('cmd=barrier_in')]);
+    expect(await b.cmd1(`cmd=get kvsname=${kvs} key=${key}`)).toEqual({ cmd: 'get_result', rc: '0', value });
+    expect(await b.cmd1(`cmd=lookup_name service=${'s'.repeat(kvsMax)}`)).toEqual({ cmd: 'lookup_result', rc: '0', port: value });
+    // Past the bound: a clear error, and the connection goes on.
+    a.send(`${longest}X\n`);
+    expect(parse1(await a.line())).toMatchObject({ cmd: 'error', rc: '-1', msg: `line_longer_than_${PMI1_MAX_LINE}_bytes` });
+    expect(await a.cmd1(`cmd=put kvsname=${kvs} key=${key} value=${value}F`)).toMatchObject({ rc: '-1', msg: `value_longer_than_${valMax}_characters` });
+    expect(await a.cmd1(`cmd=lookup_name service=${'s'.repeat(kvsMax + 1)}`)).toMatchObject({ rc: '-1', msg: expect.stringContaining(`longer_than_${kvsMax}`) });
+    await fx.rm.deleteJob(j.job.id);
+    a.close();
+    b.close();
   });
 
   it('answers bad input with rc=-1 and a msg, and keeps the connection', async () => {
@@ -336,6 +366,21 @@ describe('PMI-2', () => {
     expect((await fx.waitFor(j.job.id, ['aborted'])).error).toBe('rank 0 aborted the job with status 1: bye');
     expect(await c.silent(20)).toBe(true);
     c.close();
+  });
+
+  it('accepts a maximal kvs-put and name-publish (every field at the advertised maxima)', async () => {
+    const j = await fx.job(2);
+    const [a, b] = [await member2(j, 0), await member2(j, 1)];
+    const key = 'k'.repeat(LIMITS.keyMax);
+    const value = 'F'.repeat(LIMITS.valueMax);
+    expect(await a.cmd2(`cmd=kvs-put;thrid=0x7fffffffffff;key=${key};value=${value};`)).toEqual({ cmd: 'kvs-put-response', thrid: '0x7fffffffffff', rc: '0' });
+    await Promise.all([a.cmd2('cmd=kvs-fence;'), b.cmd2('cmd=kvs-fence;')]);
+    expect(await b.cmd2(`cmd=kvs-get;key=${key};`)).toEqual({ cmd: 'kvs-get-response', rc: '0', found: 'TRUE', value });
+    expect(await a.cmd2(`cmd=name-publish;name=${'s'.repeat(LIMITS.kvsnameMax)};port=${value};`)).toMatchObject({ rc: '0' });
+    expect(await a.cmd2(`cmd=kvs-put;key=${key};value=${value}F;`)).toMatchObject({ rc: '-1', errmsg: expect.stringContaining(`longer than ${LIMITS.valueMax}`) });
+    await fx.rm.deleteJob(j.job.id);
+    a.close();
+    b.close();
   });
 
   it('answers bad input with rc=-1 and an errmsg', async () => {
