@@ -43,6 +43,9 @@ export function writeMatrix(resultsDir: string, out: string): void {
     'Every rank is a long-lived process started with a clean environment, registered with the sidecar as a',
     'worker, and given its environment by `GET /v1/jobs/{id}/env/{worker}`; each job runs in a child it',
     'forks (join mode `fork`) unless the row names another join mode. Numbers are footnotes with the reason.',
+    'In abort and member-death, "by itself" means every other rank ended within 2 s without help; "by workers"',
+    'means the library left them running and their workers stopped them once the sidecar marked the job failed',
+    '(as dask_pmix does); the sidecar must mark the job within 2 s either way.',
     '',
     `| library | join mode | ${COLUMNS.join(' | ')} |`,
     `| --- | --- | ${COLUMNS.map(() => '---').join(' | ')} |`,
@@ -52,7 +55,7 @@ export function writeMatrix(resultsDir: string, out: string): void {
     const cells = COLUMNS.map((c) => {
       const o = r.features[c];
       if (!o) return '';
-      let cell = MARK[o.status] ?? o.status;
+      let cell = (MARK[o.status] ?? o.status) + (o.note ? ` (${o.note})` : '');
       if (o.reason) {
         notes.push(`${r.label}, ${r.mode}, ${c}: ${o.reason}`);
         cell += ` [${notes.length}]`;

@@ -11,6 +11,10 @@ export interface Outcome {
   status: Status;
   reason?: string;
   seconds?: number;
+  /** The MPI call a rank reported failing, when the failure came from the library itself. */
+  mpiError?: string;
+  /** A word or two shown in the matrix cell next to the status. */
+  note?: string;
 }
 
 export interface Ctx {
@@ -154,6 +158,37 @@ export function brief(text: string): string {
   return t.length > 200 ? `${t.slice(0, 197)}...` : t;
 }
 
+/**
+ * Every rank ended on its own, exited 0 without a signal, and printed an ok line that passes
+ * `check` (the program's own verdict is not enough: a rank may print ok and then crash).
+ */
+export function allPassed(runs: RankRun[], feature: string, ended: boolean, check: (line: Line) => boolean = () => true): boolean {
+  return ended && runs.every((r) => {
+    const line = outputOf(r, feature).find((l) => 'ok' in l);
+    return line?.ok === true && check(line) && r.exit?.status === 0 && r.exit?.signal === 0;
+  });
+}
+
+/** The MPI call the first failing rank named, if the library itself answered an error. */
+export function mpiErrorOf(runs: RankRun[], feature: string): string | undefined {
+  for (const r of runs) {
+    const e = outputOf(r, feature).find((l) => l.ok === false && typeof l.error === 'string' && l.error.startsWith('MPI_'));
+    if (e) return String(e.error);
+  }
+  return undefined;
+}
+
+/** A failed outcome with the first rank's error as its reason. */
+export function failed(runs: RankRun[], feature: string, ended: boolean, seconds: number, fallback: string): Outcome {
+  const mpiError = mpiErrorOf(runs, feature);
+  return {
+    status: 'fail',
+    seconds,
+    reason: (ended ? '' : 'timed out; ') + (firstError(runs, feature) ?? fallback),
+    ...(mpiError ? { mpiError } : {}),
+  };
+}
+
 /** The first error a rank printed, for a reason line. */
 export function firstError(runs: RankRun[], feature: string): string | undefined {
   for (const r of runs) {
@@ -189,16 +224,9 @@ export async function simpleJob(
     const runs = await startRanks(ctx, job, program, opts.args, opts.delayMs);
     const ended = await waitRanks(runs, job.id, opts.timeoutMs ?? 60_000);
     const seconds = (performance.now() - t0) / 1000;
-    const oks = runs.map((r) => outputOf(r, feature).find((l) => 'ok' in l));
-    if (ended && oks.every((l) => l?.ok === true) && runs.every((r) => r.exit?.status === 0)) {
-      return { status: 'pass', seconds };
-    }
+    if (allPassed(runs, feature, ended)) return { status: 'pass', seconds };
     const state = await ctx.sidecar.job(job.id).catch(() => undefined);
-    return {
-      status: 'fail',
-      seconds,
-      reason: (ended ? '' : 'timed out; ') + (firstError(runs, feature) ?? `job ${state?.state ?? '?'}${state?.error ? `: ${state.error}` : ''}`),
-    };
+    return failed(runs, feature, ended, seconds, `job ${state?.state ?? '?'}${state?.error ? `: ${state.error}` : ''}`);
   } finally {
     await release(ctx, job);
   }

@@ -1,6 +1,6 @@
 // connect-accept: two jobs of two ranks joined with MPI_Open_port / MPI_Comm_accept /
 // MPI_Comm_connect (the port travels through the sidecar's name service).
-import { createJob, firstError, outputOf, release, startRanks, waitRanks, type Feature } from './common.js';
+import { allPassed, createJob, failed, release, startRanks, waitRanks, type Feature } from './common.js';
 
 export const connectAccept: Feature = {
   name: 'connect-accept',
@@ -19,9 +19,8 @@ export const connectAccept: Feature = {
       const [ea, ec] = await Promise.all([waitRanks(ra, acceptors.id, 60_000), waitRanks(rc, connectors.id, 60_000)]);
       const seconds = (performance.now() - t0) / 1000;
       const all = [...ra, ...rc];
-      const ok = all.every((r) => outputOf(r, 'connect-accept').some((l) => l.ok === true && l.merged_size === 4));
-      if (ea && ec && ok) return { status: 'pass', seconds };
-      return { status: 'fail', seconds, reason: (ea && ec ? '' : 'timed out; ') + (firstError(all, 'connect-accept') ?? 'no merged communicator') };
+      if (allPassed(all, 'connect-accept', ea && ec, (l) => l.merged_size === 4)) return { status: 'pass', seconds };
+      return failed(all, 'connect-accept', ea && ec, seconds, 'no merged communicator of 4');
     } finally {
       await release(ctx, acceptors);
       await release(ctx, connectors);

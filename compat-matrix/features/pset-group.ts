@@ -1,6 +1,6 @@
 // pset-group: MPI_Group_from_session_pset on custom names + MPI_Comm_create_from_group, with two
 // disjoint psets of one job building their communicators at the same time.
-import { createJob, psetsUnsupported, firstError, outputOf, release, startRanks, waitRanks, type Feature } from './common.js';
+import { allPassed, createJob, failed, outputOf, psetsUnsupported, release, startRanks, waitRanks, type Feature } from './common.js';
 
 export const psetGroup: Feature = {
   name: 'pset-group',
@@ -21,9 +21,9 @@ export const psetGroup: Feature = {
       const runs = await startRanks(ctx, job, program, (rank) => [rank < 2 ? a : b]);
       const ended = await waitRanks(runs, job.id, 60_000);
       const seconds = (performance.now() - t0) / 1000;
+      if (allPassed(runs, 'pset-group', ended, (l) => l.size === 2)) return { status: 'pass', seconds };
       const lines = runs.map((r) => outputOf(r, 'pset-group').find((l) => 'ok' in l));
-      if (ended && lines.every((l) => l?.ok === true && l.size === 2)) return { status: 'pass', seconds };
-      return { status: 'fail', seconds, reason: firstError(runs, 'pset-group') ?? `ranks reported ${JSON.stringify(lines)}` };
+      return failed(runs, 'pset-group', ended, seconds, `ranks reported ${JSON.stringify(lines)}`);
     } finally {
       await release(ctx, job);
       for (const n of [a, b]) await ctx.sidecar.request('DELETE', `/v1/psets/${n}`).catch(() => undefined);

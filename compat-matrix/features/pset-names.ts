@@ -1,6 +1,6 @@
 // pset-names: MPI_Session_get_num_psets / get_nth_pset list the psets the sidecar defined for
 // the job (the job is created from a pset; a second, overlapping pset is defined as well).
-import { createJob, psetsUnsupported, outputOf, release, startRanks, waitRanks, type Feature } from './common.js';
+import { allPassed, createJob, failed, outputOf, psetsUnsupported, release, startRanks, waitRanks, type Feature } from './common.js';
 
 export const psetNames: Feature = {
   name: 'pset-names',
@@ -18,8 +18,12 @@ export const psetNames: Feature = {
     const job = await createJob(ctx, members, { pset: names[0] });
     try {
       const runs = await startRanks(ctx, job, program);
-      await waitRanks(runs, job.id, 60_000);
+      const ended = await waitRanks(runs, job.id, 60_000);
       const seconds = (performance.now() - t0) / 1000;
+      // Each rank resolved mpi://WORLD to a group of the job's size and ended cleanly.
+      if (!allPassed(runs, 'pset-names', ended, (l) => l.size === members.length)) {
+        return failed(runs, 'pset-names', ended, seconds, 'a rank did not report a usable session');
+      }
       const seen = runs.map((r) => outputOf(r, 'pset-names').find((l) => Array.isArray(l.names))?.names as string[] | undefined);
       const missing = seen.map((s, rank) => (s ? names.filter((n) => !s.includes(n)).map((n) => `rank ${rank} lacks ${n}`) : [`rank ${rank} printed no names`])).flat();
       if (missing.length === 0) return { status: 'pass', seconds };

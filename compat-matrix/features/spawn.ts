@@ -1,7 +1,7 @@
 // spawn: MPI_Comm_spawn of two children. The sidecar has no spawn policy that starts processes
 // (it would be a launcher, which a Dask cluster already has): it answers with a clear error,
 // which the cell records as unsupported with the library's message.
-import { brief, createJob, firstError, outputOf, release, startRanks, waitRanks, type Feature } from './common.js';
+import { allPassed, brief, createJob, failed, outputOf, release, startRanks, waitRanks, type Feature } from './common.js';
 
 export const spawnFeature: Feature = {
   name: 'spawn',
@@ -15,12 +15,12 @@ export const spawnFeature: Feature = {
       const ended = await waitRanks(runs, job.id, 30_000);
       const seconds = (performance.now() - t0) / 1000;
       const lines = runs.flatMap((r) => outputOf(r, 'spawn'));
-      if (ended && runs.every((r) => outputOf(r, 'spawn').some((l) => l.ok === true))) return { status: 'pass', seconds };
+      if (allPassed(runs, 'spawn', ended)) return { status: 'pass', seconds };
       const err = lines.find((l) => l.error === 'MPI_Comm_spawn');
       if (err) {
         return { status: 'unsupported', seconds, reason: `MPI_Comm_spawn answered an error (${brief(String(err.message ?? ''))})` };
       }
-      return { status: 'fail', seconds, reason: (ended ? '' : 'timed out; ') + (firstError(runs, 'spawn') ?? 'no result') };
+      return failed(runs, 'spawn', ended, seconds, 'no result');
     } finally {
       await release(ctx, job);
     }

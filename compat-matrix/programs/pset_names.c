@@ -19,13 +19,16 @@ int main(void) {
         used += snprintf(names + used, sizeof names - used, "%s\"%s\"", i ? "," : "", name);
         if (used >= sizeof names) break;
     }
+    /* The names must also be usable: mpi://WORLD resolves to a group this rank belongs to. */
     MPI_Group world;
-    MPI_Group_from_session_pset(session, "mpi://WORLD", &world);
-    int rank = 0, size = 0;
+    rc = MPI_Group_from_session_pset(session, "mpi://WORLD", &world);
+    if (rc != MPI_SUCCESS) { compat_error(F, "MPI_Group_from_session_pset", rc); return 4; }
+    int rank = MPI_UNDEFINED, size = 0;
     MPI_Group_rank(world, &rank);
     MPI_Group_size(world, &size);
-    compat_report(F, rank, size, 1, "\"num\":%d,\"names\":[%s]", n, names);
+    int ok = rank != MPI_UNDEFINED && size > 0;
+    compat_report(F, rank, size, ok, "\"num\":%d,\"names\":[%s]", n, names);
     MPI_Group_free(&world);
     MPI_Session_finalize(&session);
-    return 0;
+    return ok ? 0 : 3;
 }
