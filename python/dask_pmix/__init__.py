@@ -4,11 +4,12 @@
     sums = dask_pmix.run_mpi(client, fn, n=3)              # fn(comm) on 3 workers, rank order
 """
 
+from .comm.stats import comm_stats
 from .errors import MPIJobError, SidecarError
 from .plugin import SidecarPlugin, dask_setup, wait_for_plugin
 from .rest import SidecarClient
 from .run import run_mpi
 
 __version__ = "0.1.0"
-__all__ = ["MPIJobError", "SidecarError", "SidecarPlugin", "SidecarClient", "run_mpi", "dask_setup",
+__all__ = ["comm_stats", "MPIJobError", "SidecarError", "SidecarPlugin", "SidecarClient", "run_mpi", "dask_setup",
            "wait_for_plugin", "__version__"]

@@ -1,0 +1,27 @@
+"""Settings of the tcp+mpi backend, read from dask.config under "dask-pmix.comm" (or the
+environment, e.g. DASK_DASK_PMIX__COMM__MPI_THRESHOLD=1MiB), with these defaults."""
+
+from __future__ import annotations
+
+import dask.config
+from dask.utils import parse_bytes, parse_timedelta
+
+DEFAULTS = {
+    # frames at least this large go over MPI (smaller ones stay in the TCP stream, where a
+    # message costs no more than over tcp://)
+    "mpi-threshold": "256 KiB",
+    # one frame moves as MPI messages of at most this size (Open MPI 5.0 counts are C ints)
+    "chunk": "1 GiB",
+    # the TCP stream closed while a message's MPI frames are in flight: wait this long for them
+    # (a clean close leaves them to arrive), then the read raises CommClosedError (a dead peer)
+    "liveness": "3 s",
+    # after a connection closes, stray MPI messages on its tag are received and dropped this long
+    "drain": "10 s",
+}
+
+
+def get(key: str):
+    value = dask.config.get(f"dask-pmix.comm.{key}", DEFAULTS[key])
+    if key in ("mpi-threshold", "chunk"):
+        return parse_bytes(value) if isinstance(value, str) else int(value)
+    return parse_timedelta(value, default="seconds")

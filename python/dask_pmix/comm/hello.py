@@ -1,0 +1,151 @@
+"""The transport negotiation at the start of every tcp+mpi connection, over its TCP stream, before
+Dask's own handshake: do both ends use MPI for this connection, over which pair communicator,
+and with which tags?
+
+    connector -> listener   {"epoch": E, "rank": r}            ({"epoch": None}: not in a pool)
+    listener  -> connector  {"mpi": true, "rank": r', "pairs": [names it holds with r], "tag": t'}
+                            or {"mpi": false, "why": ...}
+    connector -> listener   {"mpi": true, "pair": name, "tag": t}  or {"mpi": false, "why": ...}
+
+A connector outside any pool (the scheduler, a client) sends one message and goes on without
+waiting: its connection costs no round trip more than tcp://. Otherwise it costs one and a half
+round trips, plus building the pair's communicator the first time two processes meet.
+Each message: b"DPMX", a 4-byte length, msgpack.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import struct
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import msgpack
+
+from . import stats
+from .engine import Engine
+from .link import PoolLink, current_link
+from .pairs import peer_index, registry_for
+
+MAGIC = b"DPMX"
+_HEAD = struct.Struct("<4sI")
+MAX_HELLO = 1 << 20
+
+
+class HelloError(ConnectionError):
+    """The peer does not speak this negotiation (not a tcp+mpi end), or broke it off."""
+
+
+@dataclass
+class Route:
+    """Where one connection's MPI frames go: the pair communicator, the peer's rank in it, the
+    tag the peer receives on (chosen by the peer), and the tag this end receives on."""
+    engine: Engine
+    comm: Any
+    peer: int
+    send_tag: int
+    recv_tag: int
+    pair: str
+    peer_rank: int
+
+
+async def _write(stream, body: dict) -> None:
+    data = msgpack.packb(body)
+    await stream.write(_HEAD.pack(MAGIC, len(data)) + data)
+
+
+async def _read(stream) -> dict:
+    head = await stream.read_bytes(_HEAD.size)
+    magic, n = _HEAD.unpack(head)
+    if magic != MAGIC or n > MAX_HELLO:
+        raise HelloError("the peer is not a tcp+mpi endpoint (no transport hello)")
+    body = msgpack.unpackb(await stream.read_bytes(n)) if n else {}
+    if not isinstance(body, dict):
+        raise HelloError("malformed transport hello")
+    return body
+
+
+async def _comm_of(fut: concurrent.futures.Future, timeout: float):
+    """Wait for a pair communicator without cancelling its construction on timeout (the other
+    connections of the pair may still want it)."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+
+    def settle(f):
+        loop.call_soon_threadsafe(lambda: done.done() or done.set_result(None))
+
+    fut.add_done_callback(settle)
+    await asyncio.wait_for(asyncio.shield(done), timeout)
+    return fut.result()
+
+
+def _engine(link: PoolLink, chunk_bytes: int) -> Engine:
+    from .engine import engine_for
+    return engine_for(link.MPI, chunk_bytes)
+
+
+def _fallback(why: str) -> None:
+    stats.note(f"tcp_fallback:{why}")
+
+
+async def offer(stream, timeout: float, chunk_bytes: int) -> Optional[Route]:
+    """Connector side. Returns the MPI route, or None for a TCP connection."""
+    link = current_link()
+    if link is None:
+        await _write(stream, {"epoch": None})
+        return None
+    await _write(stream, {"epoch": link.epoch, "rank": link.rank})
+    reply = await asyncio.wait_for(_read(stream), timeout)
+    if not reply.get("mpi"):
+        _fallback(str(reply.get("why", "peer")))
+        return None
+    peer = int(reply["rank"])
+    reg = registry_for(link)
+    tag = None if reg.broken(peer) else reg.alloc_tag(peer)
+    if tag is None:
+        await _write(stream, {"mpi": False, "why": "connector"})
+        _fallback("pair-unusable")
+        return None
+    theirs = set(reply.get("pairs", ()))
+    name = next((n for n in reg.names(peer) if n in theirs), None) or reg.new_name(peer)
+    fut = reg.start(name, peer)
+    await _write(stream, {"mpi": True, "pair": name, "tag": tag})
+    comm = await _built(reg, fut, peer, timeout)
+    return Route(_engine(link, chunk_bytes), comm, peer_index(link.rank, peer), int(reply["tag"]), tag, name, peer)
+
+
+async def answer(stream, timeout: float, chunk_bytes: int) -> Optional[Route]:
+    """Listener side. Returns the MPI route, or None for a TCP connection."""
+    hello = await asyncio.wait_for(_read(stream), timeout)
+    if hello.get("epoch") is None:
+        return None
+    link = current_link()
+    if link is None or link.epoch != hello["epoch"]:
+        why = "no-pool" if link is None else "other-epoch"
+        await _write(stream, {"mpi": False, "why": why})
+        _fallback(why)
+        return None
+    peer = int(hello["rank"])
+    reg = registry_for(link)
+    tag = None if reg.broken(peer) else reg.alloc_tag(peer)
+    if tag is None:
+        await _write(stream, {"mpi": False, "why": "listener"})
+        _fallback("pair-unusable")
+        return None
+    await _write(stream, {"mpi": True, "rank": link.rank, "pairs": reg.names(peer), "tag": tag})
+    choice = await asyncio.wait_for(_read(stream), timeout)
+    if not choice.get("mpi"):
+        _fallback(str(choice.get("why", "connector")))
+        return None
+    name = str(choice["pair"])
+    comm = await _built(reg, reg.start(name, peer), peer, timeout)
+    return Route(_engine(link, chunk_bytes), comm, peer_index(link.rank, peer), int(choice["tag"]), tag, name, peer)
+
+
+async def _built(reg, fut, peer: int, timeout: float):
+    try:
+        return await _comm_of(fut, timeout)
+    except Exception as exc:  # not CancelledError: a connect given up on says nothing about the pair
+        reg.mark_broken(peer)
+        raise HelloError(f"building the MPI communicator with pool rank {peer} failed: {exc!r}") from exc

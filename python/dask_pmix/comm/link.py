@@ -1,0 +1,100 @@
+"""What the comm backend needs from the process's MPI pool membership, and where it gets it.
+
+A worker process can carry Dask frames over MPI only while it holds an MPI session in a pool epoch
+(a long-lived PMIx namespace of the sidecar; see dask_pmix.pool). Two processes can build a
+communicator together only when they are ranks of the same epoch, so the epoch string is what the
+two ends of a connection compare before they agree on MPI.
+
+The pool is looked up at every new connection, not cached: a worker may join the pool after it
+started listening, and a new epoch may replace the old one.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+
+@dataclass(frozen=True)
+class PoolLink:
+    epoch: str                                     # identity of the pool epoch (PMIx namespace and more)
+    rank: int                                      # this process's rank in the epoch
+    MPI: Any                                       # mpi4py.MPI, initialised through a session
+    create_comm: Callable[[list, str], Any]        # blocking, collective over the ranks: (ranks, tag) -> Intracomm
+    session: Any = None                            # kept alive as long as the link
+
+
+_override: Optional[PoolLink] = None
+_override_lock = threading.Lock()
+
+
+def set_link(link: Optional[PoolLink]) -> None:
+    """Use this membership instead of the pool's (processes started by an MPI launcher, tests)."""
+    global _override
+    with _override_lock:
+        _override = link
+
+
+def current_link() -> Optional[PoolLink]:
+    """The pool membership of this process, or None when it is in no pool (scheduler, clients,
+    workers outside the pool): then every connection stays TCP."""
+    if _override is not None:
+        return _override
+    return _from_pool()
+
+
+def _from_pool() -> Optional[PoolLink]:
+    try:
+        from .. import pool  # the in-process pool (issue 9); absent in older checkouts
+    except ImportError:
+        return None
+    current = getattr(pool, "current", None)
+    member = current() if current is not None else None
+    if member is None:
+        return None
+    epoch = getattr(member, "epoch", None) or getattr(member, "namespace", None)
+    rank = getattr(member, "rank", None)
+    create = getattr(member, "create_comm", None) or getattr(member, "comm", None)
+    if epoch is None or rank is None or create is None:
+        return None
+    return PoolLink(epoch=str(epoch), rank=int(rank), MPI=member.MPI, create_comm=create)
+
+
+def join_launcher_world() -> PoolLink:
+    """Membership for a process started by an MPI launcher (mpirun/prterun): the launcher's
+    namespace is the epoch and its mpi://WORLD the pool. Initialises one MPI session for the
+    process's lifetime, as the pool does."""
+    from ..member import mpi_module
+
+    MPI = mpi_module()
+    info = MPI.Info.Create()
+    info.Set("thread_level", "MPI_THREAD_MULTIPLE")
+    session = MPI.Session.Init(info=info)
+    info.Free()
+    world = session.Create_group("mpi://WORLD")
+    lock = threading.Lock()
+
+    def create_comm(ranks: list, tag: str):
+        with lock:  # Group.Incl on a shared group handle; the collective itself runs unlocked
+            group = world.Incl(list(ranks))
+        try:
+            return MPI.Intracomm.Create_from_group(group, stringtag=tag)
+        finally:
+            group.Free()
+
+    epoch = os.environ.get("PMIX_NAMESPACE") or f"launcher-{os.getppid()}"
+    return PoolLink(epoch=epoch, rank=world.Get_rank(), MPI=MPI, create_comm=create_comm, session=session)
+
+
+def leave_launcher_world(link: PoolLink) -> None:
+    """End a launcher-world membership at process exit: stop the engine, free the pair
+    communicators, finalize the session (the launcher reports an unfinalized exit as a failure)."""
+    from .engine import stop_engine
+    from .pairs import free_pairs
+
+    set_link(None)
+    stop_engine()
+    free_pairs(link)
+    link.session.Finalize()

@@ -1,0 +1,136 @@
+"""Communicators between two pool ranks, built once per pair of processes and shared by every
+Dask connection between them.
+
+One communicator per worker pair, not one per pool generation (measured in bench/comm.py, see
+README): Comm_create_from_group is collective over its group, so a generation-wide communicator
+needs every worker of the pool to call it at the same time (a worker that joins later, one that is
+busy or dead, holds up everyone), while a pair's creation involves only the two processes that are
+connecting anyway. The cost, a PMIx group construct, is paid once per pair of processes (the first
+connection); later connections only allocate a tag. A pair's communicator is private to the
+backend (its own PMIx group and context id), so user MPI jobs never match Dask's messages.
+
+Tags are chosen by the receiver: each process numbers its incoming connections per peer, so a
+(communicator, peer, tag) is unique at the receiver without any agreement between the two sides,
+and a tag is never reused with that peer (stray messages of a closed connection cannot reach a
+new one).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import itertools
+import threading
+import time
+from typing import Optional
+
+from . import stats
+from .link import PoolLink
+
+NAME_PREFIX = "dask-pmix-comm"
+
+
+def peer_index(me: int, peer: int) -> int:
+    """The peer's rank in the pair's communicator (ranks are included in pool-rank order)."""
+    return 0 if peer <= me else 1
+
+
+class PairRegistry:
+    def __init__(self, link: PoolLink):
+        self.link = link
+        self.epoch_key = hashlib.sha1(link.epoch.encode()).hexdigest()[:10]
+        self._lock = threading.Lock()
+        self._pairs: dict[int, dict[str, concurrent.futures.Future]] = {}
+        self._broken: set[int] = set()
+        self._tags: dict[int, int] = {}
+        self._seq = itertools.count()
+        self.create_seconds: list[float] = []   # one entry per communicator built, for the benchmark
+
+    def names(self, peer: int) -> list[str]:
+        """Names of the communicators with peer that exist or are being built here, newest first."""
+        with self._lock:
+            pairs = self._pairs.get(peer, {})
+            return [n for n, f in reversed(pairs.items()) if not (f.done() and f.exception() is not None)]
+
+    def new_name(self, peer: int) -> str:
+        lo, hi = sorted((self.link.rank, peer))
+        return f"{NAME_PREFIX}:{self.epoch_key}:{lo}-{hi}:{self.link.rank}.{next(self._seq)}"
+
+    def start(self, name: str, peer: int) -> concurrent.futures.Future:
+        """The communicator called name with peer: built in a thread of its own (the collective
+        blocks until the peer calls it too, and two processes may be building communicators with
+        each other in opposite orders), or the one already built or being built."""
+        with self._lock:
+            pairs = self._pairs.setdefault(peer, {})
+            fut = pairs.get(name)
+            if fut is not None:
+                return fut
+            fut = pairs[name] = concurrent.futures.Future()
+        threading.Thread(target=self._build, args=(name, peer, fut), name=f"dask-pmix-pair-{peer}",
+                         daemon=True).start()
+        return fut
+
+    def _build(self, name: str, peer: int, fut: concurrent.futures.Future) -> None:
+        ranks = sorted({self.link.rank, peer})
+        t0 = time.perf_counter()
+        try:
+            comm = self.link.create_comm(ranks, name)
+            comm.Set_errhandler(self.link.MPI.ERRORS_RETURN)
+        except BaseException as exc:
+            stats.note("pair_comm_failures")
+            fut.set_exception(exc)
+            return
+        dt = time.perf_counter() - t0
+        self.create_seconds.append(dt)
+        stats.note("pair_comms")
+        fut.set_result(comm)
+
+    def alloc_tag(self, peer: int) -> Optional[int]:
+        """A receive tag for a new connection from peer; None when the tags are used up (a new
+        pair communicator would be needed; the connection stays TCP)."""
+        with self._lock:
+            tag = self._tags.get(peer, 0) + 1
+            if tag > 32767 and tag > self._tag_ub():
+                return None
+            self._tags[peer] = tag
+            return tag
+
+    def _tag_ub(self) -> int:
+        MPI = self.link.MPI
+        for pairs in self._pairs.values():
+            for f in pairs.values():
+                if f.done() and f.exception() is None:
+                    return int(f.result().Get_attr(MPI.TAG_UB))
+        return 32767
+
+    def mark_broken(self, peer: int) -> None:
+        """Building a communicator with peer failed: later connections with it stay TCP."""
+        with self._lock:
+            self._broken.add(peer)
+
+    def broken(self, peer: int) -> bool:
+        return peer in self._broken
+
+
+_registries: dict[str, PairRegistry] = {}
+_registries_lock = threading.Lock()
+
+
+def registry_for(link: PoolLink) -> PairRegistry:
+    with _registries_lock:
+        reg = _registries.get(link.epoch)
+        if reg is None or reg.link.rank != link.rank:
+            reg = _registries[link.epoch] = PairRegistry(link)
+        return reg
+
+
+def free_pairs(link: PoolLink) -> None:
+    """Free the pair communicators of link's epoch (at process exit, with no connection left)."""
+    with _registries_lock:
+        reg = _registries.pop(link.epoch, None)
+    if reg is None:
+        return
+    for pairs in reg._pairs.values():
+        for fut in pairs.values():
+            if fut.done() and fut.exception() is None:
+                fut.result().Free()

@@ -1,0 +1,46 @@
+"""Per-process counters of the tcp+mpi comm backend, per transport.
+
+Bytes are counted where they physically went ("tcp": the connection's socket, "mpi": MPI
+point-to-point); a message counts under "mpi" when at least one of its frames went over MPI.
+Read them in a worker with dask_pmix.comm_stats(); workers also report them as the
+"dask_pmix_comm" worker metric (scheduler side: WorkerState.metrics).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+_lock = threading.Lock()
+_counts: Counter = Counter()
+
+TRANSPORTS = ("tcp", "mpi")
+FIELDS = ("bytes_sent", "bytes_received", "messages_sent", "messages_received", "connections")
+
+
+def add(transport: str, **fields: int) -> None:
+    with _lock:
+        for name, value in fields.items():
+            _counts[(transport, name)] += value
+
+
+def note(event: str, n: int = 1) -> None:
+    """Events that are not per transport: fallbacks and their reasons, communicators built."""
+    with _lock:
+        _counts[("events", event)] += n
+
+
+def comm_stats() -> dict:
+    """{"tcp": {...}, "mpi": {...}, "events": {...}}: counters since the process started."""
+    with _lock:
+        items = list(_counts.items())
+    out: dict = {t: dict.fromkeys(FIELDS, 0) for t in TRANSPORTS}
+    out["events"] = {}
+    for (group, name), value in items:
+        out.setdefault(group, {})[name] = value
+    return out
+
+
+def reset() -> None:
+    with _lock:
+        _counts.clear()

@@ -1,0 +1,298 @@
+"""The tcp+mpi:// scheme: Dask connections that are TCP connections, whose bulk frames move over
+MPI point-to-point when both ends are ranks of the same pool epoch.
+
+The TCP connection stays open for the connection's whole life. It carries the negotiation
+(hello.py), Dask's handshake, every message's block (framing.py) and so the order of messages;
+and it is the connection's lifeline: close() and abort() close it, which the peer sees as on
+tcp://, and a peer process that dies has its socket closed by its kernel, which a read waiting for
+MPI frames notices (within LIVENESS_POLL) even though MPI alone may never report it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import struct
+
+from tornado.iostream import StreamClosedError
+
+from distributed.comm.core import CommClosedError
+from distributed.comm.tcp import TCP, TCPConnector, TCPListener, BaseTCPBackend, convert_stream_closed_error
+from distributed.comm.utils import from_frames, to_frames
+from distributed.protocol.utils import host_array
+from distributed.utils import ensure_memoryview
+
+from . import config, framing, hello, stats
+from .engine import Transfer
+
+logger = logging.getLogger(__name__)
+
+PREFIX = "tcp+mpi://"
+LIVENESS_POLL = 0.25            # how often a read waiting for MPI frames looks at the TCP connection
+READ_SLICE = 2**31 - 1          # largest single socket read
+_TCP_ESTABLISHED = 1
+
+
+def _peer_connected(stream) -> bool:
+    """Whether the peer still holds its end of the TCP connection (Linux TCP_INFO state; a FIN or
+    RST from the peer's kernel moves it out of ESTABLISHED even with unread data in the socket)."""
+    sock = getattr(stream, "socket", None)
+    if sock is None:
+        return False
+    try:
+        return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] == _TCP_ESTABLISHED
+    except (OSError, AttributeError):
+        return True  # cannot tell here: rely on MPI's own errors and the TCP read path
+
+
+async def _read_exact(stream, n: int) -> memoryview:
+    """n bytes from the stream into a fresh, writable buffer of their own."""
+    buf = host_array(n)
+    for start in range(0, n, READ_SLICE):
+        chunk = buf[start:start + READ_SLICE]
+        got = await stream.read_into(chunk)
+        assert got == chunk.nbytes
+    return buf
+
+
+def _settle_from_thread(loop, fut):
+    def done(error):
+        loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(error))
+    return done
+
+
+class TCPMPI(TCP):
+    """One Dask connection. Without a route (a peer outside this process's pool epoch) it is a
+    plain TCP connection with this module's framing; with one, frames of at least the MPI
+    threshold go over the pair communicator."""
+
+    def __init__(self, stream, local_addr: str, peer_addr: str, deserialize: bool = True):
+        super().__init__(stream, local_addr, peer_addr, deserialize)
+        self._route = None
+        self._torn = False
+        self._threshold = config.get("mpi-threshold")
+        if hasattr(stream, "_dask_pmix_route"):  # negotiated by the listener before the comm existed
+            self._use(stream._dask_pmix_route)
+
+    def _use(self, route) -> None:
+        self._route = route
+        stats.add(self.transport, connections=1)
+
+    @property
+    def transport(self) -> str:
+        """"mpi" when this connection's bulk frames go over MPI, else "tcp"."""
+        return "mpi" if self._route is not None else "tcp"
+
+    async def write(self, msg, serializers=None, on_error="message"):
+        stream = self.stream
+        if stream is None:
+            raise CommClosedError()
+        frames = await to_frames(
+            msg,
+            allow_offload=self.allow_offload,
+            serializers=serializers,
+            on_error=on_error,
+            context={"sender": self.local_info, "recipient": self.remote_info, **self.handshake_options},
+        )
+        frames = [ensure_memoryview(f) for f in frames]
+        sizes = [f.nbytes for f in frames]
+        route = self._route
+        where = framing.placement(sizes, self._threshold if route is not None else None)
+        mpi_frames = [f for f, w in zip(frames, where) if w == framing.MPI]
+        try:
+            if self.stream is None:
+                raise StreamClosedError()
+            if mpi_frames:  # posted first: the receiver posts its receive when the block arrives
+                loop = asyncio.get_running_loop()
+                route.engine.submit(Transfer(True, route.comm, route.peer, route.send_tag, mpi_frames,
+                                             self._sent_callback(loop)))
+            block = framing.pack_block(frames, sizes, where)
+            stream.write(block)
+            tcp_bytes = len(block)
+            for f, w in zip(frames, where):
+                if w == framing.AFTER:
+                    stream.write(f)
+                    tcp_bytes += f.nbytes
+        except StreamClosedError as e:
+            self.stream = None
+            self._closed = True
+            self._teardown()
+            convert_stream_closed_error(self, e)
+        except BaseException:
+            self.abort()
+            raise
+        mpi_bytes = sum(f.nbytes for f in mpi_frames)
+        stats.add("tcp", bytes_sent=tcp_bytes)
+        if mpi_frames:
+            stats.add("mpi", bytes_sent=mpi_bytes, messages_sent=1)
+        else:
+            stats.add("tcp", messages_sent=1)
+        return tcp_bytes + mpi_bytes
+
+    def _sent_callback(self, loop):
+        def done(error):
+            if error is not None:  # the peer died under an MPI send (Open MPI ft reports it)
+                logger.info("%r: MPI send failed: %s", self, error)
+                loop.call_soon_threadsafe(self.abort)
+        return done
+
+    async def read(self, deserializers=None):
+        stream = self.stream
+        if stream is None:
+            raise CommClosedError()
+        transfer = None
+        try:
+            (n,) = framing.LENGTH.unpack(await stream.read_bytes(framing.LENGTH.size))
+            sizes, where, inside = framing.parse_block(await _read_exact(stream, n))
+            frames: list = []
+            mpi_bufs = []
+            for size, w in zip(sizes, where):
+                if w == framing.MPI:
+                    buf = host_array(size)
+                    mpi_bufs.append(buf)
+                    frames.append(buf)
+                else:
+                    frames.append(None)
+            if mpi_bufs:
+                route = self._route
+                if route is None:
+                    raise ValueError("tcp+mpi: the peer sent MPI frames on a TCP connection")
+                loop = asyncio.get_running_loop()
+                arrived = loop.create_future()
+                transfer = Transfer(False, route.comm, route.peer, route.recv_tag, mpi_bufs,
+                                    _settle_from_thread(loop, arrived))
+                route.engine.submit(transfer)
+            inside_iter = iter(inside)
+            for i, (size, w) in enumerate(zip(sizes, where)):
+                if w == framing.INSIDE:
+                    frames[i] = next(inside_iter)
+                elif w == framing.AFTER:
+                    frames[i] = await _read_exact(stream, size)
+            if transfer is not None:
+                await self._await_mpi(arrived, transfer)
+        except (StreamClosedError, OSError) as e:
+            if transfer is not None:
+                self._route.engine.cancel(transfer)
+            self.stream = None
+            self._closed = True
+            self._teardown()
+            if isinstance(e, CommClosedError):
+                raise
+            convert_stream_closed_error(self, e)
+        except BaseException:
+            if transfer is not None:
+                self._route.engine.cancel(transfer)
+            self.abort()
+            raise
+        tcp_bytes = framing.LENGTH.size + n + sum(s for s, w in zip(sizes, where) if w == framing.AFTER)
+        stats.add("tcp", bytes_received=tcp_bytes)
+        if transfer is not None:
+            mpi_bytes = sum(s for s, w in zip(sizes, where) if w == framing.MPI)
+            stats.add("mpi", bytes_received=mpi_bytes, messages_received=1)
+        else:
+            stats.add("tcp", messages_received=1)
+        try:
+            return await from_frames(frames, deserialize=self.deserialize, deserializers=deserializers,
+                                     allow_offload=self.allow_offload)
+        except EOFError:
+            self.abort()
+            raise CommClosedError("aborted stream on truncated data")
+
+    async def _await_mpi(self, arrived, transfer) -> None:
+        """Wait for a message's MPI frames while watching the TCP connection: once the peer has
+        closed it (or its process died), the frames get config "liveness" seconds more, which a
+        clean close needs (its sends complete as the receives are posted)."""
+        stream = self.stream
+        while not arrived.done():
+            await asyncio.wait([arrived], timeout=LIVENESS_POLL)
+            if arrived.done():
+                break
+            if self._torn:
+                raise CommClosedError(f"in {self!r}: closed while receiving MPI frames")
+            if not _peer_connected(stream):
+                grace = config.get("liveness")
+                await asyncio.wait([arrived], timeout=grace)
+                if not arrived.done():
+                    raise CommClosedError(
+                        f"in {self!r}: the peer closed the connection or died with MPI frames in flight "
+                        f"(nothing arrived for {grace} s after)")
+        error = arrived.result()
+        if error is not None:
+            raise CommClosedError(f"in {self!r}: MPI receive failed: {error}")
+
+    def _teardown(self) -> None:
+        """Once per connection: stray MPI messages on this connection's receive tag get drained."""
+        if self._torn:
+            return
+        self._torn = True
+        route = self._route
+        if route is not None:
+            route.engine.drain(route.comm, route.peer, route.recv_tag, config.get("drain"))
+
+    async def close(self):
+        self._teardown()
+        await super().close()
+
+    def abort(self) -> None:
+        self._teardown()
+        super().abort()
+
+
+def _connect_timeout() -> float:
+    import dask.config
+    from dask.utils import parse_timedelta
+    return parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"), default="seconds")
+
+
+class TCPMPIConnector(TCPConnector):
+    prefix = PREFIX
+    comm_class = TCPMPI
+
+    async def connect(self, address, deserialize=True, **connection_args):
+        comm = await super().connect(address, deserialize=deserialize, **connection_args)
+        try:
+            route = await hello.offer(comm.stream, _connect_timeout(), config.get("chunk"))
+        except StreamClosedError as e:
+            comm.abort()
+            convert_stream_closed_error(self, e)
+        except (hello.HelloError, asyncio.TimeoutError, struct.error) as e:
+            comm.abort()
+            raise OSError(f"tcp+mpi negotiation with {address} failed: {e}") from e
+        except BaseException:
+            comm.abort()
+            raise
+        comm._use(route)
+        return comm
+
+
+class TCPMPIListener(TCPListener):
+    prefix = PREFIX
+    comm_class = TCPMPI
+
+    async def start(self):
+        await super().start()
+        _report_metrics(self.comm_handler)
+
+    async def _prepare_stream(self, stream, address):
+        try:
+            route = await hello.answer(stream, _connect_timeout(), config.get("chunk"))
+        except (StreamClosedError, hello.HelloError, asyncio.TimeoutError, OSError, struct.error, ValueError) as e:
+            logger.info("tcp+mpi: connection from %s dropped during the transport negotiation: %s", address, e)
+            stream.close()
+            return None
+        stream._dask_pmix_route = route
+        return stream
+
+
+def _report_metrics(handler) -> None:
+    """Workers send their metrics to the scheduler with each heartbeat: add ours."""
+    server = getattr(handler, "__self__", None)
+    metrics = getattr(server, "metrics", None)
+    if isinstance(metrics, dict):
+        metrics.setdefault("dask_pmix_comm", lambda worker: stats.comm_stats())
+
+
+class TCPMPIBackend(BaseTCPBackend):
+    _connector_class = TCPMPIConnector
+    _listener_class = TCPMPIListener

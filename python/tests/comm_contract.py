@@ -1,0 +1,355 @@
+"""distributed's comm contract as checks that take an address, for the tcp+mpi scheme.
+
+distributed keeps its own checks (check_client_server, check_comm_closed_implicit, ...) in
+distributed/comm/tests/test_comms.py, which its wheels and sdists leave out. upstream_checks()
+loads them when they can be had (a source install of distributed, or DASK_PMIX_DISTRIBUTED_SRC
+naming a checkout of it); the checks below state the same contract in our own words, so that a
+clean checkout tests it too. Run as a script (under an MPI launcher, or in a pool rank) it runs
+them all and prints one JSON line: {"results": {name: "ok" | error}, "stats": comm_stats()}.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import os
+import sys
+import time
+
+from distributed.comm import CommClosedError, connect, listen, parse_address
+from distributed.protocol import Serialized, deserialize, serialize, to_serialize
+
+HOST = "127.0.0.1"
+
+
+def scheme_addr(scheme: str, host: str = HOST) -> str:
+    return f"{scheme}://{host}"
+
+
+async def comm_pair(addr, **kwargs):
+    """(connector's comm, listener's comm) of one connection."""
+    accepted: asyncio.Queue = asyncio.Queue()
+
+    async def handler(comm):
+        await accepted.put(comm)
+
+    listener = await listen(addr, handler, **kwargs)
+    a = await connect(listener.contact_address, **kwargs)
+    b = await asyncio.wait_for(accepted.get(), 30)
+    listener.stop()
+    return a, b
+
+
+async def client_server(addr):
+    """Ping-pong with 1 then 20 concurrent clients; the scheme survives every address; unknown
+    listen/connect keyword arguments are ignored."""
+    scheme = parse_address(addr)[0]
+
+    async def handler(comm):
+        try:
+            assert parse_address(comm.peer_address)[0] == scheme
+            msg = await comm.read()
+            assert msg["op"] == "ping"
+            await comm.write({"op": "pong", "data": msg["data"]})
+            assert (await comm.read())["op"] == "done"
+        finally:
+            await comm.close()
+
+    listener = await listen(addr, handler, xxx="ignored")
+    try:
+        assert parse_address(listener.listen_address)[0] == scheme
+        assert parse_address(listener.contact_address)[0] == scheme
+        seen = []
+
+        async def client(key, delay=0.0):
+            comm = await connect(listener.contact_address, xxx="ignored")
+            try:
+                assert comm.peer_address == listener.contact_address
+                await comm.write({"op": "ping", "data": key})
+                await comm.write({"op": "done"})
+                await asyncio.sleep(delay)
+                assert await comm.read() == {"op": "pong", "data": key}
+                seen.append(key)
+            finally:
+                await comm.close()
+
+        await client(-1)
+        await asyncio.gather(*(client(i, 0.05) for i in range(20)))
+        assert sorted(seen) == list(range(-1, 20))
+    finally:
+        listener.stop()
+
+
+async def comm_closed_implicit(addr):
+    """A comm whose peer closed raises CommClosedError on write-then-read and on read."""
+    async def handler(comm):
+        await comm.close()
+
+    async with listen(addr, handler) as listener:
+        comm = await connect(listener.contact_address)
+        try:
+            await comm.write({})
+            await comm.read()
+        except CommClosedError:
+            pass
+        else:
+            raise AssertionError("no CommClosedError after the peer closed")
+        comm = await connect(listener.contact_address)
+        await _raises_closed(comm.read())
+
+
+async def _raises_closed(aw):
+    try:
+        await aw
+    except CommClosedError:
+        return
+    raise AssertionError("expected CommClosedError")
+
+
+async def comm_closed_explicit(addr):
+    """Closing one end fails the reads pending on both ends, and later reads and writes."""
+    a, b = await comm_pair(addr)
+    a_read = asyncio.ensure_future(a.read())
+    b_read = asyncio.ensure_future(b.read())
+    await asyncio.sleep(0)
+    await a.close()
+    await _raises_closed(a_read)
+    await _raises_closed(b_read)
+    await _raises_closed(a.read())
+    await _raises_closed(b.read())
+    await _raises_closed(a.write({}))
+    await _raises_closed(b.write({}))
+    await b.close()
+
+
+async def connect_timeout(addr):
+    """Nobody listening: connect() gives up with an OSError after its timeout, not long after."""
+    host_only = addr.rstrip("/")
+    t0 = time.monotonic()
+    try:
+        await connect(f"{host_only}:44444", timeout=0.15)
+    except OSError:
+        pass
+    else:
+        raise AssertionError("connected to nobody")
+    dt = time.monotonic() - t0
+    assert 0.1 <= dt <= 1, dt
+
+
+async def many_listeners(addr):
+    """100 listeners in one process, with distinct listen and contact addresses."""
+    async def handler(comm):
+        pass
+
+    listeners = [await listen(addr, handler) for _ in range(100)]
+    try:
+        assert len({li.listen_address for li in listeners}) == 100
+        assert len({li.contact_address for li in listeners}) == 100
+    finally:
+        for li in listeners:
+            li.stop()
+
+
+def _deserialize_messages():
+    big = os.urandom(1 << 20) * 8   # 8 MiB, a frame of its own (over MPI when routed)
+    return [
+        ({"op": "update", "x": b"abc", "to_ser": [to_serialize(123)], "ser": Serialized(*serialize(456))},
+         b"abc", 123, 456),
+        ({"op": "update", "x": big, "to_ser": (to_serialize(big),), "ser": Serialized(*serialize(big))},
+         big, big, big),
+    ]
+
+
+def _check_received(out, flag, x, to_ser, ser):
+    assert out["op"] == "update" and out["x"] == x
+    got_to_ser = out["to_ser"]
+    assert len(got_to_ser) == 1
+    if flag:
+        assert got_to_ser[0] == to_ser or bytes(got_to_ser[0]) == to_ser
+        assert out["ser"] == ser or bytes(out["ser"]) == ser
+    else:
+        assert isinstance(out["ser"], Serialized)
+        assert deserialize(out["ser"].header, out["ser"].frames) == ser
+        item = got_to_ser[0]
+        if isinstance(item, Serialized):
+            assert deserialize(item.header, item.frames) == to_ser
+        else:
+            assert item == to_serialize(to_ser)
+
+
+async def deserialize_flag(addr):
+    """deserialize= on listen() and on connect() decides whether Serialized payloads arrive
+    deserialized or as Serialized, for small and for large (separate-frame) payloads."""
+    for msg, x, to_ser, ser in _deserialize_messages():
+        for flag in (False, True):
+            got: asyncio.Queue = asyncio.Queue()
+
+            async def reader(comm):
+                try:
+                    await got.put(await comm.read())
+                except Exception as exc:
+                    await got.put(exc)
+                finally:
+                    await comm.close()
+
+            async with listen(addr, reader, deserialize=flag) as listener:
+                comm = await connect(listener.contact_address)
+            await comm.write(msg)
+            out = await asyncio.wait_for(got.get(), 60)
+            if isinstance(out, Exception):
+                raise out
+            _check_received(out, flag, x, to_ser, ser)
+            await comm.close()
+
+            release = asyncio.Event()
+
+            async def writer(comm):
+                try:
+                    await comm.write(msg)
+                    await release.wait()
+                finally:
+                    await comm.close()
+
+            async with listen(addr, writer) as listener:
+                comm = await connect(listener.contact_address, deserialize=flag)
+            try:
+                out = await comm.read()
+                release.set()
+            finally:
+                await comm.close()
+            _check_received(out, flag, x, to_ser, ser)
+
+
+async def deserialize_roundtrip(addr):
+    """A message read with deserialize off can be written on as it is."""
+    big = os.urandom(1 << 20) * 4
+    msg = {"op": "update", "x": big, "to_ser": [to_serialize(big)], "ser": Serialized(*serialize(big))}
+    for flag in (True, False):
+        a, b = await comm_pair(addr, deserialize=flag)
+        await a.write(msg)
+        await b.write(await b.read())
+        got = await a.read()
+        assert sorted(got) == sorted(msg) and got["op"] == "update" and got["x"] == big
+        if flag:
+            assert isinstance(got["to_ser"][0], (bytes, bytearray)) and isinstance(got["ser"], (bytes, bytearray))
+        else:
+            assert isinstance(got["to_ser"][0], (to_serialize, Serialized)) and isinstance(got["ser"], Serialized)
+        await a.close()
+        await b.close()
+
+
+def _raise_eof():
+    raise EOFError
+
+
+class EOFOnLoad:
+    def __reduce__(self):
+        return _raise_eof, ()
+
+
+async def deserialize_eoferror(addr):
+    """EOFError while deserialising closes the comm: the reader gets CommClosedError."""
+    async def handler(comm):
+        await comm.write({"data": to_serialize(EOFOnLoad())})
+        await _raises_closed(comm.read())
+
+    async with listen(addr, handler) as listener:
+        comm = await connect(listener.contact_address)
+        await _raises_closed(comm.read())
+
+
+async def repr_and_addresses(addr):
+    """repr says "closed" only once closed; each end's peer address is the other's local one."""
+    a, b = await comm_pair(addr)
+    assert a.peer_address == b.local_address and b.peer_address == a.local_address
+    assert "closed" not in repr(a) and "closed" not in repr(b)
+    assert a.local_address in repr(b) and b.local_address in repr(a)
+    await a.close()
+    assert "closed" in repr(a) and a.local_address in repr(a) and b.local_address in repr(a)
+    await b.close()
+    assert "closed" in repr(b) and a.local_address in repr(b)
+
+
+CHECKS = {
+    "client_server": client_server,
+    "comm_closed_implicit": comm_closed_implicit,
+    "comm_closed_explicit": comm_closed_explicit,
+    "connect_timeout": connect_timeout,
+    "many_listeners": many_listeners,
+    "deserialize": deserialize_flag,
+    "deserialize_roundtrip": deserialize_roundtrip,
+    "deserialize_eoferror": deserialize_eoferror,
+    "repr_and_addresses": repr_and_addresses,
+}
+
+
+def upstream_checks():
+    """distributed's own check_* helpers for an address, or None when its tests are not here."""
+    try:
+        from distributed.comm.tests import test_comms as mod
+    except ImportError:
+        src = os.environ.get("DASK_PMIX_DISTRIBUTED_SRC")
+        path = os.path.join(src or "", "distributed", "comm", "tests", "test_comms.py")
+        if not src or not os.path.exists(path):
+            return None
+        import distributed.utils_test as utils_test
+        certs = os.path.join(src, "distributed", "tests")
+        utils_test.get_cert = lambda name: os.path.join(certs, name)  # its TLS fixtures live in the checkout
+        spec = importlib.util.spec_from_file_location("distributed_upstream_test_comms", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+
+    async def repr_and_addresses(addr):
+        a, b = await mod.get_comm_pair(addr)
+        await mod.check_addresses(a, b)  # aborts both
+        a, b = await mod.get_comm_pair(addr)
+        assert a.local_address in repr(b) and b.local_address in repr(a)
+        await mod.check_repr(a, b)
+
+    async def client_server(addr):
+        host = parse_address(addr)[1]
+        await mod.check_client_server(addr, mod.tcp_eq(host), mod.tcp_eq(host))
+
+    return {
+        "client_server": client_server,
+        "comm_closed_implicit": mod.check_comm_closed_implicit,
+        "comm_closed_explicit": mod.check_comm_closed_explicit,
+        "connect_timeout": lambda addr: mod.check_connect_timeout(addr.rstrip("/") + ":44444"),
+        "many_listeners": mod.check_many_listeners,
+        "deserialize": mod.check_deserialize,
+        "deserialize_roundtrip": mod.check_deserialize_roundtrip,
+        "deserialize_eoferror": mod.check_deserialize_eoferror,
+        "repr_and_addresses": repr_and_addresses,
+    }
+
+
+async def run_all(addr: str, checks: dict, timeout: float = 120) -> dict:
+    results = {}
+    for name, check in checks.items():
+        try:
+            await asyncio.wait_for(check(addr), timeout)
+            results[name] = "ok"
+        except BaseException as exc:  # report every check, not only the first failure
+            results[name] = f"{type(exc).__name__}: {exc}"
+    return results
+
+
+def main() -> None:
+    """Under an MPI launcher: join its world, run our checks (and distributed's, when here)."""
+    from dask_pmix.comm import comm_stats, link
+
+    world = link.join_launcher_world()
+    link.set_link(world)
+    addr = scheme_addr("tcp+mpi")
+    out = {"results": asyncio.run(run_all(addr, CHECKS))}
+    upstream = upstream_checks()
+    if upstream is not None:
+        out["upstream"] = asyncio.run(run_all(addr, upstream))
+    out["stats"] = comm_stats()
+    print("RESULT " + json.dumps(out), flush=True)
+    link.leave_launcher_world(world)
+
+
+if __name__ == "__main__":
+    main()
