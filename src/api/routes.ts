@@ -66,6 +66,38 @@ export function v1Routes(app: FastifyInstance, ctx: RouteContext): void {
     },
   }, async (req) => toJson.worker(rm.removeWorker(req.params.id, req.query.reason || 'removed over REST')));
 
+  // ---- the in-process pool -------------------------------------------------------------------
+  app.post<P<{ id: string }> & Body<{ host?: string; pid?: number; uid?: number; gid?: number }>>('/v1/workers/:id/pool', {
+    ...guarded,
+    schema: { security: BEARER,
+      summary: "The worker process joins the in-process pool: it says who it is and gets its rank's environment",
+      tags: ['workers'],
+      params: params('id'),
+      body: requests.joinPool,
+      response: { 200: responses.poolEnv, ...errors(400, 401, 404, 409, 422, 503) },
+    },
+  }, async (req) => {
+    const b = req.body ?? {};
+    const { worker, seat, env } = await rm.joinPool(req.params.id, {
+      ...(b.host ? { host: b.host } : {}),
+      ...(b.pid ? { pid: b.pid } : {}),
+      ...(b.uid !== undefined ? { uid: b.uid } : {}),
+      ...(b.gid !== undefined ? { gid: b.gid } : {}),
+    });
+    return toJson.poolEnv(worker.id, seat, env);
+  });
+
+  app.post<P<{ id: string }> & Body<{ reason?: string }>>('/v1/workers/:id/pool/leave', {
+    ...guarded,
+    schema: { security: BEARER,
+      summary: "The worker gives up its pool rank (its MPI session failed to start); its jobs run in fork mode",
+      tags: ['workers'],
+      params: params('id'),
+      body: requests.leavePool,
+      response: { 200: responses.worker, ...errors(400, 401, 404, 422) },
+    },
+  }, async (req) => toJson.worker(rm.leavePool(req.params.id, req.body?.reason || 'left the pool')));
+
   // ---- process sets --------------------------------------------------------------------------
   type PsetBody = { name: string } & Parameters<typeof psetSpec>[1];
   app.post<Body<PsetBody>>('/v1/psets', {
@@ -148,4 +180,26 @@ export function v1Routes(app: FastifyInstance, ctx: RouteContext): void {
       response: { 200: responses.job, ...errors(400, 401, 404) },
     },
   }, async (req) => toJson.job(rm.reportMemberLost(req.params.id, req.params.workerId, req.body?.reason || 'reported lost by its worker')));
+
+  app.post<P<{ id: string; workerId: string }> & Body<{ waitSeconds?: number }>>('/v1/jobs/:id/members/:workerId/join', {
+    ...guarded,
+    schema: { security: BEARER,
+      summary: 'In-process jobs: the member is there; answers when every member is (ready) or after waitSeconds',
+      tags: ['jobs'],
+      params: params('id', 'workerId'),
+      body: requests.joinJob,
+      response: { 200: responses.joinJob, ...errors(400, 401, 404, 409) },
+    },
+  }, async (req) => toJson.joinJob(await rm.joinJob(req.params.id, req.params.workerId, (req.body?.waitSeconds ?? 10) * 1000)));
+
+  app.post<P<{ id: string; workerId: string }> & Body<{ ok: boolean; reason?: string }>>('/v1/jobs/:id/members/:workerId/leave', {
+    ...guarded,
+    schema: { security: BEARER,
+      summary: 'In-process jobs: the member is done (ok), or failed (the job fails)',
+      tags: ['jobs'],
+      params: params('id', 'workerId'),
+      body: requests.leaveJob,
+      response: { 200: responses.job, ...errors(400, 401, 404, 409) },
+    },
+  }, async (req) => toJson.job(rm.leaveJob(req.params.id, req.params.workerId, req.body.ok, req.body.reason || 'its function failed')));
 }

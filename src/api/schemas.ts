@@ -107,6 +107,10 @@ export const requests = {
     return s;
   })(),
   reportMemberLost: schemaOf('ReportMemberLostRequest', REQ, { reason: { maxLength: 1024 } }),
+  joinPool: schemaOf('JoinPoolRequest', REQ, { host: { minLength: 1, maxLength: 255 }, pid: { minimum: 0 } }),
+  leavePool: schemaOf('LeavePoolRequest', REQ, { reason: { maxLength: 1024 } }),
+  joinJob: schemaOf('JoinJobRequest', REQ, { waitSeconds: { minimum: 0, maximum: 60 } }),
+  leaveJob: schemaOf('LeaveJobRequest', REQ, { reason: { maxLength: 4096 } }, ['ok']),
 };
 
 /** Response schemas (for the OpenAPI document and fast serialization). */
@@ -118,6 +122,8 @@ export const responses = {
   job: schemaOf('Job', RES),
   jobList: schemaOf('JobList', RES),
   memberEnv: schemaOf('MemberEnv', RES),
+  poolEnv: schemaOf('PoolEnv', RES),
+  joinJob: schemaOf('JoinJobResponse', RES),
   health: schemaOf('Health', RES),
   error: schemaOf('ApiError', RES),
   event: schemaOf('Event', RES),

@@ -4,7 +4,7 @@
 import { dask_pmix } from '../proto/dask_pmix.js';
 import type { SequencedEvent } from '../rm/events.js';
 import { isoTime } from '../rm/clock.js';
-import type { Impl, Job, JobMode, JobSpec, JobState, MemberState, ProcessSet, PsetSpec, Selector, Worker, WorkerSpec, WorkerState } from '../rm/types.js';
+import type { Impl, Job, JobMode, JobSpec, JobState, MemberState, PoolSeat, ProcessSet, PsetSpec, Selector, Worker, WorkerSpec, WorkerState } from '../rm/types.js';
 
 export const pb = dask_pmix.v1;
 
@@ -28,6 +28,16 @@ function selectorMsg(s: Selector): dask_pmix.v1.Selector {
   });
 }
 
+export function poolSeatMsg(p: Readonly<PoolSeat>): dask_pmix.v1.PoolSeat {
+  return pb.PoolSeat.create({
+    epoch: p.epoch,
+    namespace: p.namespace,
+    rank: p.rank,
+    state: enumValue(pb.PoolRankState, p.state)!,
+    reason: p.reason ?? '',
+  });
+}
+
 export function workerMsg(w: Readonly<Worker>): dask_pmix.v1.Worker {
   const m = pb.Worker.create({
     id: w.id,
@@ -42,6 +52,7 @@ export function workerMsg(w: Readonly<Worker>): dask_pmix.v1.Worker {
   });
   if (w.uid !== undefined) m.uid = w.uid;
   if (w.gid !== undefined) m.gid = w.gid;
+  if (w.pool) m.pool = poolSeatMsg(w.pool);
   return m;
 }
 
@@ -57,8 +68,8 @@ export function jobMsg(j: Readonly<Job>): dask_pmix.v1.Job {
     impl: enumValue(pb.Impl, j.impl)!,
     mode: enumValue(pb.JobMode, j.mode)!,
     namespace: j.namespace,
-    members: j.members.map((m) =>
-      pb.JobMember.create({
+    members: j.members.map((m) => {
+      const msg = pb.JobMember.create({
         workerId: m.workerId,
         rank: m.rank,
         host: m.host,
@@ -68,8 +79,10 @@ export function jobMsg(j: Readonly<Job>): dask_pmix.v1.Job {
         state: enumValue(pb.MemberState, m.state)!,
         reason: m.reason ?? '',
         endedJob: m.endedJob ?? false,
-      }),
-    ),
+      });
+      if (m.poolRank !== undefined) msg.poolRank = m.poolRank;
+      return msg;
+    }),
     state: enumValue(pb.JobState, j.state)!,
     createdAt: j.createdAt,
     startedAt: j.startedAt ?? '',
@@ -81,6 +94,8 @@ export function jobMsg(j: Readonly<Job>): dask_pmix.v1.Job {
     wiringTimeoutSeconds: j.wiringTimeoutSeconds,
     timeoutSeconds: j.timeoutSeconds,
     labels: { ...j.labels },
+    modeReason: j.modeReason ?? '',
+    tag: j.tag,
   });
 }
 
@@ -106,6 +121,8 @@ export function eventMsg(e: SequencedEvent): dask_pmix.v1.Event {
         ...base,
         jobStateChanged: { jobId: ev.jobId, from: js(ev.from), to: js(ev.to), reason: ev.reason ?? '', job: jobMsg(ev.job) },
       });
+    case 'workerPoolChanged':
+      return pb.Event.create({ ...base, workerPoolChanged: { workerId: ev.workerId, pool: poolSeatMsg(ev.pool) } });
     case 'memberStateChanged':
       return pb.Event.create({
         ...base,
@@ -119,6 +136,10 @@ export const toJson = {
   pset: (p: Readonly<ProcessSet>): Json => pb.ProcessSet.toObject(psetMsg(p), JSON_OPTIONS),
   job: (j: Readonly<Job>): Json => pb.Job.toObject(jobMsg(j), JSON_OPTIONS),
   event: (e: SequencedEvent): Json => pb.Event.toObject(eventMsg(e), EVENT_OPTIONS),
+  poolEnv: (workerId: string, seat: Readonly<PoolSeat>, env: Record<string, string>): Json =>
+    pb.PoolEnv.toObject(pb.PoolEnv.create({ workerId, pool: poolSeatMsg(seat), env }), JSON_OPTIONS),
+  joinJob: (r: { ready: boolean; job: Readonly<Job> }): Json =>
+    pb.JoinJobResponse.toObject(pb.JoinJobResponse.create({ ready: r.ready, job: jobMsg(r.job) }), JSON_OPTIONS),
   memberEnv: (m: { jobId: string; workerId: string; rank: number; size: number; impl: Impl; env: Record<string, string> }): Json =>
     pb.MemberEnv.toObject(pb.MemberEnv.create({ ...m, impl: enumValue(pb.Impl, m.impl)! }), JSON_OPTIONS),
   health: (h: { status: string; version: string; pmixVersion: string; uptimeSeconds: number; impls: Impl[] }): Json =>

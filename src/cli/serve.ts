@@ -19,6 +19,8 @@ const HELP = `usage: dask-pmix serve [options]
   --wiring-timeout SECS    default time for all members to connect  [default 60]
   --max-jobs N             active jobs at once            [default 64]
   --release-grace SECS     how long members of a failed job may linger before it is released [10]
+  --pool-size N            ranks per epoch of the in-process pool (Open MPI; 0: no pool)
+                                                          [DASK_PMIX_POOL_SIZE, default 1024]
   --remote                 accept PMIx clients on other hosts over TCP
   --pmix-if IFACE          interface, subnet or address for remote PMIx clients (implies --remote)
   --pmix-port PORT         fixed TCP port for PMIx clients
@@ -68,6 +70,7 @@ export async function serve(argv: string[]): Promise<number> {
       'wiring-timeout': { type: 'string' },
       'max-jobs': { type: 'string' },
       'release-grace': { type: 'string' },
+      'pool-size': { type: 'string' },
       remote: { type: 'boolean' },
       'pmix-if': { type: 'string' },
       'pmix-port': { type: 'string' },
@@ -101,6 +104,8 @@ export async function serve(argv: string[]): Promise<number> {
   const wiring = num('wiring-timeout', values['wiring-timeout']);
   const maxJobs = num('max-jobs', values['max-jobs']);
   const grace = num('release-grace', values['release-grace']);
+  const poolSize = num('pool-size', values['pool-size'] ?? env.DASK_PMIX_POOL_SIZE, 1024)!;
+  if (!Number.isInteger(poolSize)) throw new Error(`--pool-size must be a whole number, not '${poolSize}'`);
   const token = values.token ?? env.DASK_PMIX_TOKEN;
 
   const given = values['pmix-tmpdir'] ?? env.DASK_PMIX_TMPDIR;
@@ -124,6 +129,7 @@ export async function serve(argv: string[]): Promise<number> {
       ...(values['pmix-if'] ? { tcpIfInclude: interfaceFor(values['pmix-if']) } : {}),
       ...(pmixPort !== undefined ? { tcpPort: pmixPort } : {}),
       ...(ompiEnv ? { ompiEnv } : {}),
+      poolSize,
       pmi: values['no-pmi']
         ? false
         : {

@@ -1,12 +1,13 @@
 // What happened in the core, in order. Subscribers (the REST event stream, metrics, the
 // protocol servers) see every event synchronously as it is emitted; a bounded history lets a
 // client that reconnects replay what it missed.
-import type { Job, JobState, MemberState, ProcessSet, Worker, WorkerState } from './types.js';
+import type { Job, JobState, MemberState, PoolSeat, ProcessSet, Worker, WorkerState } from './types.js';
 
 export type RmEvent =
   | { kind: 'workerJoined'; worker: Worker }
   | { kind: 'workerLeft'; workerId: string; reason: string }
   | { kind: 'workerStateChanged'; workerId: string; from: WorkerState; to: WorkerState; jobId?: string }
+  | { kind: 'workerPoolChanged'; workerId: string; pool: PoolSeat }
   | { kind: 'psetDefined'; pset: ProcessSet }
   | { kind: 'psetDeleted'; name: string }
   | { kind: 'jobStateChanged'; jobId: string; from?: JobState; to: JobState; reason?: string; job: Job }

@@ -11,3 +11,5 @@ export * from './context-ids.js';
 export * from './layout.js';
 export { ResourceManager, type RmOptions } from './manager.js';
 export type { LossDecision, Policy } from './policy.js';
+export { Pool, type PoolBackend, type PoolEpochSpec, type PoolPlan } from './pool.js';
+export type { WorkerIdentity } from './manager.js';

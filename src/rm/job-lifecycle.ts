@@ -9,6 +9,13 @@
 // its members have left (or the release grace has passed), it is released: its backend tears
 // the namespace down and its workers are unfrozen.
 //
+// An in-process job (mode inprocess) runs inside the worker processes, as a communicator over
+// their ranks in one epoch of the pool (pool.ts): no namespace of its own and no new client.
+// Its members join over REST and wait there until every member has (so that none enters
+// MPI_Comm_create_from_group, which cannot be interrupted, before all are there); the job runs
+// once the communicator's group construct (tagged with the job's tag) reaches the server; each
+// member reports over REST when it is done, or that it failed.
+//
 // Plain TypeScript without I/O. The workers and psets it freezes belong to the facade
 // (ResourceManager), which hands them in.
 import type { JobBackend } from './backend.js';
@@ -20,6 +27,7 @@ import { KvStore } from './kv-store.js';
 import { layoutMembers } from './layout.js';
 import type { NameService } from './name-service.js';
 import type { Policy } from './policy.js';
+import type { Pool, PoolBackend, PoolPlan } from './pool.js';
 import type { ProcessSets } from './process-sets.js';
 import {
   isActive, type Impl, type Job, type JobMember, type JobSpec, type JobState, type MemberState, type ProcessSet, type Worker,
@@ -43,6 +51,8 @@ export interface JobLifecycleOptions {
   namespaceOf?: (jobId: string) => string;
   onCollective?: CollectiveObserver;
   onError?: (what: string, err: unknown) => void;
+  /** The in-process pool, if the sidecar has one, and its protocol side. */
+  pool: () => { pool: Pool; backend: PoolBackend } | undefined;
 }
 
 /** What the core holds for each job beyond its record. */
@@ -54,11 +64,34 @@ interface JobRuntime {
   timers: TimerHandle[];
   notified?: Promise<void>;
   releasing?: Promise<void>;
+  /** In-process jobs: settles once every member joined (or the job ended first). */
+  joined?: Deferred;
+}
+
+interface Deferred {
+  promise: Promise<void>;
+  resolve: () => void;
+  reject: (e: Error) => void;
+}
+
+function deferred(): Deferred {
+  let resolve!: () => void;
+  let reject!: (e: Error) => void;
+  const promise = new Promise<void>((res, rej) => {
+    resolve = res;
+    reject = rej;
+  });
+  promise.catch(() => undefined);
+  return { promise, resolve, reject };
 }
 
 export class JobLifecycle {
   private readonly jobs = new Map<string, JobRuntime>();
   private readonly byNamespace = new Map<string, JobRuntime>();
+  /** In-process jobs by tag (they share their pool's namespace). */
+  private readonly byTag = new Map<string, JobRuntime>();
+  /** What an in-process job asks of a protocol backend: nothing to prepare or tear down. */
+  private readonly poolJobs: JobBackend;
   private stopping: string | undefined;
   /** Jobs whose backend is still preparing them: they count against the admission cap. */
   private creating = 0;
@@ -67,7 +100,16 @@ export class JobLifecycle {
   /** Jobs created since start, for metrics. */
   created = 0;
 
-  constructor(private readonly o: JobLifecycleOptions) {}
+  constructor(private readonly o: JobLifecycleOptions) {
+    this.poolJobs = {
+      impls: [],
+      prepare: async () => undefined,
+      memberEnv: () => ({}),
+      notifyEnded: async (job) => o.pool()?.backend.notifyJobEnded(job),
+      release: async () => undefined,
+      close: async () => undefined,
+    };
+  }
 
   private now(): string {
     return isoTime(this.o.clock.now());
@@ -97,13 +139,20 @@ export class JobLifecycle {
 
     const id = this.o.newJobId?.() ?? `j${this.idPrefix}-${++this.jobCounter}`;
     if (this.jobs.has(id)) throw new RmError('conflict', `job id '${id}' is taken`);
-    const namespace = this.o.namespaceOf?.(id) ?? `dask-pmix.${id}`;
+    let plan: PoolPlan | undefined;
+    const inPool = this.o.pool()?.pool;
+    if (spec.mode === 'inprocess') plan = inPool ? inPool.plan(workers, spec.impl) : { reason: 'this sidecar has no in-process pool' };
+    const inprocess = plan !== undefined && !('reason' in plan);
+    const namespace = plan && !('reason' in plan) ? plan.namespace : this.o.namespaceOf?.(id) ?? `dask-pmix.${id}`;
+    const members = layoutMembers(workers);
+    if (inprocess) members.forEach((m, i) => (m.poolRank = workers[i]!.pool!.rank));
     const job: Job = {
       id,
       impl: spec.impl,
-      mode: spec.mode ?? 'fork',
+      mode: inprocess ? 'inprocess' : 'fork',
       namespace,
-      members: layoutMembers(workers),
+      tag: `dask-pmix:${id}`,
+      members,
       state: 'pending',
       createdAt: this.now(),
       wiringTimeoutSeconds: wiring,
@@ -112,6 +161,8 @@ export class JobLifecycle {
     };
     if (pset) job.pset = pset.name;
     if (spec.owner) job.owner = spec.owner;
+    if (plan && 'reason' in plan) job.modeReason = plan.reason;
+    const jobBackend = inprocess ? this.poolJobs : backend;
 
     // Reserve synchronously, so that a concurrent request cannot pick the same workers while
     // the backend works; undone if the backend refuses.
@@ -124,7 +175,7 @@ export class JobLifecycle {
     };
     this.creating++;
     try {
-      await backend.prepare(job, new Map(workers.map((w) => [w.id, w])));
+      await jobBackend.prepare(job, new Map(workers.map((w) => [w.id, w])));
     } catch (err) {
       undo();
       throw new RmError('unavailable', `the ${job.impl} backend could not prepare the job: ${err instanceof Error ? err.message : String(err)}`);
@@ -135,7 +186,7 @@ export class JobLifecycle {
     if (this.stopping !== undefined || gone) {
       // The sidecar began to stop, or a member left, while the backend worked.
       undo();
-      await backend.release(job).catch((e: unknown) => this.o.onError?.('release', e));
+      await jobBackend.release(job).catch((e: unknown) => this.o.onError?.('release', e));
       throw gone
         ? new RmError('conflict', `worker '${gone.id}' left while the job was being created`)
         : new RmError('unavailable', `the sidecar is stopping: ${this.stopping}`);
@@ -143,13 +194,18 @@ export class JobLifecycle {
 
     const rt: JobRuntime = {
       job,
-      backend,
+      backend: jobBackend,
       collectives: new Collectives(job.members.length, this.o.clock, this.o.collectiveTimeoutMs, this.o.onCollective),
       kv: new KvStore(this.o.clock),
       timers: [],
     };
     this.jobs.set(id, rt);
-    this.byNamespace.set(namespace, rt);
+    if (inprocess) {
+      rt.joined = deferred();
+      this.byTag.set(job.tag, rt);
+    } else {
+      this.byNamespace.set(namespace, rt);
+    }
     this.created++;
     rt.timers.push(this.o.clock.setTimer(wiring * 1000, () => this.wiringExpired(rt)));
     for (const w of workers) this.o.events.emit({ kind: 'workerStateChanged', workerId: w.id, from: 'available', to: 'frozen', jobId: id });
@@ -178,6 +234,18 @@ export class JobLifecycle {
       return { workers: take(p.members, `member of pset '${p.name}'`), pset: p };
     }
     const available = this.o.workers.list().filter((w) => w.state === 'available');
+    const pool = this.o.pool()?.pool;
+    if (spec.mode === 'inprocess' && pool) {
+      // Prefer workers that can run the job in-process, all in one epoch.
+      const pooled = pool.inprocessCandidates(available);
+      if (pooled.length >= spec.selector!.count) {
+        try {
+          return { workers: this.o.policy.select(spec.selector!, pooled) };
+        } catch {
+          // The selector needs others too: the job may still run, in fork mode.
+        }
+      }
+    }
     return { workers: this.o.policy.select(spec.selector!, available) };
   }
 
@@ -207,10 +275,7 @@ export class JobLifecycle {
     const rt = this.require(id);
     this.end(rt, 'aborted', reason);
     await this.release(rt);
-    if (this.jobs.get(id) === rt) {
-      this.jobs.delete(id);
-      this.byNamespace.delete(rt.job.namespace);
-    }
+    if (this.jobs.get(id) === rt) this.forget(rt);
     return rt.job;
   }
 
@@ -235,11 +300,11 @@ export class JobLifecycle {
     return rt.job;
   }
 
-  /** The worker left the cluster while a member of `jobId`: that member is lost. */
-  workerLeft(jobId: string, workerId: string, reason: string): void {
+  /** The member of `jobId` on `workerId` is gone (its worker left, or its process died). */
+  memberGone(jobId: string, workerId: string, reason: string): void {
     const rt = this.jobs.get(jobId);
     const m = rt?.job.members.find((x) => x.workerId === workerId);
-    if (rt && m) this.loseMember(rt, m, `its worker left (${reason})`);
+    if (rt && m) this.loseMember(rt, m, reason);
   }
 
   private require(id: string): JobRuntime {
@@ -272,23 +337,28 @@ export class JobLifecycle {
     if (m.state !== 'assigned') throw new RmError('conflict', `rank ${rank} of job ${rt.job.id} is ${m.state}`);
     this.setMember(rt, m, 'connected');
     if (rt.job.state === 'pending') this.transition(rt, 'wiring', `rank ${rank} connected`);
-    if (rt.job.members.every((x) => x.state === 'connected' || x.state === 'finalized')) {
-      rt.job.startedAt = this.now();
-      this.transition(rt, 'running', 'every member connected');
-      if (rt.job.timeoutSeconds > 0) {
-        rt.timers.push(this.o.clock.setTimer(rt.job.timeoutSeconds * 1000, () => this.end(rt, 'failed', `job timeout: still running after ${rt.job.timeoutSeconds} s`)));
-      }
+    if (rt.job.members.every((x) => x.state === 'connected' || x.state === 'finalized')) this.started(rt, 'every member connected');
+  }
+
+  private started(rt: JobRuntime, reason: string): void {
+    rt.job.startedAt = this.now();
+    this.transition(rt, 'running', reason);
+    if (rt.job.timeoutSeconds > 0) {
+      rt.timers.push(this.o.clock.setTimer(rt.job.timeoutSeconds * 1000, () => this.end(rt, 'failed', `job timeout: still running after ${rt.job.timeoutSeconds} s`)));
     }
   }
 
   /** A member finalized cleanly. The job completes when every member has. */
   memberFinalized(namespace: string, rank: number): void {
     const rt = this.runtimeOf(namespace);
-    const m = this.memberOf(rt, rank);
+    this.finalize(rt, this.memberOf(rt, rank));
+  }
+
+  private finalize(rt: JobRuntime, m: JobMember): void {
     if (m.state === 'finalized' || m.state === 'lost') return;
     this.setMember(rt, m, 'finalized');
-    this.o.names.procEnded(rt.job.id, rank);
-    rt.collectives.markGone(rank, 'has finalized');
+    this.o.names.procEnded(rt.job.id, m.rank);
+    rt.collectives.markGone(m.rank, 'has finalized');
     if (isActive(rt.job.state) && rt.job.members.every((x) => x.state === 'finalized')) {
       this.end(rt, 'completed', 'every member finalized');
     } else if (!isActive(rt.job.state)) {
@@ -305,9 +375,78 @@ export class JobLifecycle {
   /** A member called MPI_Abort / PMIx_Abort / PMI abort: the whole job is aborted. */
   abort(namespace: string, rank: number, status: number, message: string): void {
     const rt = this.runtimeOf(namespace);
-    const m = this.memberOf(rt, rank);
+    this.abortBy(rt, this.memberOf(rt, rank), status, message);
+  }
+
+  private abortBy(rt: JobRuntime, m: JobMember, status: number, message: string): void {
     if (isActive(rt.job.state)) m.endedJob = true;
-    this.end(rt, 'aborted', `rank ${rank} aborted the job with status ${status}${message ? `: ${message}` : ''}`);
+    this.end(rt, 'aborted', `rank ${m.rank} aborted the job with status ${status}${message ? `: ${message}` : ''}`);
+  }
+
+  // ---- in-process jobs ------------------------------------------------------------------------
+
+  private inprocessMember(jobId: string, workerId: string): { rt: JobRuntime; m: JobMember } {
+    const rt = this.require(jobId);
+    if (rt.job.mode !== 'inprocess') throw new RmError('conflict', `job ${jobId} runs in ${rt.job.mode} mode, not in-process`);
+    const m = rt.job.members.find((x) => x.workerId === workerId);
+    if (!m) throw new RmError('not_found', `worker '${workerId}' is not a member of job ${jobId}`);
+    return { rt, m };
+  }
+
+  /**
+   * A member of an in-process job is there (its task runs, its session is up). Resolves with
+   * ready=true once every member is, or ready=false after `waitMs` (ask again); rejects once the
+   * job has ended.
+   */
+  async join(jobId: string, workerId: string, waitMs: number): Promise<{ job: Readonly<Job>; ready: boolean }> {
+    const { rt, m } = this.inprocessMember(jobId, workerId);
+    if (!isActive(rt.job.state)) throw new RmError('aborted', `job ${jobId} is ${rt.job.state}${rt.job.error ? `: ${rt.job.error}` : ''}`);
+    if (m.state === 'assigned') {
+      this.setMember(rt, m, 'connected');
+      if (rt.job.state === 'pending') this.transition(rt, 'wiring', `rank ${m.rank} joined`);
+      if (rt.job.members.every((x) => x.state === 'connected')) rt.joined!.resolve();
+    } else if (m.state !== 'connected') {
+      throw new RmError('conflict', `rank ${m.rank} of job ${jobId} is already ${m.state}`);
+    }
+    let timer: TimerHandle | undefined;
+    const ready = await Promise.race([
+      rt.joined!.promise.then(() => true),
+      new Promise<boolean>((resolve) => (timer = this.o.clock.setTimer(waitMs, () => resolve(false)))),
+    ]).finally(() => timer?.cancel());
+    return { job: rt.job, ready };
+  }
+
+  /**
+   * A group was constructed over ranks of a pool (MPI_Comm_create_from_group). When its name is
+   * an in-process job's tag, the job's communicator exists: the job runs. Other groups (the
+   * communicators a job builds for itself) change nothing.
+   */
+  groupConstructed(namespace: string, group: string, ranks: readonly number[]): void {
+    const rt = this.byTag.get(group);
+    if (!rt || rt.job.namespace !== namespace) return;
+    const want = rt.job.members.map((m) => m.poolRank).sort((a, b) => a! - b!).join(',');
+    const got = [...ranks].sort((a, b) => a - b).join(',');
+    if (want !== got) throw new RmError('bad_request', `group '${group}' has pool ranks ${got}, but job ${rt.job.id} has ${want}`);
+    if (!isActive(rt.job.state)) throw new RmError('aborted', `job ${rt.job.id} is ${rt.job.state}${rt.job.error ? `: ${rt.job.error}` : ''}`);
+    if (rt.job.state === 'running') return;
+    for (const m of rt.job.members) if (m.state === 'assigned') this.setMember(rt, m, 'connected');
+    rt.joined?.resolve();
+    this.started(rt, 'the communicator was built');
+  }
+
+  /** A member of an in-process job is done: its function returned (ok) or failed (reason). */
+  leave(jobId: string, workerId: string, ok: boolean, reason: string): Readonly<Job> {
+    const { rt, m } = this.inprocessMember(jobId, workerId);
+    if (ok) this.finalize(rt, m);
+    else this.loseMember(rt, m, reason);
+    return rt.job;
+  }
+
+  /** The member of job `jobId` on `workerId` aborted (MPI_Abort from its worker's pool rank). */
+  abortFrom(jobId: string, workerId: string, status: number, message: string): void {
+    const rt = this.jobs.get(jobId);
+    const m = rt?.job.members.find((x) => x.workerId === workerId);
+    if (rt && m) this.abortBy(rt, m, status, message);
   }
 
   /** Joins a collective of the job (fence, barrier, kvs-fence, group construct). */
@@ -386,6 +525,7 @@ export class JobLifecycle {
     job.endedAt = this.now();
     if (to !== 'completed') job.error = reason;
     rt.collectives.close(`job ${job.id} ${to}: ${reason}`);
+    rt.joined?.reject(new RmError('aborted', `job ${job.id} ${to}: ${reason}`));
     rt.kv.close(`job ${job.id} ${to}: ${reason}`);
     this.o.names.jobEnded(job.id, `job ${job.id} ${to}: ${reason}`);
     this.transition(rt, to, reason);
@@ -430,10 +570,13 @@ export class JobLifecycle {
 
   private trimHistory(): void {
     const released = [...this.jobs.values()].filter((rt) => rt.job.releasedAt);
-    for (const rt of released.slice(0, Math.max(0, released.length - this.o.historySize))) {
-      this.jobs.delete(rt.job.id);
-      this.byNamespace.delete(rt.job.namespace);
-    }
+    for (const rt of released.slice(0, Math.max(0, released.length - this.o.historySize))) this.forget(rt);
+  }
+
+  private forget(rt: JobRuntime): void {
+    this.jobs.delete(rt.job.id);
+    if (this.byNamespace.get(rt.job.namespace) === rt) this.byNamespace.delete(rt.job.namespace);
+    if (this.byTag.get(rt.job.tag) === rt) this.byTag.delete(rt.job.tag);
   }
 
   /** Waits until the job is released (for tests and shutdown). */

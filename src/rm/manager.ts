@@ -14,10 +14,11 @@ import { assertDistinct, JobLifecycle } from './job-lifecycle.js';
 import type { KvStore } from './kv-store.js';
 import { NameService } from './name-service.js';
 import type { Policy } from './policy.js';
+import { Pool, type PoolBackend } from './pool.js';
 import { ProcessSets } from './process-sets.js';
 import {
-  IMPLS, type Impl, type Job, type JobMember, type JobSpec, type JobState, type ProcessSet, type PsetSpec, type RankRef,
-  type Worker, type WorkerSpec,
+  IMPLS, type Impl, type Job, type JobMember, type JobSpec, type JobState, type PoolSeat, type ProcessSet, type PsetSpec,
+  type RankRef, type Worker, type WorkerSpec,
 } from './types.js';
 import { WorkerPool } from './worker-pool.js';
 
@@ -39,6 +40,16 @@ export interface RmOptions {
   onCollective?: CollectiveObserver;
   /** Backend failures and other trouble the core survives. */
   onError?: (what: string, err: unknown) => void;
+  /** The in-process pool: ranks per epoch (0: none) and its protocol side. */
+  pool?: { size: number; backend: PoolBackend };
+}
+
+/** What a worker process says of itself when it joins the pool. */
+export interface WorkerIdentity {
+  host?: string;
+  pid?: number;
+  uid?: number;
+  gid?: number;
 }
 
 export class ResourceManager {
@@ -51,6 +62,8 @@ export class ResourceManager {
   private readonly psets = new ProcessSets();
   private readonly backends = new Map<Impl, JobBackend>();
   private readonly jobs: JobLifecycle;
+  private poolState: { pool: Pool; backend: PoolBackend } | undefined;
+  private readonly idPrefix = Math.floor(Math.random() * 0x10000).toString(16).padStart(4, '0');
 
   constructor(private readonly opts: RmOptions) {
     this.clock = opts.clock ?? realClock;
@@ -73,8 +86,35 @@ export class ResourceManager {
       ...(opts.namespaceOf ? { namespaceOf: opts.namespaceOf } : {}),
       ...(opts.onCollective ? { onCollective: opts.onCollective } : {}),
       ...(opts.onError ? { onError: opts.onError } : {}),
+      pool: () => this.poolState,
     });
     for (const b of opts.backends ?? []) this.addBackend(b);
+    if (opts.pool) this.installPool(opts.pool.size, opts.pool.backend);
+  }
+
+  /**
+   * Gives the sidecar an in-process pool of `size` ranks per epoch (0: none), served by
+   * `backend`; workers registered later get a rank as they register, those already there now.
+   */
+  installPool(size: number, backend: PoolBackend): void {
+    if (this.poolState) throw new Error('a pool is already installed');
+    if (size <= 0) return;
+    const pool = new Pool({
+      size,
+      backend,
+      workers: this.workers,
+      events: this.events,
+      clock: this.clock,
+      namespaceOf: (epoch) => `dask-pmix.pool-${this.idPrefix}.${epoch}`,
+      ...(this.opts.onError ? { onError: this.opts.onError } : {}),
+    });
+    this.poolState = { pool, backend };
+    for (const w of this.workers.list()) pool.seat(w);
+  }
+
+  /** The in-process pool, if this sidecar has one. */
+  get pool(): Pool | undefined {
+    return this.poolState?.pool;
   }
 
   addBackend(b: JobBackend): void {
@@ -108,6 +148,7 @@ export class ResourceManager {
     if (!spec.id) throw new RmError('bad_request', 'a worker needs an id');
     if (!spec.host) throw new RmError('bad_request', 'a worker needs a host');
     const w = this.workers.add(spec, this.now());
+    this.pool?.seat(w);
     this.events.emit({ kind: 'workerJoined', worker: structuredClone(w) });
     return w;
   }
@@ -126,9 +167,69 @@ export class ResourceManager {
    */
   removeWorker(id: string, reason = 'removed'): Readonly<Worker> {
     const w = this.workers.remove(id);
-    if (w.jobId) this.jobs.workerLeft(w.jobId, id, reason);
+    if (w.jobId) this.jobs.memberGone(w.jobId, id, `its worker left (${reason})`);
+    this.pool?.retire(w, `its worker left (${reason})`);
     this.events.emit({ kind: 'workerLeft', workerId: id, reason });
     return w;
+  }
+
+  // ---- the in-process pool (pool.ts) ---------------------------------------------------------
+
+  private requirePool(): Pool {
+    if (!this.pool) throw new RmError('unprocessable', 'this sidecar has no in-process pool (serve --pool-size 0)');
+    return this.pool;
+  }
+
+  /**
+   * The worker process is about to initialise its MPI session in the pool: records what it says
+   * of itself (its own host, pid, uid and gid) and answers its rank and the environment to set.
+   */
+  joinPool(workerId: string, who: WorkerIdentity, waitMs = 30_000): Promise<{ worker: Readonly<Worker>; seat: PoolSeat; env: Record<string, string> }> {
+    const pool = this.requirePool();
+    const w = this.workers.require(workerId);
+    if (who.host !== undefined && who.host !== w.host && w.state !== 'available') {
+      throw new RmError('conflict', `worker '${workerId}' is in job ${w.jobId}; its host cannot change now`);
+    }
+    this.workers.identify(workerId, who);
+    return pool.join(workerId, waitMs).then(({ seat, env }) => ({ worker: this.workers.require(workerId), seat, env }));
+  }
+
+  /** The worker's pool rank is of no use (its session failed to start, or it gives it up). */
+  leavePool(workerId: string, reason: string): Readonly<Worker> {
+    const pool = this.requirePool();
+    const w = this.workers.require(workerId);
+    pool.retire(w, reason);
+    return w;
+  }
+
+  isPoolNamespace(namespace: string): boolean {
+    return this.pool?.isPoolNamespace(namespace) ?? false;
+  }
+
+  /** A pool rank's MPI library reached the PMIx server. */
+  poolClientConnected(namespace: string, rank: number): void {
+    this.requirePool().connected(namespace, rank);
+  }
+
+  /**
+   * A pool rank's connection ended: finalized (the worker closed its session) or lost (the
+   * worker process died). The rank is retired, and the job its worker is in fails at once.
+   */
+  poolClientGone(namespace: string, rank: number, reason: string): void {
+    const w = this.requirePool().disconnected(namespace, rank, reason);
+    if (w?.jobId) this.jobs.memberGone(w.jobId, w.id, reason);
+  }
+
+  /** MPI_Abort from a pool rank: the job its worker is in is aborted. */
+  poolAbort(namespace: string, rank: number, status: number, message: string): void {
+    const w = this.requirePool().workerAt(namespace, rank);
+    if (!w) throw new RmError('not_found', `pool rank ${rank} of ${namespace} belongs to no registered worker`);
+    if (w.jobId) this.jobs.abortFrom(w.jobId, w.id, status, message);
+  }
+
+  /** A group was constructed over pool ranks (an in-process job's communicator, or another). */
+  poolGroupConstructed(namespace: string, group: string, ranks: readonly number[]): void {
+    this.jobs.groupConstructed(namespace, group, ranks);
   }
 
   // ---- process sets --------------------------------------------------------------------------
@@ -237,10 +338,30 @@ export class ResourceManager {
     return this.jobs.released(id);
   }
 
+  /**
+   * In-process jobs: the member on `workerId` is there. Resolves with ready=true once every member
+   * is (then each builds the communicator), or ready=false after `waitMs`; rejects once the job ended.
+   */
+  joinJob(jobId: string, workerId: string, waitMs: number): Promise<{ job: Readonly<Job>; ready: boolean }> {
+    return this.jobs.join(jobId, workerId, waitMs);
+  }
+
+  /** In-process jobs: the member on `workerId` is done, with its function's outcome. */
+  leaveJob(jobId: string, workerId: string, ok: boolean, reason: string): Readonly<Job> {
+    return this.jobs.leave(jobId, workerId, ok, reason);
+  }
+
   // ---- the protocol side: what PMIx and PMI servers report and ask -------------------------
 
   /** The job and member behind a protocol's (namespace, rank); throws not_found. */
   findMember(namespace: string, rank: number): { job: Readonly<Job>; member: Readonly<JobMember> } {
+    if (this.isPoolNamespace(namespace)) {
+      // A pool rank acts for the in-process job its worker is in.
+      const w = this.pool!.workerAt(namespace, rank);
+      const found = w?.jobId ? this.jobs.activeMembership(w.id, w.jobId) : undefined;
+      if (!found) throw new RmError('not_found', `pool rank ${rank} of ${namespace} is in no active job`);
+      return found;
+    }
     return this.jobs.findMember(namespace, rank);
   }
 
@@ -293,9 +414,13 @@ export class ResourceManager {
   }
 
   /** Counts for /metrics. */
-  stats(): { workers: Record<string, number>; jobs: Record<JobState, number>; psets: number; names: number } {
+  stats(): {
+    workers: Record<string, number>; jobs: Record<JobState, number>; psets: number; names: number;
+    pool?: { epochs: number; ranks: Record<string, number> };
+  } {
     const workers: Record<string, number> = { available: 0, frozen: 0 };
     for (const w of this.workers.list()) workers[w.state] = (workers[w.state] ?? 0) + 1;
-    return { workers, jobs: this.jobs.countByState(), psets: this.psets.size, names: this.names.size };
+    const out = { workers, jobs: this.jobs.countByState(), psets: this.psets.size, names: this.names.size };
+    return this.pool ? { ...out, pool: this.pool.stats() } : out;
   }
 }

@@ -8,8 +8,25 @@ export type WorkerState = 'available' | 'frozen' | 'gone';
 export type JobState = 'pending' | 'wiring' | 'running' | 'completed' | 'failed' | 'aborted';
 export type MemberState = 'assigned' | 'connected' | 'finalized' | 'lost';
 export type Placement = 'pack' | 'spread';
-/** How a member joins: a child forked by the worker per job (default), or the worker itself. */
-export type JobMode = 'fork' | 'process';
+/**
+ * How a job runs: inside the worker processes themselves, as a communicator over their ranks in
+ * the long-lived pool (inprocess), or in a child each worker starts for the job (fork).
+ */
+export type JobMode = 'inprocess' | 'fork';
+
+/** A worker's rank in the in-process pool: assigned → joining (its session is initialising) → ready → retired. */
+export type PoolRankState = 'assigned' | 'joining' | 'ready' | 'retired';
+
+/** A worker's place in the in-process pool: one rank of a long-lived namespace, never reused. */
+export interface PoolSeat {
+  /** Pools are numbered; a new epoch (namespace) starts when the ranks of the last run out. */
+  epoch: number;
+  namespace: string;
+  rank: number;
+  state: PoolRankState;
+  /** Why it was retired. */
+  reason?: string;
+}
 
 export function isActive(state: JobState): boolean {
   return state === 'pending' || state === 'wiring' || state === 'running';
@@ -29,6 +46,8 @@ export interface Worker {
   /** The job it is frozen for. */
   jobId?: string;
   registeredAt: string;
+  /** Its rank in the in-process pool, if the sidecar has a pool. */
+  pool?: PoolSeat;
 }
 
 export interface WorkerSpec {
@@ -85,14 +104,24 @@ export interface JobMember {
   reason?: string;
   /** Its loss or abort is what ended the job (the others may be lost afterwards, as a result). */
   endedJob?: boolean;
+  /** In-process jobs: its worker's rank in the pool namespace. */
+  poolRank?: number;
 }
 
 export interface Job {
   id: string;
   impl: Impl;
+  /** The mode the job actually runs in. */
   mode: JobMode;
-  /** PMIx namespace or PMI kvsname; unique for the life of the sidecar. */
+  /** Why it runs in fork mode although in-process was asked for. */
+  modeReason?: string;
+  /**
+   * PMIx namespace or PMI kvsname, unique for the life of the sidecar; for an in-process job, the
+   * pool namespace its members' ranks belong to (shared with the other jobs of that pool).
+   */
   namespace: string;
+  /** The string tag members pass to MPI_Comm_create_from_group (in-process jobs). */
+  tag: string;
   members: JobMember[];
   state: JobState;
   createdAt: string;
@@ -112,6 +141,7 @@ export interface Job {
 /** POST /v1/jobs: exactly one of pset, members or selector. */
 export interface JobSpec {
   impl: Impl;
+  /** inprocess: in the pool where every member can be, else fork (with the reason); default fork. */
   mode?: JobMode;
   pset?: string;
   members?: string[];

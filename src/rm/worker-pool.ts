@@ -23,6 +23,16 @@ export class WorkerPool {
     return w;
   }
 
+  /** What the worker process says of itself (the registration may have come from elsewhere). */
+  identify(id: string, who: { host?: string; pid?: number; uid?: number; gid?: number }): Worker {
+    const w = this.require(id);
+    if (who.host) w.host = who.host;
+    if (who.pid !== undefined) w.pid = who.pid;
+    if (who.uid !== undefined) w.uid = who.uid;
+    if (who.gid !== undefined) w.gid = who.gid;
+    return w;
+  }
+
   get(id: string): Worker | undefined {
     return this.workers.get(id);
   }

@@ -73,16 +73,20 @@ export function pmixHandlers({ rm, clients, log }: PmixHandlerOptions): UpcallHa
     async clientConnected({ proc }) {
       // libpmix has accepted the connection whatever we answer (the answer is only logged).
       clients?.connected(proc.nspace, proc.rank);
+      if (rm.isPoolNamespace(proc.nspace)) return answer(() => rm.poolClientConnected(proc.nspace, proc.rank));
       return answer(() => rm.memberConnected(proc.nspace, proc.rank));
     },
 
     async clientFinalized({ proc }) {
       clients?.finalized(proc.nspace, proc.rank);
+      if (rm.isPoolNamespace(proc.nspace)) return answer(() => rm.poolClientGone(proc.nspace, proc.rank, 'its worker finalized its MPI session'));
       return answer(() => rm.memberFinalized(proc.nspace, proc.rank));
     },
 
     async abort({ proc, status, message }) {
-      // Open MPI's MPI_Abort names no procs: the caller's whole namespace, i.e. its job.
+      // Open MPI's MPI_Abort names no procs: the caller's whole namespace, i.e. its job; from a
+      // pool rank, the in-process job its worker is in.
+      if (rm.isPoolNamespace(proc.nspace)) return answer(() => rm.poolAbort(proc.nspace, proc.rank, status, message));
       return answer(() => rm.abort(proc.nspace, proc.rank, status, message));
     },
 
@@ -94,6 +98,16 @@ export function pmixHandlers({ rm, clients, log }: PmixHandlerOptions): UpcallHa
       for (const i of items) if (i.key === Keys.PROCID && i.value.type === 'proc') procs.push(i.value.value);
       for (const p of procs) {
         clients?.lost(p.nspace, p.rank);
+        if (rm.isPoolNamespace(p.nspace)) {
+          // A pool rank's connection drops only when its worker process dies.
+          log?.('warn', 'a worker process in the pool died', { nspace: p.nspace, rank: p.rank, status });
+          try {
+            rm.poolClientGone(p.nspace, p.rank, 'its worker process died (its connection to the PMIx server dropped)');
+          } catch (err) {
+            log?.('debug', 'lost connection of an unknown pool rank', { nspace: p.nspace, rank: p.rank, err: String(err) });
+          }
+          continue;
+        }
         if (!rm.jobByNamespace(p.nspace)) continue;
         log?.('warn', 'PMIx client lost before it finalized', { nspace: p.nspace, rank: p.rank, status });
         try {
@@ -108,6 +122,7 @@ export function pmixHandlers({ rm, clients, log }: PmixHandlerOptions): UpcallHa
       // With one central server libpmix completes fences itself; this runs only if a fence
       // spans clients it does not hold. Every local contribution arrives in this one call.
       return answer(async () => {
+        if (procs.some((p) => rm.isPoolNamespace(p.nspace))) return data;
         const byNs = ranksByNamespace(rm, procs);
         if (byNs.size !== 1) return data;
         const [[nspace, ranks]] = [...byNs.entries()] as [[string, number[]]];
@@ -196,7 +211,17 @@ export function pmixHandlers({ rm, clients, log }: PmixHandlerOptions): UpcallHa
       // libpmix answers a destruct itself (5.0.11 bug workaround in the binding); we only hear of it.
       if (op !== 'construct') return [];
       return answer(async () => {
-        const byNs = ranksByNamespace(rm, procs);
+        const pooled = procs.filter((p) => rm.isPoolNamespace(p.nspace));
+        if (pooled.length > 0) {
+          // Every pool rank is this server's client, so libpmix collected the whole group before
+          // this upcall; an in-process job runs once its tagged communicator is built.
+          const ns = pooled[0]!.nspace;
+          if (pooled.length !== procs.length || pooled.some((p) => p.nspace !== ns || p.rank === Rank.WILDCARD)) {
+            throw new PmixError(Status.ERR_BAD_PARAM, 'a group may not mix pool ranks with other processes');
+          }
+          rm.poolGroupConstructed(ns, group, procs.map((p) => p.rank));
+        }
+        const byNs = ranksByNamespace(rm, procs.filter((p) => !rm.isPoolNamespace(p.nspace)));
         for (const [nspace, ranks] of byNs) {
           await rm.collective(nspace, { name: `group:${group}`, participants: ranks, contributors: ranks });
         }

@@ -13,6 +13,7 @@ import { PmiBackend } from './pmi-backend.js';
 import { PmixBackend } from './pmix-backend.js';
 import { PmixClients } from './pmix-clients.js';
 import { pmixHandlers } from './pmix-handlers.js';
+import { PmixPool } from './pmix-pool.js';
 
 export interface SidecarOptions {
   /** REST bind address (default 127.0.0.1) and port (default 8790; 0 picks one). */
@@ -31,6 +32,11 @@ export interface SidecarOptions {
   tcpPort?: number;
   /** Replaces the OMPI_MCA_* settings every Open MPI member gets. */
   ompiEnv?: Record<string, string>;
+  /**
+   * Ranks per epoch of the in-process pool for Open MPI (registered in the background at start;
+   * default 0: no pool, every job runs in fork mode).
+   */
+  poolSize?: number;
   /**
    * The PMI-1/PMI-2 listener for MPICH and Intel MPI jobs (default: on, 127.0.0.1, any port);
    * false leaves those implementations out.
@@ -94,13 +100,17 @@ export class Sidecar {
       onHandlerError: (name, err) => log.error({ err, upcall: name }, 'PMIx upcall handler failed'),
     });
     try {
-      rm.addBackend(new PmixBackend({
-        server: pmix,
-        clients,
-        tmpdir: opts.tmpdir,
-        ompiEnv: opts.ompiEnv ?? { ...DEFAULT_MEMBER_ENV.openmpi },
-        onError: (what, err) => log.warn({ err, what }, 'PMIx backend call failed'),
-      }));
+      const ompiEnv = opts.ompiEnv ?? { ...DEFAULT_MEMBER_ENV.openmpi };
+      const onError = (what: string, err: unknown) => log.warn({ err, what }, 'PMIx backend call failed');
+      rm.addBackend(new PmixBackend({ server: pmix, clients, tmpdir: opts.tmpdir, ompiEnv, onError }));
+      if (opts.poolSize) {
+        rm.installPool(opts.poolSize, new PmixPool({ server: pmix, clients, tmpdir: opts.tmpdir, ompiEnv, onError }));
+        const t0 = performance.now();
+        rm.pool!.start().then(
+          () => log.info({ size: opts.poolSize, seconds: (performance.now() - t0) / 1000 }, 'in-process pool ready'),
+          (err: unknown) => log.error({ err }, 'the in-process pool could not be opened'),
+        );
+      }
       if (opts.pmi !== false) {
         const p = opts.pmi ?? {};
         const pmi = await PmiBackend.start({

@@ -1,0 +1,333 @@
+// The in-process pool: long-lived namespaces ("epochs") of P ranks that the MPI library in each
+// worker process joins once, for the life of the process. A rank is handed to each worker as it
+// registers and is never reused; when the ranks of an epoch run out a new epoch is opened. An
+// in-process job is a group of ranks of one epoch (see job-lifecycle.ts).
+//
+// Rank (seat) states: assigned (handed out at registration) → joining (the worker fetched its
+// environment: its session is initialising) → ready (its MPI library reached the PMIx server)
+// → retired (the worker left, its connection dropped, it finalized, or it could not join).
+//
+// Plain TypeScript without I/O: the PMIx side of an epoch is the PoolBackend's.
+import type { Clock } from './clock.js';
+import { RmError } from './errors.js';
+import type { EventLog } from './events.js';
+import type { Impl, Job, PoolSeat, Worker } from './types.js';
+import type { WorkerPool } from './worker-pool.js';
+
+export interface PoolEpochSpec {
+  epoch: number;
+  namespace: string;
+  size: number;
+}
+
+/** The protocol side of the pool (PMIx): what the core needs to open and use an epoch. */
+export interface PoolBackend {
+  /**
+   * Registers the epoch's namespace: `size` ranks, each alone on its own virtual node, and every
+   * rank's client registered up front (libpmix holds back direct-modex requests until all local
+   * clients of a namespace are registered).
+   */
+  open(spec: PoolEpochSpec): Promise<void>;
+  /** The environment a worker process sets before it initialises its session, to be `rank`. */
+  rankEnv(namespace: string, rank: number): Record<string, string>;
+  /** The user the clients were registered as: a process of another user cannot connect. */
+  readonly uid: number;
+  readonly gid: number;
+  /**
+   * An in-process job failed or was aborted: tell its surviving members which members are gone,
+   * so that their MPI library fails what waits on them. Never an event to the whole pool (Open
+   * MPI's default handler aborts the process on codes fault tolerance does not handle).
+   */
+  notifyJobEnded(job: Readonly<Job>): Promise<void>;
+  /** Forgets an epoch none of whose ranks is used any more. */
+  close(namespace: string): Promise<void>;
+}
+
+interface Epoch {
+  epoch: number;
+  namespace: string;
+  size: number;
+  state: 'opening' | 'open' | 'failed' | 'closed';
+  /** The next rank to hand out. */
+  next: number;
+  /** rank → worker id, for ranks handed out. */
+  owners: Map<number, string>;
+  /** Ranks whose client holds a connection. */
+  connected: Set<number>;
+  opened: Promise<void>;
+}
+
+export interface PoolOptions {
+  /** Ranks per epoch; 0 disables the pool. */
+  size: number;
+  backend: PoolBackend;
+  workers: WorkerPool;
+  events: EventLog;
+  clock: Clock;
+  /** Namespace of an epoch. */
+  namespaceOf: (epoch: number) => string;
+  onError?: (what: string, err: unknown) => void;
+}
+
+/** Why in-process cannot serve a job, or the epoch it runs in. */
+export type PoolPlan = { epoch: number; namespace: string } | { reason: string };
+
+export class Pool {
+  private readonly epochs = new Map<string, Epoch>();
+  private current: Epoch | undefined;
+  /** The epoch being opened (or open, unused) while the current one still has room. */
+  private next: Epoch | undefined;
+  private epochCounter = 0;
+  /** Workers waiting for a rank (the current epoch is full or still opening). */
+  private readonly waiting = new Set<string>();
+
+  constructor(private readonly o: PoolOptions) {
+    if (!(Number.isInteger(o.size) && o.size > 0)) throw new RmError('bad_request', 'the pool size must be a positive integer');
+  }
+
+  get size(): number {
+    return this.o.size;
+  }
+
+  isPoolNamespace(namespace: string): boolean {
+    return this.epochs.has(namespace);
+  }
+
+  /** Opens the first epoch ahead of the first worker (a sidecar start does). */
+  start(): Promise<void> {
+    this.ensureRoom();
+    return this.upcoming()!.opened;
+  }
+
+  /** Hands the newly registered worker its rank, or queues it until an epoch has room. */
+  seat(w: Worker): void {
+    const e = this.current;
+    if (e && e.state === 'open' && e.next < e.size) this.assign(e, w);
+    else this.waiting.add(w.id);
+    this.ensureRoom();
+  }
+
+  private assign(e: Epoch, w: Worker): void {
+    const rank = e.next++;
+    e.owners.set(rank, w.id);
+    w.pool = { epoch: e.epoch, namespace: e.namespace, rank, state: 'assigned' };
+    this.waiting.delete(w.id);
+    if (e.next >= e.size && this.next?.state === 'open') this.promote(this.next);
+  }
+
+  /** Opens the next epoch when the current one is missing, full or nearly full (a tenth left),
+   * so that workers rarely wait for one. */
+  private ensureRoom(): void {
+    const cur = this.current;
+    const low = Math.max(1, Math.floor(this.o.size / 10));
+    const short = !cur || (cur.state === 'open' && cur.size - cur.next <= low);
+    if (!short || this.next || cur?.state === 'opening') return;
+    const spec: PoolEpochSpec = { epoch: this.epochCounter, namespace: this.o.namespaceOf(this.epochCounter), size: this.o.size };
+    this.epochCounter++;
+    const epoch: Epoch = { ...spec, state: 'opening', next: 0, owners: new Map(), connected: new Set(), opened: Promise.resolve() };
+    this.epochs.set(spec.namespace, epoch);
+    if (!cur) this.current = epoch;
+    else this.next = epoch;
+    epoch.opened = this.o.backend.open(spec).then(
+      () => {
+        epoch.state = 'open';
+        const c = this.current;
+        if (c === epoch) this.seatWaiting(epoch);
+        else if (!c || c.state !== 'open' || c.next >= c.size) this.promote(epoch);
+      },
+      (err: unknown) => {
+        epoch.state = 'failed';
+        this.epochs.delete(epoch.namespace);
+        if (this.next === epoch) this.next = undefined;
+        if (this.current === epoch) this.current = undefined;
+        this.o.onError?.('open pool epoch', err);
+        throw err;
+      },
+    );
+    epoch.opened.catch(() => undefined);
+  }
+
+  /** The epoch a worker without a rank waits for. */
+  private upcoming(): Epoch | undefined {
+    return this.next ?? this.current;
+  }
+
+  /** Makes `e` the epoch that takes new workers, and seats the workers that waited. */
+  private promote(e: Epoch): void {
+    const old = this.current;
+    this.current = e;
+    if (this.next === e) this.next = undefined;
+    if (old && old !== e) this.closeIfUnused(old);
+    this.seatWaiting(e);
+  }
+
+  private seatWaiting(e: Epoch): void {
+    for (const id of [...this.waiting]) {
+      const w = this.o.workers.get(id);
+      if (!w || w.pool) {
+        this.waiting.delete(id);
+        continue;
+      }
+      if (e.next >= e.size) break;
+      this.assign(e, w);
+      this.emit(w);
+    }
+    this.ensureRoom();
+  }
+
+  private emit(w: Worker): void {
+    if (w.pool) this.o.events.emit({ kind: 'workerPoolChanged', workerId: w.id, pool: structuredClone(w.pool) });
+  }
+
+  private seatOf(namespace: string, rank: number): { e: Epoch; w: Worker | undefined } {
+    const e = this.epochs.get(namespace);
+    if (!e) throw new RmError('not_found', `no pool with namespace '${namespace}'`);
+    const id = e.owners.get(rank);
+    const w = id ? this.o.workers.get(id) : undefined;
+    return { e, w: w?.pool?.namespace === namespace && w.pool.rank === rank ? w : undefined };
+  }
+
+  // ---- the worker side ------------------------------------------------------------------------
+
+  /**
+   * The worker is about to initialise its MPI session in the pool: its environment. Waits (up to
+   * `waitMs`) for an epoch to open if the worker has no rank yet. A worker that runs as another
+   * user than the pool's clients were registered as cannot join (its rank is retired, with the
+   * reason, and its jobs run in fork mode).
+   */
+  async join(workerId: string, waitMs: number): Promise<{ seat: PoolSeat; env: Record<string, string> }> {
+    let w = this.o.workers.require(workerId);
+    if (!w.pool) {
+      this.ensureRoom();
+      const e = this.upcoming();
+      if (!e) throw new RmError('unavailable', 'the pool has no epoch open');
+      await withTimeout(this.o.clock, e.opened, waitMs, `the pool epoch ${e.epoch} did not open within ${waitMs} ms`);
+      w = this.o.workers.require(workerId);
+      if (!w.pool) throw new RmError('unavailable', `worker '${workerId}' has no pool rank yet; try again`);
+    }
+    const seat = w.pool!;
+    if (seat.state === 'retired') throw new RmError('conflict', `worker '${workerId}' left the pool: ${seat.reason ?? 'retired'}`);
+    if (seat.state === 'ready') throw new RmError('conflict', `pool rank ${seat.rank} of worker '${workerId}' is already connected`);
+    if ((w.uid !== undefined && w.uid !== this.o.backend.uid) || (w.gid !== undefined && w.gid !== this.o.backend.gid)) {
+      this.retire(w, `it runs as uid ${w.uid}/gid ${w.gid} and the pool's clients as ${this.o.backend.uid}/${this.o.backend.gid}`);
+      throw new RmError('conflict', `worker '${workerId}' cannot join the pool: ${w.pool!.reason}`);
+    }
+    if (seat.state === 'assigned') {
+      seat.state = 'joining';
+      this.emit(w);
+    }
+    return { seat, env: this.o.backend.rankEnv(seat.namespace, seat.rank) };
+  }
+
+  /** The worker's rank is of no more use (it left, or its session failed): never reused. */
+  retire(w: Worker, reason: string): void {
+    this.waiting.delete(w.id);
+    if (!w.pool || w.pool.state === 'retired') return;
+    w.pool.state = 'retired';
+    w.pool.reason = reason;
+    this.emit(w);
+    const e = this.epochs.get(w.pool.namespace);
+    if (e && e !== this.current) this.closeIfUnused(e);
+  }
+
+  /** Whether an in-process job can run over these workers, and in which epoch. */
+  plan(workers: readonly Worker[], impl: Impl): PoolPlan {
+    if (impl !== 'openmpi') return { reason: `${impl} has no in-process pool (only Open MPI has)` };
+    let epoch: number | undefined;
+    let namespace = '';
+    for (const w of workers) {
+      const s = w.pool;
+      if (!s) return { reason: `worker '${w.id}' has no pool rank` };
+      if (s.state === 'retired') return { reason: `worker '${w.id}' left the pool: ${s.reason ?? 'retired'}` };
+      if (s.state === 'assigned') return { reason: `worker '${w.id}' has not joined the pool (no dask-pmix worker plugin, or it has not started yet)` };
+      if (epoch !== undefined && s.epoch !== epoch) return { reason: `the members are in different pool epochs (${epoch} and ${s.epoch})` };
+      epoch = s.epoch;
+      namespace = s.namespace;
+    }
+    if (epoch === undefined) return { reason: 'no members' };
+    return { epoch, namespace };
+  }
+
+  /** Workers of one epoch that can run in-process: those of the epoch with the most of them. */
+  inprocessCandidates(available: readonly Worker[]): Worker[] {
+    const byEpoch = new Map<number, Worker[]>();
+    for (const w of available) {
+      if (w.pool && (w.pool.state === 'joining' || w.pool.state === 'ready')) {
+        const list = byEpoch.get(w.pool.epoch) ?? [];
+        list.push(w);
+        byEpoch.set(w.pool.epoch, list);
+      }
+    }
+    return [...byEpoch.values()].sort((a, b) => b.length - a.length)[0] ?? [];
+  }
+
+  // ---- the protocol side ----------------------------------------------------------------------
+
+  /** A pool rank's MPI library reached the PMIx server; returns its worker. */
+  connected(namespace: string, rank: number): Worker {
+    const { e, w } = this.seatOf(namespace, rank);
+    e.connected.add(rank);
+    if (!w) throw new RmError('not_found', `pool rank ${rank} of ${namespace} belongs to no registered worker`);
+    const seat = w.pool!;
+    if (seat.state === 'retired') throw new RmError('conflict', `pool rank ${rank} of ${namespace} was retired: ${seat.reason ?? ''}`);
+    seat.state = 'ready';
+    this.emit(w);
+    return w;
+  }
+
+  /** A pool rank's connection ended (finalized or dropped); returns its worker, if registered. */
+  disconnected(namespace: string, rank: number, reason: string): Worker | undefined {
+    const { e, w } = this.seatOf(namespace, rank);
+    e.connected.delete(rank);
+    if (w) this.retire(w, reason);
+    else if (e !== this.current) this.closeIfUnused(e);
+    return w;
+  }
+
+  /** The worker of a pool rank, if it is still registered. */
+  workerAt(namespace: string, rank: number): Worker | undefined {
+    return this.seatOf(namespace, rank).w;
+  }
+
+  private closeIfUnused(e: Epoch): void {
+    if (e.state !== 'open' || e === this.current || e === this.next || e.connected.size > 0) return;
+    for (const id of e.owners.values()) {
+      const w = this.o.workers.get(id);
+      if (w?.pool?.namespace === e.namespace && w.pool.state !== 'retired') return;
+    }
+    e.state = 'closed';
+    this.epochs.delete(e.namespace);
+    this.o.backend.close(e.namespace).catch((err: unknown) => this.o.onError?.('close pool epoch', err));
+  }
+
+  /** For /metrics and GET: epochs and ranks by state. */
+  stats(): { epochs: number; ranks: Record<string, number> } {
+    const ranks: Record<string, number> = { free: 0, assigned: 0, joining: 0, ready: 0, retired: 0 };
+    for (const e of this.epochs.values()) {
+      if (e.state !== 'open' && e.state !== 'opening') continue;
+      ranks.free! += e.size - e.next;
+      for (const [rank, id] of e.owners) {
+        const w = this.o.workers.get(id);
+        const s = w?.pool?.namespace === e.namespace && w.pool.rank === rank ? w.pool.state : 'retired';
+        ranks[s] = (ranks[s] ?? 0) + 1;
+      }
+    }
+    return { epochs: this.epochs.size, ranks };
+  }
+}
+
+function withTimeout<T>(clock: Clock, p: Promise<T>, ms: number, message: string): Promise<T> {
+  return new Promise<T>((resolve, reject) => {
+    const t = clock.setTimer(ms, () => reject(new RmError('timeout', message)));
+    p.then(
+      (v) => {
+        t.cancel();
+        resolve(v);
+      },
+      (err: unknown) => {
+        t.cancel();
+        reject(err instanceof RmError ? err : new RmError('unavailable', `the pool epoch could not be opened: ${err instanceof Error ? err.message : String(err)}`));
+      },
+    );
+  });
+}

@@ -1,0 +1,97 @@
+// The PMIx side of the in-process pool: each epoch is one namespace of P ranks registered up
+// front with the embedded libpmix server, as research H found Open MPI 5.0.x needs:
+// - every rank alone on its own virtual node (LOCAL_SIZE 1): with all ranks declared on one node,
+//   a rank's init waits for the modex of every declared local peer and fails;
+// - every rank's client registered up front: libpmix holds back direct-modex requests until all
+//   local clients of a namespace are registered, with no timeout;
+// - members initialise without any fence over the namespace (async modex, no data collection,
+//   async init) and with fault tolerance, so that a pool rank's death does not kill its peers.
+import { rmSync } from 'node:fs';
+import { join } from 'node:path';
+import { encodeNamespace, info, Keys, Range, Rank, Status, v, type Info, type NamespaceLayout, type PmixServer, type Proc } from '../pmix/index.js';
+import type { Job, PoolBackend, PoolEpochSpec } from '../rm/index.js';
+import type { PmixClients } from './pmix-clients.js';
+
+/** What every pool rank needs beyond the members' default Open MPI settings. */
+export const POOL_OMPI_ENV: Readonly<Record<string, string>> = {
+  OMPI_MCA_pmix_base_async_modex: '1',
+  OMPI_MCA_pmix_base_collect_data: '0',
+  OMPI_MCA_async_mpi_init: '1',
+  OMPI_MCA_mpi_ft_enable: '1',
+};
+
+/** The name of a pool rank's virtual node. */
+export const virtualNode = (rank: number): string => `dask-pmix-vnode${rank}`;
+
+export interface PmixPoolOptions {
+  server: PmixServer;
+  clients: PmixClients;
+  /** The server's rendezvous directory; each epoch's session files go below it. */
+  tmpdir: string;
+  /** The members' Open MPI settings (the pool's own are added). */
+  ompiEnv: Record<string, string>;
+  onError?: (what: string, err: unknown) => void;
+}
+
+export class PmixPool implements PoolBackend {
+  readonly uid = process.getuid?.() ?? 0;
+  readonly gid = process.getgid?.() ?? 0;
+  private readonly sizes = new Map<string, number>();
+
+  constructor(private readonly o: PmixPoolOptions) {}
+
+  async open(spec: PoolEpochSpec): Promise<void> {
+    const layout: NamespaceLayout = {
+      nspace: spec.namespace,
+      tmpdir: join(this.o.tmpdir, 'pools', spec.namespace),
+      ranks: Array.from({ length: spec.size }, (_, rank) => ({ rank, host: virtualNode(rank), localRank: 0, nodeRank: 0, nodeId: rank })),
+    };
+    await this.o.server.registerNspace(spec.namespace, spec.size, encodeNamespace(layout, this.o.server));
+    this.sizes.set(spec.namespace, spec.size);
+    const procs = layout.ranks.map((r): Proc => ({ nspace: spec.namespace, rank: r.rank }));
+    const results = await Promise.allSettled(procs.map((p) => this.o.server.registerClient(p, this.uid, this.gid)));
+    const failed = results.find((r) => r.status === 'rejected');
+    if (failed) {
+      await this.close(spec.namespace).catch(() => undefined);
+      throw (failed as PromiseRejectedResult).reason;
+    }
+  }
+
+  rankEnv(namespace: string, rank: number): Record<string, string> {
+    const env = this.o.server.setupFork({ nspace: namespace, rank });
+    // The rank's own node is virtual; Open MPI must not take the real host's name for it.
+    env.PMIX_HOSTNAME = virtualNode(rank);
+    return { ...env, ...this.o.ompiEnv, ...POOL_OMPI_ENV };
+  }
+
+  async notifyJobEnded(job: Readonly<Job>): Promise<void> {
+    // Only the members whose process is gone (connection dropped) are named: fault tolerance
+    // marks a named process failed for good, and a living worker must serve later jobs.
+    const attached = new Set(this.o.clients.snapshot()[job.namespace] ?? []);
+    const ranks = job.members.map((m) => m.poolRank).filter((r): r is number => r !== undefined);
+    const dead = ranks.filter((r) => !attached.has(r));
+    const alive = ranks.filter((r) => attached.has(r));
+    if (dead.length === 0 || alive.length === 0) return;
+    // Codes Open MPI's fault-tolerance handler takes (it reads each PMIX_PROC value as a failed
+    // process); any other code reaches its default handler, which aborts.
+    const status = job.state === 'aborted' ? Status.ERR_PROC_ABORTED : Status.ERR_PROC_TERM_WO_SYNC;
+    const items: Info[] = [
+      info(Keys.EVENT_TEXT_MESSAGE, v.string(`dask-pmix: job ${job.id} ${job.state}: ${job.error ?? ''}`)),
+      ...dead.map((rank) => info(Keys.EVENT_AFFECTED_PROC, v.proc({ nspace: job.namespace, rank }))),
+      info(Keys.EVENT_CUSTOM_RANGE, v.procs(alive.map((rank) => ({ nspace: job.namespace, rank })))),
+    ];
+    await this.o.server.notifyEvent(status, { nspace: job.namespace, rank: Rank.UNDEF }, Range.CUSTOM, items).catch((e: unknown) => {
+      this.o.onError?.('notifyEvent', e);
+    });
+  }
+
+  async close(namespace: string): Promise<void> {
+    const size = this.sizes.get(namespace) ?? 0;
+    this.sizes.delete(namespace);
+    for (let rank = 0; rank < size; rank++) {
+      await this.o.server.deregisterClient({ nspace: namespace, rank }).catch((e: unknown) => this.o.onError?.('deregisterClient', e));
+    }
+    await this.o.server.deregisterNspace(namespace);
+    rmSync(join(this.o.tmpdir, 'pools', namespace), { recursive: true, force: true });
+  }
+}

@@ -1,0 +1,227 @@
+// The in-process pool in the core: ranks handed out as workers register, epochs, the fallback to
+// fork mode, and the life of an in-process job (join barrier, group, leave, a member's death).
+import { beforeEach, describe, expect, it } from 'vitest';
+import { defaultPolicy } from '../../src/policy/index.js';
+import { ManualClock, ResourceManager, type Job, type PoolBackend, type PoolEpochSpec, type RmEvent } from '../../src/rm/index.js';
+import { RecordingBackend } from './fake-backend.js';
+
+class FakePool implements PoolBackend {
+  readonly uid = 1000;
+  readonly gid = 1000;
+  readonly opened: PoolEpochSpec[] = [];
+  readonly closed: string[] = [];
+  readonly notified: string[] = [];
+  async open(spec: PoolEpochSpec): Promise<void> {
+    this.opened.push(spec);
+  }
+  rankEnv(namespace: string, rank: number): Record<string, string> {
+    return { PMIX_NAMESPACE: namespace, PMIX_RANK: String(rank) };
+  }
+  async notifyJobEnded(job: Readonly<Job>): Promise<void> {
+    this.notified.push(`${job.id} ${job.state}`);
+  }
+  async close(namespace: string): Promise<void> {
+    this.closed.push(namespace);
+  }
+}
+
+let clock: ManualClock;
+let pool: FakePool;
+let fork: RecordingBackend;
+let rm: ResourceManager;
+let events: RmEvent[];
+const flush = () => new Promise((r) => setImmediate(r));
+
+async function setup(size = 8) {
+  clock = new ManualClock();
+  pool = new FakePool();
+  fork = new RecordingBackend(['openmpi', 'mpich']);
+  rm = new ResourceManager({ clock, backends: [fork], policy: defaultPolicy({ releaseGraceMs: 5000 }), pool: { size, backend: pool } });
+  events = [];
+  rm.events.subscribe((e) => events.push(e.event));
+  await rm.pool!.start();
+}
+
+/** Registers a worker and brings its pool rank to ready, as its worker plugin would. */
+async function readyWorker(id: string): Promise<number> {
+  rm.registerWorker({ id, host: 'h1', uid: 1000, gid: 1000 });
+  const { seat } = await rm.joinPool(id, { pid: 42 });
+  rm.poolClientConnected(seat.namespace, seat.rank);
+  return seat.rank;
+}
+
+beforeEach(() => setup());
+
+describe('the pool: ranks and epochs', () => {
+  it('hands each worker its rank as it registers, never reuses one, and opens a new epoch before they run out', async () => {
+    await setup(4);
+    const seats = ['a', 'b', 'c'].map((id) => rm.registerWorker({ id, host: 'h' }).pool!);
+    expect(seats.map((s) => [s.epoch, s.rank, s.state])).toEqual([[0, 0, 'assigned'], [0, 1, 'assigned'], [0, 2, 'assigned']]);
+    // One rank left (a tenth of 4, at least one): the next epoch is already being opened.
+    expect(pool.opened.map((e) => e.epoch)).toEqual([0, 1]);
+    rm.removeWorker('b');
+    expect(rm.registerWorker({ id: 'd', host: 'h' }).pool!.rank).toBe(3);
+    await flush();
+    const e = rm.registerWorker({ id: 'e', host: 'h' }).pool!;
+    expect([e.epoch, e.rank]).toEqual([1, 0]);
+    expect(e.namespace).not.toBe(seats[0]!.namespace);
+  });
+
+  it('a worker registered while its epoch opens waits for its rank and is told by an event', async () => {
+    clock = new ManualClock();
+    pool = new FakePool();
+    let open!: () => void;
+    pool.open = (spec) => {
+      pool.opened.push(spec);
+      return new Promise((r) => (open = r));
+    };
+    rm = new ResourceManager({ clock, policy: defaultPolicy(), pool: { size: 4, backend: pool } });
+    events = [];
+    rm.events.subscribe((ev) => events.push(ev.event));
+    expect(rm.registerWorker({ id: 'a', host: 'h' }).pool).toBeUndefined();
+    const joining = rm.joinPool('a', {});
+    open();
+    const { seat, env } = await joining;
+    expect([seat.rank, seat.state]).toEqual([0, 'joining']);
+    expect(env.PMIX_RANK).toBe('0');
+    expect(events.some((ev) => ev.kind === 'workerPoolChanged' && ev.pool.state === 'assigned')).toBe(true);
+  });
+
+  it('joining records what the worker process says of itself; another user cannot join', async () => {
+    rm.registerWorker({ id: 'a', host: 'sched' });
+    const { worker } = await rm.joinPool('a', { host: 'node7', pid: 99, uid: 1000, gid: 1000 });
+    expect([worker.host, worker.pid, worker.uid]).toEqual(['node7', 99, 1000]);
+    rm.registerWorker({ id: 'b', host: 'h' });
+    await expect(rm.joinPool('b', { uid: 0, gid: 0 })).rejects.toThrow(/runs as uid 0/);
+    expect(rm.getWorker('b').pool!.state).toBe('retired');
+    await expect(rm.joinPool('b', {})).rejects.toThrow(/left the pool/);
+  });
+
+  it('a rank whose connection drops is retired; its worker no longer qualifies', async () => {
+    const r = await readyWorker('a');
+    const ns = rm.getWorker('a').pool!.namespace;
+    rm.poolClientGone(ns, r, 'its worker process died');
+    expect(rm.getWorker('a').pool).toMatchObject({ state: 'retired', reason: 'its worker process died' });
+  });
+});
+
+describe('in-process jobs', () => {
+  it('run as a group of pool ranks: join barrier, group construct, leave, release', async () => {
+    const ranks = [await readyWorker('a'), await readyWorker('b'), await readyWorker('c')];
+    const job = await rm.createJob({ impl: 'openmpi', mode: 'inprocess', members: ['c', 'a'] });
+    expect(job.mode).toBe('inprocess');
+    expect(job.namespace).toBe(rm.getWorker('a').pool!.namespace);
+    expect(job.members.map((m) => m.poolRank)).toEqual([ranks[2], ranks[0]]);
+    expect(job.tag).toBe(`dask-pmix:${job.id}`);
+    expect(fork.calls).toEqual([]);
+
+    const first = rm.joinJob(job.id, 'c', 1000);
+    expect(rm.getJob(job.id).state).toBe('wiring');
+    const second = await rm.joinJob(job.id, 'a', 1000);
+    expect(second.ready).toBe(true);
+    expect((await first).ready).toBe(true);
+    // The communicator of another tag (one the job builds itself) changes nothing.
+    rm.poolGroupConstructed(job.namespace, 'something-else', [ranks[0]!, ranks[2]!]);
+    expect(rm.getJob(job.id).state).toBe('wiring');
+    rm.poolGroupConstructed(job.namespace, job.tag, [ranks[0]!, ranks[2]!]);
+    expect(rm.getJob(job.id).state).toBe('running');
+    rm.leaveJob(job.id, 'a', true, '');
+    rm.leaveJob(job.id, 'c', true, '');
+    expect(rm.getJob(job.id).state).toBe('completed');
+    await rm.released(job.id);
+    expect(rm.getWorker('a').state).toBe('available');
+    // The same workers serve the next job at once.
+    expect((await rm.createJob({ impl: 'openmpi', mode: 'inprocess', members: ['a', 'b', 'c'] })).mode).toBe('inprocess');
+  });
+
+  it('a join waits at most waitMs and tells the member to ask again', async () => {
+    await readyWorker('a');
+    await readyWorker('b');
+    const job = await rm.createJob({ impl: 'openmpi', mode: 'inprocess', members: ['a', 'b'] });
+    const waiting = rm.joinJob(job.id, 'a', 500);
+    clock.advance(500);
+    expect((await waiting).ready).toBe(false);
+    expect(rm.getJob(job.id).members[0]!.state).toBe('connected');
+    const again = rm.joinJob(job.id, 'a', 500);
+    await rm.joinJob(job.id, 'b', 500);
+    expect((await again).ready).toBe(true);
+  });
+
+  it('falls back to fork mode, with the reason, when in-process cannot serve', async () => {
+    await readyWorker('a');
+    rm.registerWorker({ id: 'plain', host: 'h1' });
+    const j1 = await rm.createJob({ impl: 'openmpi', mode: 'inprocess', members: ['a', 'plain'] });
+    expect([j1.mode, j1.modeReason]).toEqual(['fork', expect.stringMatching(/'plain' has not joined the pool/)]);
+    expect(fork.calls[0]).toMatch(/^prepare/);
+    await rm.deleteJob(j1.id);
+    const j2 = await rm.createJob({ impl: 'mpich', mode: 'inprocess', members: ['a'] });
+    expect([j2.mode, j2.modeReason]).toEqual(['fork', expect.stringMatching(/mpich has no in-process pool/)]);
+    await rm.deleteJob(j2.id);
+    const j3 = await rm.createJob({ impl: 'openmpi', members: ['a'] });
+    expect([j3.mode, j3.modeReason]).toEqual(['fork', undefined]);
+  });
+
+  it('a selector prefers workers that can run in-process', async () => {
+    rm.registerWorker({ id: 'plain0', host: 'h1' });
+    await readyWorker('a');
+    rm.registerWorker({ id: 'plain1', host: 'h1' });
+    await readyWorker('b');
+    const job = await rm.createJob({ impl: 'openmpi', mode: 'inprocess', selector: { count: 2 } });
+    expect([job.mode, job.members.map((m) => m.workerId)]).toEqual(['inprocess', ['a', 'b']]);
+  });
+
+  it('a member whose worker process dies fails the job at once, naming it; only that rank is retired', async () => {
+    const ra = await readyWorker('a');
+    await readyWorker('b');
+    const job = await rm.createJob({ impl: 'openmpi', mode: 'inprocess', members: ['a', 'b'] });
+    const joinA = rm.joinJob(job.id, 'a', 10_000);
+    await rm.joinJob(job.id, 'b', 10_000);
+    await joinA;
+    rm.poolClientGone(job.namespace, ra, 'its worker process died');
+    const failed = rm.getJob(job.id);
+    expect(failed.state).toBe('failed');
+    expect(failed.error).toMatch(/rank 0 \(worker a\) was lost: its worker process died/);
+    expect(failed.members[0]!.endedJob).toBe(true);
+    await flush();
+    expect(pool.notified).toEqual([`${job.id} failed`]);
+    // b is still connected: the job is released when it leaves (or after the grace).
+    rm.leaveJob(job.id, 'b', false, 'MPI_ERR_PROC_FAILED');
+    await rm.released(job.id);
+    expect(rm.getWorker('b').state).toBe('available');
+    expect(rm.getWorker('b').pool!.state).toBe('ready');
+    expect(rm.getWorker('a').pool!.state).toBe('retired');
+  });
+
+  it('a member that reports failure fails the job; a join after the end is refused', async () => {
+    await readyWorker('a');
+    await readyWorker('b');
+    const job = await rm.createJob({ impl: 'openmpi', mode: 'inprocess', members: ['a', 'b'] });
+    const joinA = rm.joinJob(job.id, 'a', 10_000);
+    rm.leaveJob(job.id, 'a', false, 'ValueError: bad input');
+    await expect(joinA).rejects.toThrow(/ValueError: bad input/);
+    await expect(rm.joinJob(job.id, 'b', 10)).rejects.toMatchObject({ kind: 'aborted' });
+    expect(rm.getJob(job.id).error).toMatch(/worker a\) was lost: ValueError: bad input/);
+  });
+
+  it('the wiring timeout fails a job whose communicator is never built; the grace releases a member that never leaves', async () => {
+    await readyWorker('a');
+    await readyWorker('b');
+    const job = await rm.createJob({ impl: 'openmpi', mode: 'inprocess', members: ['a', 'b'], wiringTimeoutSeconds: 5 });
+    const j = rm.joinJob(job.id, 'a', 10_000);
+    clock.advance(5000);
+    await expect(j).rejects.toThrow(/wiring timeout/);
+    expect(rm.getJob(job.id).state).toBe('failed');
+    expect(rm.getWorker('a').state).toBe('frozen');
+    clock.advance(5000);
+    await flush();
+    expect(rm.getWorker('a').state).toBe('available');
+  });
+
+  it('MPI_Abort from a pool rank aborts its worker\'s job', async () => {
+    const ra = await readyWorker('a');
+    await readyWorker('b');
+    const job = await rm.createJob({ impl: 'openmpi', mode: 'inprocess', members: ['a', 'b'] });
+    rm.poolAbort(job.namespace, ra, 3, 'boom');
+    expect(rm.getJob(job.id)).toMatchObject({ state: 'aborted', error: expect.stringMatching(/rank 0 aborted the job with status 3: boom/) });
+  });
+});
