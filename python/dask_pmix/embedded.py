@@ -3,29 +3,25 @@
 from __future__ import annotations
 
 import os
-import shutil
+import shlex
 import socket
 import subprocess
-import sys
 import time
-from pathlib import Path
 
+from . import config
 from .errors import SidecarError
+from .launcher import sidecar_command
 from .rest import SidecarClient
 
 
-def find_executable() -> str:
-    """The dask-pmix command: $DASK_PMIX_BIN, then the checkout this package lives in, then PATH."""
-    explicit = os.environ.get("DASK_PMIX_BIN")
-    if explicit:
-        return explicit
-    checkout = Path(__file__).resolve().parents[2] / "bin" / "dask-pmix"
-    if checkout.exists():
-        return str(checkout)
-    found = shutil.which("dask-pmix")
-    if found:
-        return found
-    raise SidecarError(0, "cannot find the dask-pmix command; set DASK_PMIX_BIN or a sidecar URL")
+def serve_command(args: list[str]) -> tuple[list[str], dict[str, str]]:
+    """`dask-pmix <args>`: the configured command (dask-pmix.sidecar.command, or DASK_PMIX_BIN), else
+    the sidecar bundled with this package, run on Node directly. Never a setup or a build."""
+    command = config.get("sidecar.command")
+    if command:
+        argv = shlex.split(command) if isinstance(command, str) else [str(c) for c in command]
+        return [*argv, *args], dict(os.environ)
+    return sidecar_command(args, node=config.get("sidecar.node"))
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -50,15 +46,17 @@ class EmbeddedSidecar:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def start(self, timeout: float = 120.0) -> str:
-        args = [find_executable(), "serve", "--host", self.host, "--port", str(self.port),
-                "--parent-pid", str(os.getpid()), *self.extra_args]
-        env = dict(os.environ)
+    def start(self, timeout: float | None = None) -> str:
+        timeout = timeout or config.seconds("timeouts.start") or 120.0
+        args, env = serve_command(["serve", "--host", self.host, "--port", str(self.port),
+                                   "--parent-pid", str(os.getpid()), *self.extra_args])
         if self.token:
             env["DASK_PMIX_TOKEN"] = self.token
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         self.proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT if self.log_path else None,
                                      start_new_session=True)
+        if self.log_path:
+            out.close()  # the child has its own descriptor
         client = SidecarClient(self.url, self.token)
         deadline = time.monotonic() + timeout
         while True:

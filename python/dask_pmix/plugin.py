@@ -13,6 +13,7 @@ from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from . import config
 from .embedded import EmbeddedSidecar
 from .errors import SidecarError
 from .rest import SidecarClient
@@ -34,8 +35,9 @@ class SidecarPlugin(SchedulerPlugin):
 
     def __init__(self, url: str | None = None, token: str | None = None, *, sidecar_args: list[str] | None = None,
                  sidecar_log: str | None = None):
-        self.url = url or os.environ.get("DASK_PMIX_URL") or None
-        self.token = token or os.environ.get("DASK_PMIX_TOKEN") or None
+        # Read here (the client's settings) and again in start() (the scheduler's) when unset.
+        self.url = url or config.get("sidecar.url")
+        self.token = token or config.get("sidecar.token")
         self.sidecar_args = list(sidecar_args or [])
         self.sidecar_log = sidecar_log
         self.embedded: EmbeddedSidecar | None = None
@@ -62,11 +64,14 @@ class SidecarPlugin(SchedulerPlugin):
     # -- life cycle -----------------------------------------------------------------------------
     async def start(self, scheduler) -> None:
         self.scheduler = scheduler
+        self.url = self.url or config.get("sidecar.url")
+        self.token = self.token or config.get("sidecar.token")
         if not self.url:
-            args = list(self.sidecar_args) or _serve_args_for(scheduler.address)
-            self.embedded = EmbeddedSidecar(token=self.token, extra_args=args, log_path=self.sidecar_log)
+            args = list(self.sidecar_args) or [*config.get("sidecar.args", []), *_serve_args_for(scheduler.address)]
+            self.embedded = EmbeddedSidecar(token=self.token, extra_args=args,
+                                            log_path=self.sidecar_log or config.get("sidecar.log"))
             self.url = await asyncio.to_thread(self.embedded.start)
-        self.rest = SidecarClient(self.url, self.token)
+        self.rest = SidecarClient(self.url, self.token, timeout=config.seconds("timeouts.request") or 30.0)
         await asyncio.to_thread(self.rest.health)
         scheduler.handlers.update({
             "dask_pmix_info": self.info,
@@ -271,14 +276,15 @@ def _serve_args_for(scheduler_address: str) -> list[str]:
     import ipaddress
     from urllib.parse import urlparse
 
+    pmix, pmi = config.get("interfaces.pmix"), config.get("interfaces.pmi")
     host = urlparse(scheduler_address).hostname or ""
     try:
         ip = ipaddress.ip_address(host)
     except ValueError:
-        return []
-    if ip.is_loopback or ip.is_unspecified or ip.version != 4:
-        return []
-    return ["--pmix-if", str(ip), "--pmi-host", str(ip)]
+        ip = None
+    if ip is not None and not (ip.is_loopback or ip.is_unspecified or ip.version != 4):
+        pmix, pmi = pmix or str(ip), pmi or str(ip)
+    return [*(["--pmix-if", pmix] if pmix else []), *(["--pmi-host", pmi] if pmi else [])]
 
 
 def dask_setup(scheduler) -> None:

@@ -1,6 +1,7 @@
 // `dask-pmix demo`: the main job. Dask lives in Python, so the demo itself is the dask_pmix
-// package's demo module, run in the project's Open MPI environment; it starts the sidecar
-// (this same CLI, `serve`) through the scheduler plugin.
+// package's demo module, run in the checkout's Open MPI environment; it starts the sidecar
+// (this same CLI, `serve`, run on Node directly) through the scheduler plugin. An installed wheel's
+// `dask-pmix demo` runs the same module in its own environment.
 import { spawn } from 'node:child_process';
 import { join } from 'node:path';
 import { projectRoot } from '../pmix/native.js';
@@ -10,7 +11,7 @@ export async function demo(args: string[]): Promise<number> {
   const python = join(root, '.venv', 'bin', 'python');
   const child = spawn(python, ['-m', 'dask_pmix.demo', ...args], {
     stdio: 'inherit',
-    env: { ...process.env, DASK_PMIX_BIN: join(root, 'bin', 'dask-pmix'), DASK_PMIX_NO_SETUP: '1' },
+    env: process.env,
   });
   const forward = (sig: NodeJS.Signals) => () => child.kill(sig);
   process.on('SIGINT', forward('SIGINT'));

@@ -1,7 +1,5 @@
 // The dask-pmix command line: `serve` runs the sidecar, `demo` runs the main job end to end.
-import { readFileSync } from 'node:fs';
-import { join } from 'node:path';
-import { projectRoot } from '../pmix/native.js';
+import { projectVersion } from './version.js';
 
 const USAGE = `usage: dask-pmix <command> [options]
 
@@ -11,11 +9,6 @@ commands:
   --version  print the dask-pmix version and the PMIx library version
   --help     print this help
 `;
-
-export function projectVersion(): string {
-  const pkg = JSON.parse(readFileSync(join(projectRoot(), 'package.json'), 'utf8')) as { version: string };
-  return pkg.version;
-}
 
 async function main(argv: string[]): Promise<number> {
   const [command, ...rest] = argv;

@@ -39,6 +39,16 @@ export function projectRoot(): string {
   return dir;
 }
 
+/**
+ * A data file of the Python package dask_pmix (its VERSION, the dashboard page): python/dask_pmix/
+ * in a checkout; in an installed wheel the sidecar is dask_pmix/_sidecar, so one level up.
+ */
+export function pythonPackageFile(...parts: string[]): string {
+  const root = projectRoot();
+  const inCheckout = join(root, 'python', 'dask_pmix', ...parts);
+  return existsSync(inCheckout) ? inCheckout : join(root, '..', ...parts);
+}
+
 let binding: NativeBinding | undefined;
 
 export function loadNative(): NativeBinding {

