@@ -46,6 +46,7 @@ async function build(): Promise<void> {
   mkdirSync(BIN, { recursive: true });
   const jobs: [string, string, string, string[]][] = [
     ['pmi-client', 'gcc', join(ROOT, 'bench', 'pmi-client.c'), ['-O2', '-Wall']],
+    ['pmi_exec', 'gcc', join(ROOT, 'test', 'clients', 'pmi_exec.c'), ['-O2', '-Wall']],
     ...Object.entries(FLAVOURS).map(([f, v]): [string, string, string, string[]] => [`init-probe-${f}`, v.cc, join(ROOT, 'test', 'clients', 'mpich_probe.c'), ['-O']]),
   ];
   for (const [out, cc, src, flags] of jobs) {
@@ -98,6 +99,9 @@ function collect(procs: { cmd: string; args: string[]; env: Record<string, strin
     }, timeoutMs);
   });
 }
+
+/** Binds a rank's PMI connection with its credential and runs the rank on it (PMI_FD), as a worker does. */
+const PMI_EXEC = join(BIN, 'pmi_exec');
 
 const baseEnv = (): Record<string, string> => ({ PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: process.env.HOME ?? '/tmp' });
 
@@ -158,7 +162,7 @@ function latencyOf(lines: Line[], n: number): Latency {
 
 async function pmiLatencyOurs(ours: Ours, n: number, iters: number): Promise<Latency> {
   const job = await ours.job(n);
-  const lines = await collect(viaShell(job.envs.map((env) => ({ cmd: join(BIN, 'pmi-client'), args: [String(iters)], env: { ...baseEnv(), ...env } }))));
+  const lines = await collect(viaShell(job.envs.map((env) => ({ cmd: PMI_EXEC, args: [join(BIN, 'pmi-client'), String(iters)], env: { ...baseEnv(), ...env } }))));
   await ours.done(job.id);
   return latencyOf(lines, n);
 }
@@ -185,7 +189,7 @@ const mpiEnv = () => ({ ...baseEnv(), ...DEFAULT_MEMBER_ENV.mpich });
 async function initOurs(ours: Ours, f: Flavour, n: number): Promise<InitTime> {
   const job = await ours.job(n);
   const t0 = Date.now() / 1000;
-  const lines = await collect(viaShell(job.envs.map((env) => ({ cmd: join(BIN, `init-probe-${f}`), args: ['init'], env: { ...mpiEnv(), ...env } }))));
+  const lines = await collect(viaShell(job.envs.map((env) => ({ cmd: PMI_EXEC, args: [join(BIN, `init-probe-${f}`), 'init'], env: { ...mpiEnv(), ...env } }))));
   await ours.done(job.id);
   return initOf(lines, n, t0);
 }

@@ -19,7 +19,8 @@ export async function buildRow(root: string, row: Row): Promise<Built> {
   mkdirSync(dir, { recursive: true });
   const programs = new Map<string, string>();
   const errors = new Map<string, string>();
-  const header = statSync(join(src, 'compat.h')).mtimeMs;
+  // Every program includes compat.h; the agent also the rank starter's PMI handshake.
+  const header = Math.max(statSync(join(src, 'compat.h')).mtimeMs, statSync(join(root, 'test', 'clients', 'pmi_connect.h')).mtimeMs);
   for (const file of readdirSync(src).filter((f) => f.endsWith('.c'))) {
     const name = file.slice(0, -2);
     const out = join(dir, name);

@@ -17,9 +17,12 @@
 #include <sys/wait.h>
 
 #include "compat.h"
+#include "../../test/clients/pmi_connect.h"
 
 static const char *F = "repeat";
 
+/* Sets a job's env, and for MPICH / Intel MPI binds its PMI connection with the PMI_ID
+ * credential, as a worker does before the rank's MPI starts (src/pmi/credential.ts). */
 static void set_env(char **fields, int n) {
     for (int i = 0; i < n; i++) {
         char *eq = strchr(fields[i], '=');
@@ -28,6 +31,7 @@ static void set_env(char **fields, int n) {
         setenv(fields[i], eq + 1, 1);
         *eq = '=';
     }
+    if (pmi_connect() != 0) printf("{\"feature\":\"%s\",\"ok\":false,\"error\":\"pmi_connect\"}\n", F);
 }
 
 #ifdef MPI_SESSION_NULL

@@ -20,6 +20,7 @@ import time
 import traceback
 from typing import Any, Callable
 
+from . import pmi_connect
 from .errors import MPIJobError
 
 _HEADER = struct.Struct("!Q")
@@ -142,6 +143,8 @@ def _child(fd: int, env: dict, tag: str, impl: str, fn: Callable, args: tuple, k
     try:
         _die_with_parent()
         os.environ.update(env)
+        # MPICH / Intel MPI: bind the PMI connection with the job's credential (no-op otherwise).
+        pmi_connect.bind(os.environ)
         MPI = mpi_module()
         _check_library(impl)
         session, comm = connect(MPI, tag, impl)

@@ -172,7 +172,11 @@ def test_retire_and_adaptive_keep_members_and_a_killed_member_fails_the_job(impl
         time.sleep(2.0)
         assert set(members) <= set(client.scheduler_info()["workers"])
         cluster.adapt(minimum=3, maximum=3)
-        # Kill one member's worker process outright: the job fails promptly, naming it.
+        # Kill one member's worker process outright, once every rank runs the job (not while a
+        # slow MPI_Init on a loaded machine is still under way): the job fails promptly, naming it.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(os.listdir(pid_dir)) < len(members):
+            time.sleep(0.1)
         victim = members[1]
         pid = client.run(os.getpid, workers=[victim])[victim]
         t_kill = time.monotonic()

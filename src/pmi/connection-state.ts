@@ -1,5 +1,6 @@
 // What one client connection knows, shared by its PMI-1 and PMI-2 command handlers (a PMI-2
 // client speaks one PMI-1 line before switching), plus the checks both protocols make.
+import { checkPmiId } from './credential.js';
 import { PmiError, errorMessage } from './errors.js';
 import type { PmiConnectionInfo, PmiJobCore, PmiMember } from './job-core.js';
 import { LIMITS } from './limits.js';
@@ -10,7 +11,8 @@ import { processMapping } from './process-mapping.js';
 /** Keys the process manager answers itself; clients may not put them (as hydra). */
 export const RESERVED_KEY_PREFIX = 'PMI_';
 
-export type Phase = 'new' | 'bound' | 'finalized' | 'aborted';
+/** refused: a bind failed; the connection is closing and reads nothing more. */
+export type Phase = 'new' | 'bound' | 'finalized' | 'aborted' | 'refused';
 
 export class ConnectionState {
   phase: Phase = 'new';
@@ -22,6 +24,11 @@ export class ConnectionState {
    * with I_MPI_PMI=pmi2): it sends `threaded=` in fullinit and unescapes `;;` in values.
    */
   pmi2Escapes = false;
+  /**
+   * How the connection was bound. After an initack (the starter's handshake, see credential.ts)
+   * a PMI-2 client's own fullinit is still to come, naming its rank.
+   */
+  boundBy: 'initack' | 'fullinit' | undefined;
   private mapping: string | undefined;
 
   constructor(
@@ -47,15 +54,22 @@ export class ConnectionState {
     if (this.phase === 'aborted') throw new PmiError('this connection has already aborted');
     if (!this.member) {
       throw new PmiError(
-        'no PMI_ID: connect with PMI_PORT and PMI_ID set (PMI-1 initack / PMI-2 fullinit) before other commands',
+        'no PMI_ID: bind the connection with the PMI_ID credential (PMI-1 initack / PMI-2 fullinit) before other commands',
       );
     }
     return this.member;
   }
 
-  bind(pmiId: number): PmiMember {
+  bind(pmiId: string | undefined): PmiMember {
     if (this.phase !== 'new') throw new PmiError(`already ${this.phase === 'bound' ? 'initialized' : this.phase} on this connection`);
-    const member = this.core.attach(pmiId, this.conn);
+    let member: PmiMember;
+    try {
+      member = this.core.attach(checkPmiId(pmiId), this.conn);
+    } catch (e) {
+      // Set before any further frame of this connection is looked at (see PmiConnection).
+      this.phase = 'refused';
+      throw e;
+    }
     this.member = member;
     this.phase = 'bound';
     return member;

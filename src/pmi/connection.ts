@@ -42,6 +42,7 @@ export class PmiConnection {
     core: PmiJobCore,
     private readonly trace?: Trace,
     private readonly onError?: (what: string, err: unknown) => void,
+    bindTimeoutMs = 30_000,
   ) {
     const peer = `${socket.remoteAddress ?? '?'}:${socket.remotePort ?? '?'}`;
     this.state = new ConnectionState(core, { peer }, onError);
@@ -52,8 +53,17 @@ export class PmiConnection {
     socket.on('data', (chunk: Buffer) => this.onData(chunk));
     // Errors (ECONNRESET...) are followed by 'close'; handling them here keeps them from being thrown.
     socket.on('error', () => {});
+    // A stranger that never binds is not kept (bound connections stay as long as their client).
+    const bindTimer = setTimeout(() => {
+      if (this.state.phase === 'new') {
+        trace?.({ conn: id, dir: 'close', text: `not bound within ${bindTimeoutMs} ms` });
+        socket.destroy();
+      }
+    }, bindTimeoutMs);
+    bindTimer.unref();
     this.closedPromise = new Promise((resolve) => {
       socket.on('close', () => {
+        clearTimeout(bindTimer);
         this.onClose();
         resolve();
       });
@@ -75,6 +85,8 @@ export class PmiConnection {
   }
 
   private dispatch(frame: Frame): void {
+    // A refused PMI_ID: whatever else the client sent along is not looked at (no second guess).
+    if (this.state.phase === 'refused') return;
     switch (frame.kind) {
       case 'line': {
         this.traceIn(frame.text);
@@ -87,7 +99,8 @@ export class PmiConnection {
           this.inOrder(async () => ({ text: formatPmi1Error(response, asPmiError(e)) }));
           return;
         }
-        this.inOrder(() => this.pmi1.handleLine(cmd));
+        // Lines queued behind a refused initack were dispatched before it ran.
+        this.inOrder(async () => (this.state.phase === 'refused' ? null : this.pmi1.handleLine(cmd)));
         return;
       }
       case 'block':
@@ -142,7 +155,10 @@ export class PmiConnection {
   private send(r: Reply | null): void {
     if (!r || this.closed) return;
     this.trace?.({ conn: this.id, dir: 'out', text: r.text });
-    if (r.close) this.socket.end(r.text, 'latin1');
+    if (r.close) {
+      this.socket.pause();
+      this.socket.end(r.text, 'latin1', () => this.socket.destroy());
+    }
     else this.socket.write(r.text, 'latin1');
   }
 

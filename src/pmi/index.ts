@@ -5,5 +5,6 @@ export type {
   KvsLookup, PmiConnectionInfo, PmiJobCore, PmiMember, PmiMemberInfo, SpawnApp, SpawnRequest,
 } from './job-core.js';
 export { PmiError, PMI_FAIL } from './errors.js';
+export { newPmiId, checkPmiId } from './credential.js';
 export { LIMITS, PMI1_MAX_LINE, PMI2_MAX_BODY } from './limits.js';
 export { nodeLayout, processMapping, parseProcessMapping, type NodeLayout } from './process-mapping.js';

@@ -86,10 +86,10 @@ export interface PmiConnectionInfo {
 
 export interface PmiJobCore {
   /**
-   * Binds a connection to the member a PMI_ID names. PMI_ID is what the member's env carried;
-   * it must tell the member apart from every other member served by the same listener, so it
-   * is a listener-wide token, not the rank (the rank comes back in the reply). Throws if the id
-   * is unknown, already connected, or its job is not accepting members any more.
+   * Binds a connection to the member a PMI_ID names. PMI_ID is what the member's env carried:
+   * a listener-wide credential (credential.ts), not the rank (the rank comes back in the
+   * reply). Throws if the id is unknown, already connected, or its job is not accepting
+   * members any more.
    */
-  attach(pmiId: number, conn: PmiConnectionInfo): PmiMember;
+  attach(pmiId: string, conn: PmiConnectionInfo): PmiMember;
 }

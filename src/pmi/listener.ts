@@ -15,7 +15,17 @@ export interface PmiListenerOptions {
   trace?: Trace;
   /** Trouble a connection survived by closing (a bug in a handler or in the core). */
   onError?: (what: string, err: unknown) => void;
+  /**
+   * A connection must bind to a member (initack / fullinit) within this time (default 30 s);
+   * whoever starts a rank binds at once (credential.ts), so only strangers wait.
+   */
+  bindTimeoutMs?: number;
+  /** At most this many connections wait to bind at a time (default 1024); the oldest goes first. */
+  maxUnbound?: number;
 }
+
+const BIND_TIMEOUT_MS = 30_000;
+const MAX_UNBOUND = 1024;
 
 export class PmiListener {
   private readonly connections = new Set<PmiConnection>();
@@ -72,8 +82,14 @@ export class PmiListener {
   }
 
   private accept(socket: Socket, opts: PmiListenerOptions): void {
-    const conn = new PmiConnection(this.nextId++, socket, opts.core, opts.trace, opts.onError);
+    const conn = new PmiConnection(this.nextId++, socket, opts.core, opts.trace, opts.onError, opts.bindTimeoutMs ?? BIND_TIMEOUT_MS);
     this.connections.add(conn);
     void conn.done.then(() => this.connections.delete(conn));
+    const max = opts.maxUnbound ?? MAX_UNBOUND;
+    if (this.connections.size > max) {
+      // Connections are kept in the order they came: the first unbound ones are the oldest.
+      const unbound = [...this.connections].filter((c) => c.state.phase === 'new');
+      for (const c of unbound.slice(0, Math.max(0, unbound.length - max))) c.destroy();
+    }
   }
 }

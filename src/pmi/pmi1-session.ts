@@ -57,9 +57,10 @@ export class Pmi1Session {
       return typeof r === 'string' ? { text: r } : r;
     } catch (e) {
       const err = this.state.replyError(`PMI-1 ${c.cmd}`, e);
-      // A refused initack leaves an MPICH 4.0.2 client waiting for `cmd=set` lines: hang up
-      // instead, unless this connection already belongs to a member.
-      return { text: formatPmi1Error(response, err), close: c.cmd === 'initack' && this.state.phase === 'new' };
+      // A refused credential costs the connection (no guessing on one socket); a refused
+      // initack also leaves an MPICH 4.0.2 client waiting for `cmd=set` lines. A connection
+      // that already belongs to a member keeps it.
+      return { text: formatPmi1Error(response, err), close: this.state.phase === 'refused' };
     }
   }
 
@@ -113,7 +114,8 @@ function spawnRequest(blocks: readonly Pmi1SpawnBlock[]): SpawnRequest {
 
 const HANDLERS: Readonly<Record<string, Handler>> = {
   initack(s, c) {
-    const m = s.state.bind(parseIntArg(c.args.get('pmiid'), 'pmiid'));
+    const m = s.state.bind(c.args.get('pmiid'));
+    s.state.boundBy = 'initack';
     // Four lines in one reply: MPICH reads size, rank and debug as `cmd=set` lines.
     return (
       formatPmi1('initack', { rc: 0 }) +

@@ -27,7 +27,8 @@ export class Pmi2Session {
       const fields = await handler(this.state, c);
       return fields ? { text: formatPmi2(response, { rc: 0, ...fields }, c.thrid, this.state.pmi2Escapes) } : null;
     } catch (e) {
-      return { text: formatPmi2Error(response, this.state.replyError(`PMI-2 ${c.cmd}`, e), c.thrid) };
+      // A refused credential costs the connection: no guessing on one socket.
+      return { text: formatPmi2Error(response, this.state.replyError(`PMI-2 ${c.cmd}`, e), c.thrid), close: this.state.phase === 'refused' };
     }
   }
 }
@@ -44,7 +45,19 @@ const HANDLERS: Readonly<Record<string, Handler>> = {
     // MPICH >= 4.1 sends PMI_ID as pmirank; Slurm's libpmi2 (and clients derived from it) as
     // srcid, falling back to pmirank=PMI_RANK.
     const id = c.args.get('srcid') ?? c.args.get('pmirank');
-    const m = s.bind(parseIntArg(id, 'pmirank/srcid (PMI_ID)'));
+    let m;
+    if (s.phase === 'bound' && s.boundBy === 'initack') {
+      // Handed to the client as PMI_FD after the credential's initack: it names itself by its
+      // rank (PMI_RANK), or by nothing (-1) if it had no PMI_ID or PMI_RANK.
+      m = s.member!;
+      if (id !== undefined && id !== '-1' && id !== String(m.info.rank)) {
+        throw new PmiError(`fullinit names rank ${clip(id, 12)} on the connection of rank ${m.info.rank}`);
+      }
+      s.boundBy = 'fullinit';
+    } else {
+      m = s.bind(id);
+      s.boundBy = 'fullinit';
+    }
     s.pmi2Escapes = c.args.has('threaded');
     // Older clients (MPICH 4.0 simple2pmi, Slurm's) insist on pmi-version and pmi-subversion and
     // read pmiverbose as TRUE/FALSE; newer ones atoi() it, which makes FALSE a 0.

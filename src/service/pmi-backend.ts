@@ -5,14 +5,14 @@
 //   - the PmiJobCore of the wire server, which binds each connecting client to its member
 //     (pmi-member.ts turns that member's commands into the core's calls).
 import { execFile } from 'node:child_process';
-import { randomInt } from 'node:crypto';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { hostname, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
-import { PmiError, PmiListener, type PmiJobCore, type PmiMember, type Trace } from '../pmi/index.js';
+import { PmiError, PmiListener, newPmiId, type PmiJobCore, type PmiMember, type Trace } from '../pmi/index.js';
 import type { Job, JobBackend, JobMember, ResourceManager, Worker } from '../rm/index.js';
 import { DEFAULT_MEMBER_ENV } from './default-env.js';
+import { DEFAULT_PMI_JOB_LIMITS, PmiJobStore, type PmiJobLimits } from './pmi-job-store.js';
 import { RmPmiMember, asPmiError, type PmiJob } from './pmi-member.js';
 
 export interface PmiBackendOptions {
@@ -25,6 +25,11 @@ export interface PmiBackendOptions {
   advertisedHost?: string;
   /** Added to every member's environment; replaces DEFAULT_MEMBER_ENV of the job's impl. */
   extraEnv?: Readonly<Record<string, string>>;
+  /** See PmiListenerOptions. */
+  bindTimeoutMs?: number;
+  maxUnbound?: number;
+  /** Per-job bounds on what clients may store (default DEFAULT_PMI_JOB_LIMITS). */
+  limits?: Readonly<PmiJobLimits>;
   trace?: Trace;
   onError?: (what: string, err: unknown) => void;
   /**
@@ -55,7 +60,7 @@ async function writeTopology(): Promise<{ file: string; dir: string } | undefine
 
 export class PmiBackend implements JobBackend, PmiJobCore {
   readonly impls = ['mpich', 'intelmpi'] as const;
-  private readonly byPmiId = new Map<number, { pj: PmiJob; rank: number }>();
+  private readonly byPmiId = new Map<string, { pj: PmiJob; rank: number }>();
   private readonly jobs = new Map<string, PmiJob>();
 
   private constructor(
@@ -74,6 +79,7 @@ export class PmiBackend implements JobBackend, PmiJobCore {
     const core: PmiJobCore = { attach: (id) => self!.attach(id) };
     const listener = await PmiListener.start({
       core, host: opts.host, port: opts.port, trace: opts.trace, onError: opts.onError,
+      bindTimeoutMs: opts.bindTimeoutMs, maxUnbound: opts.maxUnbound,
     });
     self = new PmiBackend(opts, listener, topo?.file, topo?.dir);
     return self;
@@ -91,9 +97,9 @@ export class PmiBackend implements JobBackend, PmiJobCore {
   async prepare(job: Readonly<Job>): Promise<void> {
     const pj: PmiJob = {
       job,
-      pmiIds: job.members.map(() => this.newPmiId()),
+      pmiIds: job.members.map(() => newPmiId()),
       hosts: job.members.map((m) => m.host),
-      staged: job.members.map(() => new Map()),
+      store: new PmiJobStore(job.id, job.members.length, () => this.opts.rm.kv(job.namespace), this.opts.limits ?? DEFAULT_PMI_JOB_LIMITS),
       connected: job.members.map(() => false),
       released: false,
     };
@@ -107,9 +113,11 @@ export class PmiBackend implements JobBackend, PmiJobCore {
     return {
       ...(this.opts.extraEnv ?? DEFAULT_MEMBER_ENV[impl]),
       PMI_PORT: this.pmiPort,
-      PMI_ID: String(pj.pmiIds[member.rank]),
-      // Only read by clients that skip the PMI_ID handshake (MPICH 4.0.x without PMI_ID);
-      // MPICH 5's auto-detection also takes PMI_SIZE as the sign of a PMI-1 launcher.
+      // The credential; whoever starts the rank binds the connection with it and hands it to
+      // MPI as PMI_FD (dask_pmix.pmi_connect, see src/pmi/credential.ts).
+      PMI_ID: pj.pmiIds[member.rank]!,
+      // Read by MPI clients on a PMI_FD; MPICH 5's auto-detection also takes PMI_SIZE as the
+      // sign of a PMI-1 launcher.
       PMI_RANK: String(member.rank),
       PMI_SIZE: String(job.members.length),
     };
@@ -149,11 +157,12 @@ export class PmiBackend implements JobBackend, PmiJobCore {
 
   // ---- PmiJobCore ----------------------------------------------------------------------------
 
-  attach(pmiId: number): PmiMember {
+  attach(pmiId: string): PmiMember {
     const e = this.byPmiId.get(pmiId);
-    if (!e) throw new PmiError(`unknown PMI_ID ${pmiId}: no active MPICH/Intel MPI job has such a member`);
+    // The guess is not echoed: an answer must not help the next one.
+    if (!e) throw new PmiError('unknown PMI_ID: no active MPICH/Intel MPI job has such a member');
     const { pj, rank } = e;
-    if (pj.connected[rank]) throw new PmiError(`PMI_ID ${pmiId} (rank ${rank} of job ${pj.job.id}) is already connected`);
+    if (pj.connected[rank]) throw new PmiError(`the PMI_ID of rank ${rank} of job ${pj.job.id} is already connected`);
     try {
       this.opts.rm.memberConnected(pj.job.namespace, rank);
     } catch (e) {
@@ -170,14 +179,6 @@ export class PmiBackend implements JobBackend, PmiJobCore {
     const pj = this.jobs.get(jobId);
     if (!pj) throw new Error(`job ${jobId} was not prepared by the PMI backend`);
     return pj;
-  }
-
-  /** A random positive int32 no live member has: a stale env from another job cannot hit it by chance. */
-  private newPmiId(): number {
-    for (;;) {
-      const id = randomInt(1, 2 ** 31 - 1);
-      if (!this.byPmiId.has(id)) return id;
-    }
   }
 }
 

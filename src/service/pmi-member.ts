@@ -3,12 +3,13 @@
 // state machine). The core's errors reach the client as PmiErrors (rc=-1 msg=...).
 //
 // The one thing PMI adds on top of the core is when a put becomes visible: PMI says at the next
-// barrier / kvs-fence (hydra caches puts until then), so a member's puts are staged here and
-// committed to the job's store when that member's fence completes. All members' fences
-// complete in one synchronous step in the core, and each commit runs before any further
-// command can be read, so no rank sees a half-committed epoch.
+// barrier / kvs-fence (hydra caches puts until then), so a member's puts are staged
+// (pmi-job-store.ts) and committed to the job's store when that member's fence completes. All
+// members' fences complete in one synchronous step in the core, and each commit runs before any
+// further command can be read, so no rank sees a half-committed epoch.
 import { PmiError, type KvsLookup, type PmiMember, type PmiMemberInfo } from '../pmi/index.js';
 import { isActive, isRmError, type Job, type ResourceManager } from '../rm/index.js';
+import type { PmiJobStore } from './pmi-job-store.js';
 
 /** The collective a PMI-1 barrier and a PMI-2 kvs-fence join: the same one a PMIx fence joins. */
 export const FENCE = 'fence';
@@ -16,10 +17,11 @@ export const FENCE = 'fence';
 /** What the PMI backend keeps per job. */
 export interface PmiJob {
   job: Readonly<Job>;
-  pmiIds: number[];
+  /** Each rank's credential (src/pmi/credential.ts). */
+  pmiIds: string[];
   hosts: string[];
-  /** Puts of each rank not yet committed by a fence. */
-  staged: Map<string, string>[];
+  /** Staged and committed puts, within the job's limits. */
+  store: PmiJobStore;
   /** Which ranks have a live connection. */
   connected: boolean[];
   /** Released by the core: nothing of it is reported any more. */
@@ -91,28 +93,19 @@ export class RmPmiMember implements PmiMember {
 
   put(key: string, value: string): void {
     this.live();
-    this.pj.staged[this.rank]!.set(key, value);
+    core(() => this.pj.store.stage(this.rank, key, value));
   }
 
   get(key: string): KvsLookup {
     this.live();
-    const own = this.pj.staged[this.rank]!.get(key);
-    if (own !== undefined) return { found: true, value: own };
-    const v = core(() => this.rm.kv(this.ns).get(key));
-    if (v !== undefined) return { found: true, value: v };
-    return this.pj.staged.some((s) => s.has(key)) ? { found: false, why: 'unfenced' } : { found: false, why: 'unknown' };
+    return core(() => this.pj.store.lookup(this.rank, key));
   }
 
   async fence(): Promise<void> {
     this.live();
     await coreAsync(() => this.rm.collective(this.ns, { name: FENCE, participants: 'all', contributors: [this.rank] }));
     // Runs in the same microtask drain as every other member's commit (see the file comment).
-    const staged = this.pj.staged[this.rank]!;
-    core(() => {
-      const kv = this.rm.kv(this.ns);
-      for (const [k, v] of staged) kv.put(this.rank, k, v);
-    });
-    staged.clear();
+    core(() => this.pj.store.commit(this.rank));
   }
 
   jobAttr(key: string): string | undefined {
@@ -122,7 +115,7 @@ export class RmPmiMember implements PmiMember {
 
   putNodeAttr(key: string, value: string): void {
     this.live();
-    core(() => this.rm.kv(this.ns).put(this.rank, nodeKey(this.host, key), value));
+    core(() => this.pj.store.putShared(this.rank, nodeKey(this.host, key), value));
   }
 
   async getNodeAttr(key: string, wait: boolean): Promise<string | undefined> {
@@ -161,7 +154,7 @@ export class RmPmiMember implements PmiMember {
   }
 
   finalize(): void {
-    this.pj.staged[this.rank]!.clear();
+    this.pj.store.drop(this.rank);
     if (!this.pj.released) core(() => this.rm.memberFinalized(this.ns, this.rank));
   }
 

@@ -5,11 +5,14 @@
  *   mpich_probe repeat DIR N
  *                         N rounds in one process, each a session in another job: waits for
  *                         DIR/round<k>.env (lines NAME=VALUE: that round's PMI env), sets it,
+ *                         binds that job's PMI connection (pmi_connect.h), then
  *                         MPI_Session_init + mpi://WORLD + Allreduce + MPI_Session_finalize
  * Prints JSON lines.
  */
 #include <mpi.h>
 #include <stdio.h>
+
+#include "pmi_connect.h"
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -38,6 +41,7 @@ static int load_round(const char *dir, int k) {
 static int repeat(const char *dir, int rounds) {
     for (int k = 1; k <= rounds; k++) {
         if (load_round(dir, k) != 0) { printf("{\"mode\":\"repeat\",\"round\":%d,\"error\":\"no env\"}\n", k); return 6; }
+        if (pmi_connect() != 0) { printf("{\"mode\":\"repeat\",\"round\":%d,\"error\":\"pmi_connect\"}\n", k); return 6; }
         MPI_Session s;
         MPI_Group g;
         MPI_Comm c;

@@ -12,6 +12,8 @@ interface Target {
   src: string;
   cc: string;
   flags: string[];
+  /** Headers it includes, for the rebuild check. */
+  deps?: string[];
 }
 
 export function targets(): Target[] {
@@ -29,12 +31,14 @@ export function targets(): Target[] {
     { out: 'mpi_job_mpich4', src: src('mpi_job.c'), cc: 'mpicc.mpich', flags: ['-O'] },
     { out: 'mpi_job_mpich5', src: src('mpi_job.c'), cc: join(VENV_MPICH, 'bin', 'mpicc'), flags: ['-O'] },
     { out: 'mpi_hosts_mpich5', src: src('mpi_hosts.c'), cc: join(VENV_MPICH, 'bin', 'mpicc'), flags: ['-O'] },
-    { out: 'mpich_probe_mpich4', src: src('mpich_probe.c'), cc: 'mpicc.mpich', flags: ['-O'] },
-    { out: 'mpich_probe_mpich5', src: src('mpich_probe.c'), cc: join(VENV_MPICH, 'bin', 'mpicc'), flags: ['-O'] },
+    { out: 'mpich_probe_mpich4', src: src('mpich_probe.c'), cc: 'mpicc.mpich', flags: ['-O'], deps: [src('pmi_connect.h')] },
+    { out: 'mpich_probe_mpich5', src: src('mpich_probe.c'), cc: join(VENV_MPICH, 'bin', 'mpicc'), flags: ['-O'], deps: [src('pmi_connect.h')] },
     ...['publish_lookup', 'abort', 'connect_accept'].flatMap((p) => [
       { out: `${p}_mpich4`, src: join(ROOT, 'compat-matrix', 'programs', `${p}.c`), cc: 'mpicc.mpich', flags: ['-O'] },
       { out: `${p}_mpich5`, src: join(ROOT, 'compat-matrix', 'programs', `${p}.c`), cc: join(VENV_MPICH, 'bin', 'mpicc'), flags: ['-O'] },
     ]),
+    // Binds a rank's PMI connection with its PMI_ID credential and runs the rank on it (PMI_FD).
+    { out: 'pmi_exec', src: src('pmi_exec.c'), cc: 'gcc', flags: ['-O', '-Wall'], deps: [src('pmi_connect.h')] },
     // A PMI-2 client of the older dialect: Slurm's libpmi2 (Debian libpmi2-0-dev).
     { out: 'pmi2_probe', src: src('pmi2_probe.c'), cc: 'gcc', flags: ['-O', '-Wall', '-lpmi2'] },
   ];
@@ -44,11 +48,19 @@ export async function buildClients(): Promise<void> {
   mkdirSync(BIN, { recursive: true });
   for (const t of targets()) {
     const out = join(BIN, t.out);
-    if (existsSync(out) && statSync(out).mtimeMs > statSync(t.src).mtimeMs) continue;
+    if (existsSync(out) && [t.src, ...(t.deps ?? [])].every((f) => statSync(out).mtimeMs > statSync(f).mtimeMs)) continue;
     await run(t.cc, ['-o', out, t.src, ...t.flags]);
   }
 }
 
 export function bin(name: string): string {
   return join(BIN, name);
+}
+
+/**
+ * The command line that starts `program` as an MPICH / Intel MPI rank the way a Dask worker
+ * does: its PMI connection bound with the PMI_ID credential first (src/pmi/credential.ts).
+ */
+export function pmiRank(program: string, args: string[] = []): [string, string[]] {
+  return [bin('pmi_exec'), [program, ...args]];
 }

@@ -7,7 +7,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { Sidecar } from '../../src/service/sidecar.js';
-import { bin } from '../helpers/build-clients.js';
+import { bin, pmiRank } from '../helpers/build-clients.js';
 import { restClient } from '../helpers/http.js';
 import { describeRanks, startRank } from '../helpers/ranks.js';
 
@@ -40,7 +40,8 @@ async function runOnHosts(impl: 'openmpi' | 'mpich', program: string, hosts: str
   for (const m of job.members) {
     const env = (await api('GET', `/v1/jobs/${job.id}/env/${encodeURIComponent(m.workerId)}`)).body.env as Record<string, string>;
     if (impl === 'openmpi') expect(env.PMIX_HOSTNAME).toBe(m.host);
-    ranks.push(startRank(bin(program), [], { ...env, ...extraEnv }, 60_000));
+    // An MPICH rank is started the way a worker starts it: its PMI connection bound first.
+    ranks.push(startRank(...(impl === 'mpich' ? pmiRank(bin(program)) : [bin(program), []] as [string, string[]]), { ...env, ...extraEnv }, 60_000));
   }
   const codes = await Promise.all(ranks.map((r) => r.exited));
   expect(codes, describeRanks(ranks)).toEqual(hosts.map(() => 0));

@@ -8,7 +8,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Sidecar } from '../../src/service/sidecar.js';
-import { bin } from '../helpers/build-clients.js';
+import { bin, pmiRank } from '../helpers/build-clients.js';
 import { restClient } from '../helpers/http.js';
 import { describeRanks, startRank } from '../helpers/ranks.js';
 
@@ -103,7 +103,9 @@ async function runAcrossHosts(impl: 'openmpi' | 'mpich', program: string, extraE
     const env = (await api('GET', `/v1/jobs/${job.id}/env/${encodeURIComponent(m.workerId)}`)).body.env as Record<string, string>;
     const h = placement[i]!;
     // The rank runs inside its host's namespace: it reaches the sidecar over the bridge only.
-    ranks.push(startRank('ip', ['netns', 'exec', h.ns, bin(program)], { ...env, ...extraEnv(h) }, 60_000));
+    // An MPICH rank's PMI connection is bound (pmi_exec) from inside its host, as a worker there would.
+    const cmd = impl === 'mpich' ? pmiRank(bin(program)).flat() : [bin(program)];
+    ranks.push(startRank('ip', ['netns', 'exec', h.ns, ...cmd], { ...env, ...extraEnv(h) }, 60_000));
   }
   const codes = await Promise.all(ranks.map((r) => r.exited));
   expect(codes, describeRanks(ranks)).toEqual([0, 0, 0, 0]);

@@ -6,7 +6,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import pino from 'pino';
 import { Sidecar } from '../../src/service/sidecar.js';
-import { bin } from '../helpers/build-clients.js';
+import { bin, pmiRank } from '../helpers/build-clients.js';
 import { restClient, until } from '../helpers/http.js';
 import { describeRanks, startRank, type RankProcess } from '../helpers/ranks.js';
 import { pmixClient } from './build.js';
@@ -239,7 +239,7 @@ describe('the sidecar with MPICH ranks (PMI-1)', () => {
     const e = await envs(job);
     expect(Object.keys(e[0]!).filter((k) => k.startsWith('PMIX_'))).toEqual([]);
     expect(e[1]).toMatchObject({ PMI_RANK: '1', PMI_SIZE: '2', PMI_PORT: expect.stringMatching(/:\d+$/) });
-    const ranks = e.map((env) => startRank(bin('mpi_job_mpich4'), ['world'], env, 60_000));
+    const ranks = e.map((env) => startRank(...pmiRank(bin('mpi_job_mpich4'), ['world']), env, 60_000));
     await expectAllExit0(ranks);
     for (const [rank, r] of ranks.entries()) expect(r.lines.find((l) => 'sum' in l), describeRanks(ranks)).toMatchObject({ rank, size: 2, sum: 3, ok: true });
     const done = await waitReleased(job.id);

@@ -33,7 +33,7 @@ type Rng = ReturnType<typeof rng>;
 const SEED = Number(process.env.PMI_FUZZ_SEED ?? Date.now() % 1_000_000);
 
 /** What MPICH 4.0.2 sends during MPI_Init + Allreduce + Finalize (captured), as a template. */
-function pmi1Transcript(id: number, kvs: string, rank: number): string {
+function pmi1Transcript(id: string, kvs: string, rank: number): string {
   return [
     `cmd=initack pmiid=${id}`,
     'cmd=init pmi_version=1 pmi_subversion=1',
@@ -55,7 +55,7 @@ function pmi1Transcript(id: number, kvs: string, rank: number): string {
 }
 
 /** What a PMI-2 client sends, as a template. */
-function pmi2Transcript(id: number, kvs: string, rank: number): string {
+function pmi2Transcript(id: string, kvs: string, rank: number): string {
   return [
     'cmd=init pmi_version=2 pmi_subversion=0\n',
     frame2(`cmd=fullinit;pmirank=${id};`),
@@ -112,7 +112,7 @@ function mutate(r: Rng, s: string): string {
         out = out.slice(0, at);
         break;
       default: // a wrong kvsname or id
-        out = out.replace(/kvsname=[^ \n]+/, 'kvsname=someone-else').replace(/pmiid=\d+/, `pmiid=${r.int(1000)}`);
+        out = out.replace(/kvsname=[^ \n]+/, 'kvsname=someone-else').replace(/pmiid=[0-9a-f]+/, `pmiid=${r.int(1000)}`);
     }
   }
   return out;

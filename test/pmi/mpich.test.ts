@@ -5,7 +5,7 @@ import { existsSync, mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { bin } from '../helpers/build-clients.js';
+import { bin, pmiRank } from '../helpers/build-clients.js';
 import { ROOT } from '../helpers/paths.js';
 import { describeRanks, startRank, type RankProcess } from '../helpers/ranks.js';
 import { PmiRmFixture, type FixtureJob } from './helpers/rm-fixture.js';
@@ -17,7 +17,7 @@ beforeAll(async () => {
 afterAll(() => fx.stop());
 
 function launch(j: FixtureJob, program: string, args: string[], extra: Record<string, string> = {}, timeoutMs = 30_000): RankProcess[] {
-  return j.envs.map((env) => startRank(bin(program), args, { ...env, ...extra }, timeoutMs));
+  return j.envs.map((env) => startRank(...pmiRank(bin(program), args), { ...env, ...extra }, timeoutMs));
 }
 
 /** Runs `program` as every rank of a new job and checks all ranks pass and the job completes. */
@@ -49,6 +49,16 @@ describe.each([
   it('runs MPI_Session_init + mpi://WORLD + MPI_Comm_create_from_group + Allreduce', async () => {
     const { ranks } = await runJob(2, `mpi_job_${flavour}`, ['session']);
     expectAllreduce(ranks, 'session');
+  });
+
+  it('refuses MPI that sends PMI_ID itself (an int, not the credential): the rank fails, the job is untouched', async () => {
+    const j = await fx.job(2);
+    const ranks = j.envs.map((env) => startRank(bin(`mpi_job_${flavour}`), ['world'], env, 20_000));
+    const codes = await Promise.all(ranks.map((r) => r.exited));
+    for (const c of codes) expect(c, describeRanks(ranks)).not.toBe(0);
+    expect(codes, describeRanks(ranks)).not.toContain('SIGKILL');
+    expect(fx.state(j.job.id)).toBe('pending');
+    await fx.rm.deleteJob(j.job.id);
   });
 
   it('publishes, looks up and unpublishes a name', async () => {

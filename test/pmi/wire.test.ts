@@ -42,11 +42,11 @@ async function member2(j: FixtureJob, rank: number): Promise<WireClient> {
 }
 
 describe('member environment', () => {
-  it('holds PMI_PORT, a listener-wide PMI_ID, PMI_RANK and PMI_SIZE, the yield settings, and never PMIX_*', async () => {
+  it('holds PMI_PORT, a 128-bit PMI_ID credential, PMI_RANK and PMI_SIZE, the yield settings, and never PMIX_*', async () => {
     const [a, b] = [await fx.job(2), await fx.job(1, { impl: 'intelmpi' })];
     expect(a.envs[1]).toEqual({
       PMI_PORT: `127.0.0.1:${fx.port}`,
-      PMI_ID: String(a.pmiIds[1]),
+      PMI_ID: expect.stringMatching(/^[0-9a-f]{32}$/),
       PMI_RANK: '1',
       PMI_SIZE: '2',
       MPIR_CVAR_CH4_PROGRESS_THROTTLE: '1',
@@ -172,7 +172,7 @@ describe('PMI-1', () => {
       ['cmd=init pmi_version=3 pmi_subversion=0', { cmd: 'response_to_init', rc: '-1', msg: expect.stringContaining('version_mismatch') }],
       ['cmd=barrier_in group=WORLD:1', { cmd: 'barrier_out', rc: '-1', msg: expect.stringContaining('PMI_1.2') }],
       [`cmd=initack pmiid=${j.pmiIds[0]}`, { cmd: 'initack', rc: '-1', msg: expect.stringContaining('already_initialized') }],
-      ['cmd=initack pmiid=seven', { cmd: 'initack', rc: '-1' }],
+      ['cmd=initack pmiid=seven', { cmd: 'initack', rc: '-1', msg: expect.stringContaining('already_initialized') }],
     ];
     for (const [line, reply] of bad) expect(await c.cmd1(line), line).toMatchObject(reply);
     // A bad initack on a bound connection must not hang up (it only does so for unbound ones).
@@ -199,9 +199,22 @@ describe('PMI-1', () => {
   it('refuses an unknown PMI_ID and a second connection with the same PMI_ID, then hangs up', async () => {
     const j = await fx.job(1);
     const stranger = await WireClient.connect(fx.port);
-    stranger.send('cmd=initack pmiid=12345\n');
-    expect(parse1(await stranger.line())).toMatchObject({ cmd: 'initack', rc: '-1', msg: expect.stringContaining('unknown_PMI_ID_12345') });
+    stranger.send(`cmd=initack pmiid=${'0'.repeat(32)}\n`);
+    const refusal = parse1(await stranger.line());
+    expect(refusal).toMatchObject({ cmd: 'initack', rc: '-1', msg: expect.stringContaining('unknown_PMI_ID') });
+    expect(refusal.msg).not.toContain('0'.repeat(32));
     await stranger.closed;
+    // MPI sending PMI_ID itself (an int, as MPICH and Intel MPI do) is told how to join.
+    const raw = await WireClient.connect(fx.port);
+    raw.send('cmd=initack pmiid=12345\n');
+    expect(parse1(await raw.line())).toMatchObject({ cmd: 'initack', rc: '-1', msg: expect.stringContaining('dask_pmix.pmi_connect') });
+    await raw.closed;
+    // Guesses sent along after a wrong one are not looked at.
+    const pipelined = await WireClient.connect(fx.port);
+    pipelined.send(`cmd=initack pmiid=${'1'.repeat(32)}\ncmd=initack pmiid=${j.pmiIds[0]}\n`);
+    expect(parse1(await pipelined.line())).toMatchObject({ cmd: 'initack', rc: '-1' });
+    await pipelined.closed;
+    expect(fx.state(j.job.id)).toBe('pending');
 
     const first = await member1(j, 0);
     const twin = await WireClient.connect(fx.port);
@@ -383,11 +396,44 @@ describe('PMI-2', () => {
     b.close();
   });
 
+  it('closes a socket at its first wrong PMI_ID: no second guess on it', async () => {
+    const j = await fx.job(1);
+    for (const wrong of [`pmirank=${'f'.repeat(32)}`, 'pmirank=0', 'srcid=-1', '']) {
+      const c = await WireClient.connect(fx.port);
+      c.send(frame2(`cmd=fullinit;${wrong}${wrong ? ';' : ''}`));
+      c.send(frame2(`cmd=fullinit;pmirank=${j.pmiIds[0]};`));
+      expect(parse2(await c.frame())).toMatchObject({ cmd: 'fullinit-response', rc: '-1' });
+      await c.closed;
+    }
+    // Nobody got in.
+    expect(fx.state(j.job.id)).toBe('pending');
+    const ok = await member2(j, 0);
+    expect(await ok.cmd2('cmd=finalize;')).toMatchObject({ rc: '0' });
+    ok.close();
+  });
+
+  it('takes over a connection bound by the starter (initack with the credential, then PMI_FD): fullinit names the rank', async () => {
+    const j = await fx.job(2);
+    const [a, b] = [await member1(j, 0), await member1(j, 1)];
+    // What MPICH >= 4.1 sends on PMI_FD with PMI_RANK set, and what Slurm's libpmi2 sends.
+    expect(await a.cmd1('cmd=init pmi_version=2 pmi_subversion=0')).toMatchObject({ rc: '0', pmi_version: '2' });
+    expect(await a.cmd2('cmd=fullinit;pmirank=0;')).toMatchObject({ cmd: 'fullinit-response', rc: '0', rank: '0', size: '2' });
+    expect(await a.cmd2('cmd=fullinit;pmirank=0;')).toMatchObject({ rc: '-1', errmsg: expect.stringContaining('already initialized') });
+    expect(await b.cmd2('cmd=fullinit;pmirank=0;')).toMatchObject({ rc: '-1', errmsg: expect.stringContaining('rank 1') });
+    expect(b.isClosed).toBe(false);
+    expect(await b.cmd2('cmd=fullinit;srcid=1;threaded=FALSE;')).toMatchObject({ rc: '0', rank: '1' });
+    await Promise.all([a.cmd2('cmd=kvs-fence;'), b.cmd2('cmd=kvs-fence;')]);
+    expect(await a.cmd2('cmd=finalize;')).toMatchObject({ rc: '0' });
+    expect(await b.cmd2('cmd=finalize;')).toMatchObject({ rc: '0' });
+    expect(fx.state(j.job.id)).toBe('completed');
+    a.close();
+    b.close();
+  });
+
   it('answers bad input with rc=-1 and an errmsg', async () => {
     const j = await fx.job(2);
     const c = await WireClient.connect(fx.port);
     expect(await c.cmd2('cmd=kvs-put;key=a;value=b;')).toMatchObject({ cmd: 'kvs-put-response', rc: '-1', errmsg: expect.stringContaining('no PMI_ID') });
-    expect(await c.cmd2('cmd=fullinit;')).toMatchObject({ cmd: 'fullinit-response', rc: '-1' });
     expect(await c.cmd2(`cmd=fullinit;pmirank=${j.pmiIds[0]};`)).toMatchObject({ rc: '0' });
     expect(await c.cmd2('cmd=warp-drive;')).toMatchObject({ cmd: 'warp-drive-response', rc: '-1', errmsg: 'unknown PMI-2 command warp-drive' });
     expect(await c.cmd2('cmd=kvs-get;jobid=someone-else;key=k;')).toMatchObject({ rc: '-1', errmsg: expect.stringContaining('wrong kvsname') });
@@ -404,5 +450,67 @@ describe('PMI-2', () => {
     other.close();
     expect(parse2(await c.frame())).toMatchObject({ cmd: 'info-getnodeattr-response', rc: '-1', errmsg: expect.stringContaining('failed') });
     c.close();
+  });
+});
+
+describe('limits: a hostile client gets errors, not the sidecar\'s memory, and other jobs are untouched', () => {
+  let lx: PmiRmFixture;
+  beforeAll(async () => {
+    lx = await PmiRmFixture.start({ limits: { kvEntries: 4, kvBytes: 64, puts: 8 }, bindTimeoutMs: 300, maxUnbound: 3 });
+  });
+  afterAll(() => lx.stop());
+
+  async function bound(j: FixtureJob, rank: number): Promise<WireClient> {
+    const c = await WireClient.connect(lx.port);
+    c.send(`cmd=initack pmiid=${j.pmiIds[rank]}\n`);
+    for (let i = 0; i < 4; i++) await c.line();
+    return c;
+  }
+
+  it('bounds keys, bytes and puts per job, each with a clear error', async () => {
+    const [j, other] = [await lx.job(2), await lx.job(1)];
+    const kvs = j.job.namespace;
+    const [a, b] = [await bound(j, 0), await bound(j, 1)];
+    const put = (c: WireClient, k: string, v: string) => c.cmd1(`cmd=put kvsname=${kvs} key=${k} value=${v}`);
+    expect(await put(a, 'k1', 'v')).toMatchObject({ rc: '0' });
+    expect(await put(a, 'k2', 'v')).toMatchObject({ rc: '0' });
+    expect(await put(b, 'k1', 'v')).toMatchObject({ rc: '0' });
+    expect(await put(b, 'k3', 'v')).toMatchObject({ rc: '0' });
+    // Four keys held (two ranks staged k1): a fifth is refused, an overwrite is not.
+    expect(await put(b, 'k4', 'v')).toMatchObject({ rc: '-1', msg: expect.stringContaining('limit_of_4_keys') });
+    expect(await put(b, 'k3', 'w')).toMatchObject({ rc: '0' });
+    // Committing merges the two k1: room for one more key, but not for 64 bytes more.
+    await Promise.all([a.cmd1('cmd=barrier_in'), b.cmd1('cmd=barrier_in')]);
+    expect(await put(a, 'k5', 'x'.repeat(60))).toMatchObject({ rc: '-1', msg: expect.stringContaining('64_bytes') });
+    expect(await put(a, 'k5', 'v')).toMatchObject({ rc: '0' });
+    // Eight puts in the job's life, overwrites included (refused ones do not count).
+    expect(await put(a, 'k5', 'w')).toMatchObject({ rc: '0' });
+    expect(await put(a, 'k5', 'u')).toMatchObject({ rc: '0' });
+    expect(await put(a, 'k5', 't')).toMatchObject({ rc: '-1', msg: expect.stringContaining('limit_of_8_puts') });
+    // What was stored is intact, and the connection goes on.
+    expect(await b.cmd1(`cmd=get kvsname=${kvs} key=k2`)).toMatchObject({ rc: '0', value: 'v' });
+    // Another job has its own budget.
+    const o = await bound(other, 0);
+    expect(await o.cmd1(`cmd=put kvsname=${other.job.namespace} key=k1 value=v`)).toMatchObject({ rc: '0' });
+    for (const c of [a, b, o]) expect(await c.cmd1('cmd=finalize')).toMatchObject({ rc: '0' });
+    expect(lx.state(j.job.id)).toBe('completed');
+    for (const c of [a, b, o]) c.close();
+  });
+
+  it('closes connections that never bind, and keeps at most maxUnbound of them waiting', async () => {
+    const idle = await WireClient.connect(lx.port);
+    await idle.closed;
+    const flood = await Promise.all([1, 2, 3, 4, 5].map(() => WireClient.connect(lx.port)));
+    // The two oldest go at once; the others at their bind timeout.
+    await Promise.all([flood[0]!.closed, flood[1]!.closed]);
+    expect(flood.slice(2).map((c) => c.isClosed)).toEqual([false, false, false]);
+    await Promise.all(flood.map((c) => c.closed));
+    // A member that binds stays.
+    const j = await lx.job(1);
+    const m = await bound(j, 0);
+    await new Promise((r) => setTimeout(r, 500));
+    expect(m.isClosed).toBe(false);
+    expect(await m.cmd1('cmd=finalize')).toMatchObject({ rc: '0' });
+    m.close();
   });
 });

@@ -1,7 +1,7 @@
 // The real resource manager with the PMI backend installed, as the sidecar runs them, plus
 // helpers to create MPICH jobs over registered workers and wait for their ends.
 import type { TraceEvent } from '../../../src/pmi/index.js';
-import { PmiBackend } from '../../../src/service/pmi-backend.js';
+import { PmiBackend, type PmiBackendOptions } from '../../../src/service/pmi-backend.js';
 import { ResourceManager, type Impl, type Job, type JobState } from '../../../src/rm/index.js';
 import { defaultPolicy } from '../../../src/policy/index.js';
 
@@ -9,7 +9,8 @@ export interface FixtureJob {
   job: Readonly<Job>;
   workers: string[];
   envs: Record<string, string>[];
-  pmiIds: number[];
+  /** Each member's PMI_ID credential. */
+  pmiIds: string[];
 }
 
 export class PmiRmFixture {
@@ -23,7 +24,9 @@ export class PmiRmFixture {
     readonly errors: { what: string; err: unknown }[],
   ) {}
 
-  static async start(opts: { traceOn?: boolean; extraEnv?: Record<string, string>; releaseGraceMs?: number } = {}): Promise<PmiRmFixture> {
+  static async start(
+    opts: { traceOn?: boolean; extraEnv?: Record<string, string>; releaseGraceMs?: number } & Pick<PmiBackendOptions, 'limits' | 'bindTimeoutMs' | 'maxUnbound'> = {},
+  ): Promise<PmiRmFixture> {
     const rm = new ResourceManager({ policy: defaultPolicy({ releaseGraceMs: opts.releaseGraceMs ?? 2000 }), wiringTimeoutSeconds: 60 });
     const trace: TraceEvent[] = [];
     const errors: { what: string; err: unknown }[] = [];
@@ -31,6 +34,9 @@ export class PmiRmFixture {
       rm,
       onError: (what, err) => errors.push({ what, err }),
       ...(opts.extraEnv ? { extraEnv: opts.extraEnv } : {}),
+      ...(opts.limits ? { limits: opts.limits } : {}),
+      ...(opts.bindTimeoutMs !== undefined ? { bindTimeoutMs: opts.bindTimeoutMs } : {}),
+      ...(opts.maxUnbound !== undefined ? { maxUnbound: opts.maxUnbound } : {}),
       ...(opts.traceOn ? { trace: (e: TraceEvent) => trace.push(e) } : {}),
     });
     rm.addBackend(backend);
@@ -55,7 +61,7 @@ export class PmiRmFixture {
       ...(opts.wiringTimeoutSeconds !== undefined ? { wiringTimeoutSeconds: opts.wiringTimeoutSeconds } : {}),
     });
     const envs = workers.map((w) => this.rm.memberEnv(job.id, w).env);
-    return { job, workers, envs, pmiIds: envs.map((e) => Number(e.PMI_ID)) };
+    return { job, workers, envs, pmiIds: envs.map((e) => e.PMI_ID!) };
   }
 
   state(jobId: string): JobState {

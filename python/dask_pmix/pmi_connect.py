@@ -1,0 +1,112 @@
+"""Binding an MPICH / Intel MPI rank's PMI connection before MPI starts.
+
+The sidecar hands each member of an MPICH or Intel MPI job ``PMI_PORT`` and ``PMI_ID``, a
+128-bit credential. MPICH and Intel MPI read ``PMI_ID`` as an int, so they cannot send it
+themselves: the process that starts the rank connects, binds the connection with the credential
+(a PMI-1 ``initack``), and hands it to MPI as ``PMI_FD`` with ``PMI_RANK`` and ``PMI_SIZE``, the
+way hydra hands its ranks a socketpair. MPI then speaks PMI on it without a handshake of its own.
+
+In a process that initialises MPI itself (a Dask worker's rank)::
+
+    os.environ.update(env)
+    pmi_connect.bind(os.environ)     # before MPI_Init / MPI_Session_init
+
+For a program started by hand with a member's env: ``python -m dask_pmix.pmi_connect PROGRAM ARGS``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from typing import MutableMapping
+
+TIMEOUT = 60.0
+
+
+class PMIConnectError(RuntimeError):
+    pass
+
+
+def _line(sock: socket.socket, deadline: float) -> str:
+    """One reply line, read byte by byte so that nothing meant for MPI is read ahead."""
+    out = bytearray()
+    while True:
+        sock.settimeout(max(0.001, deadline - time.monotonic()))
+        try:
+            b = sock.recv(1)
+        except socket.timeout:
+            raise PMIConnectError(f"no reply from the PMI server within {TIMEOUT:.0f} s") from None
+        if not b:
+            raise PMIConnectError(f"the PMI server closed the connection: {out.decode('latin1')}")
+        if b == b"\n":
+            return out.decode("latin1")
+        out += b
+
+
+def _field(line: str, key: str) -> str:
+    for tok in line.split(" "):
+        if tok.startswith(key + "="):
+            return tok[len(key) + 1:]
+    raise PMIConnectError(f"PMI server reply without {key}=: {line}")
+
+
+def bind(environ: MutableMapping[str, str] = os.environ, timeout: float = TIMEOUT) -> int | None:
+    """If ``environ`` holds ``PMI_PORT`` and ``PMI_ID``, binds a connection and replaces them with
+    ``PMI_FD``, ``PMI_RANK`` and ``PMI_SIZE``. Returns the fd (left open, inheritable), or None
+    when there is nothing to bind. Raises PMIConnectError with the server's reason otherwise."""
+    port, pmi_id = environ.get("PMI_PORT"), environ.get("PMI_ID")
+    if not port or not pmi_id:
+        return None
+    host, sep, num = port.rpartition(":")
+    if not sep or not num.isdigit():
+        raise PMIConnectError(f"PMI_PORT {port!r} is not host:port")
+    deadline = time.monotonic() + timeout
+    try:
+        sock = socket.create_connection((host, int(num)), timeout=timeout)
+    except OSError as exc:
+        raise PMIConnectError(f"cannot reach the PMI server at {port}: {exc}") from exc
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.sendall(f"cmd=initack pmiid={pmi_id}\n".encode("latin1"))
+        first = _line(sock, deadline)
+        if not first.startswith("cmd=initack rc=0"):
+            msg = first.partition(" msg=")[2] or first
+            raise PMIConnectError(f"the PMI server refused this rank: {msg.replace('_', ' ')}")
+        size = _field(_line(sock, deadline), "size")
+        rank = _field(_line(sock, deadline), "rank")
+        _line(sock, deadline)  # cmd=set debug=
+        # MPI reads and writes it blocking.
+        sock.settimeout(None)
+    except BaseException:
+        sock.close()
+        raise
+    fd = sock.detach()
+    os.set_inheritable(fd, True)
+    environ["PMI_FD"] = str(fd)
+    environ["PMI_RANK"] = rank
+    environ["PMI_SIZE"] = size
+    del environ["PMI_PORT"]
+    del environ["PMI_ID"]
+    return fd
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["--"]:
+        args = args[1:]
+    if not args:
+        print("usage: python -m dask_pmix.pmi_connect PROGRAM ARGS...", file=sys.stderr)
+        return 2
+    try:
+        bind(os.environ)
+    except PMIConnectError as exc:
+        print(f"dask_pmix.pmi_connect: {exc}", file=sys.stderr)
+        return 3
+    os.execvp(args[0], args)
+    return 127  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())
