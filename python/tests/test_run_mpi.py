@@ -73,31 +73,41 @@ def test_rank_uses_data_already_on_its_worker(dask_cluster, impl):
     assert client.who_has(chunks) == before  # nothing moved
 
 
-def test_dask_keeps_computing_on_non_members(dask_cluster, impl):
+def test_dask_keeps_computing_on_non_members(dask_cluster, impl, tmp_path):
+    """The ranks wait inside the job until a task on the bystander has run: the job can only
+    succeed if Dask computed on a non-member while the members were frozen in MPI."""
     _, client, _ = dask_cluster
     workers = workers_of(client)
     members, bystander = workers[:3], workers[3]
-    finished = []
+    inside, computed = str(tmp_path / "inside"), str(tmp_path / "computed")
 
-    def slow(comm):
+    def waits_for_bystander(comm):
         comm.Barrier()
-        time.sleep(2.0)
+        if comm.rank == 0:
+            open(inside, "w").close()
+        deadline = time.monotonic() + 60
+        while not os.path.exists(computed) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        seen = os.path.exists(computed)
         comm.Barrier()
-        return comm.rank
+        return seen
 
-    def tasks():
-        t_end = time.monotonic() + 1.5
-        while time.monotonic() < t_end:
-            finished.append(client.submit(lambda i: i * 2, len(finished), workers=[bystander], pure=False).result())
-
-    job = threading.Thread(target=lambda: finished.append(("job", run_mpi(client, slow, workers=members, impl=impl))))
+    result = []
+    job = threading.Thread(target=lambda: result.append(run_mpi(client, waits_for_bystander, workers=members, impl=impl)))
     job.start()
-    time.sleep(0.3)
-    tasks()
-    done_during_job = len(finished)
-    job.join()
-    assert done_during_job >= 3
-    assert finished[-1] == ("job", [0, 1, 2])
+    deadline = time.monotonic() + 60
+    while not os.path.exists(inside) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert os.path.exists(inside), "the job never started"
+
+    def mark(path):
+        open(path, "w").close()
+        return 42
+
+    assert client.submit(mark, computed, workers=[bystander], pure=False).result(timeout=60) == 42
+    job.join(timeout=120)
+    assert not job.is_alive()
+    assert result == [[True, True, True]]
 
 
 def test_rank_exception_names_the_rank_and_releases_the_others(dask_cluster, impl):
