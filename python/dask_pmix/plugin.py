@@ -284,7 +284,9 @@ def _serve_args_for(scheduler_address: str) -> list[str]:
         ip = None
     if ip is not None and not (ip.is_loopback or ip.is_unspecified or ip.version != 4):
         pmix, pmi = pmix or str(ip), pmi or str(ip)
-    return [*(["--pmix-if", pmix] if pmix else []), *(["--pmi-host", pmi] if pmi else [])]
+    pool = config.get("pool.size")
+    return [*(["--pmix-if", pmix] if pmix else []), *(["--pmi-host", pmi] if pmi else []),
+            *(["--pool-size", str(int(pool))] if pool else [])]
 
 
 def dask_setup(scheduler) -> None:
