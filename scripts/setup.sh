@@ -29,7 +29,8 @@ as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 # Build tools, and Debian's own Open MPI 4.1 and MPICH 4.0 for the compatibility rows.
 APT_PACKAGES=(build-essential cmake pkg-config python3-venv ca-certificates libfabric1
   openmpi-bin libopenmpi-dev mpich libmpich-dev
-  libpmi2-0-dev)  # Slurm's PMI-2 client: the PMI server's tests (and Intel MPI's I_MPI_PMI=pmi2)
+  libpmi2-0-dev  # Slurm's PMI-2 client: the PMI server's tests (and Intel MPI's I_MPI_PMI=pmi2)
+  chromium chromium-driver)  # the dashboard page's test drives a real headless Chromium
 apt_packages() {
   local missing=()
   for p in "${APT_PACKAGES[@]}"; do

@@ -13,7 +13,7 @@ from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from . import config
+from . import config, http
 from .embedded import EmbeddedSidecar
 from .errors import SidecarError
 from .rest import SidecarClient
@@ -80,6 +80,7 @@ class SidecarPlugin(SchedulerPlugin):
             "dask_pmix_release_job": self.release_job,
             "dask_pmix_member_lost": self.member_lost,
         })
+        http.install(scheduler)  # the dashboard page, /dask-pmix/
         for address in list(scheduler.workers):
             self._register_soon(address)
         self._events_thread = threading.Thread(target=self._follow_events, name="dask-pmix-events", daemon=True)

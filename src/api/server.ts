@@ -6,6 +6,7 @@ import Fastify, { type FastifyBaseLogger, type FastifyInstance } from 'fastify';
 import type pino from 'pino';
 import type { ResourceManager } from '../rm/manager.js';
 import { bearerCheck } from './auth.js';
+import { dashboardRoute } from './dashboard.js';
 import { installErrorHandler } from './errors.js';
 import { eventRoutes } from './events.js';
 import { Metrics } from './metrics.js';
@@ -70,6 +71,7 @@ export async function buildApi(opts: ApiOptions): Promise<Api> {
   const streams = new Set<() => void>();
   v1Routes(app, { rm: opts.rm, auth: bearerCheck(opts.token), version: opts.version, pmixVersion: opts.pmixVersion, startedAt: Date.now() });
   eventRoutes(app, opts.rm, streams);
+  dashboardRoute(app);
   await app.ready();
   return { app, metrics, closeStreams: () => { for (const c of [...streams]) c(); } };
 }

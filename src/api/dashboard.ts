@@ -1,0 +1,14 @@
+// The dashboard page at `/`, for a standalone sidecar: the same page the Dask dashboard shows at
+// /dask-pmix/ (it lives in the Python package, which both serve). It reads the v1 routes beside
+// it with relative URLs, so it needs nothing of its own; a token, if they want one, is asked for.
+import { readFileSync } from 'node:fs';
+import type { FastifyInstance } from 'fastify';
+import { pythonPackageFile } from '../pmix/native.js';
+
+export function dashboardRoute(app: FastifyInstance): void {
+  let page: Buffer | undefined;
+  app.get('/', { schema: { hide: true } }, async (_req, reply) => {
+    page ??= readFileSync(pythonPackageFile('dashboard', 'index.html'));
+    return reply.type('text/html; charset=utf-8').header('cache-control', 'no-store').send(page);
+  });
+}
