@@ -1,7 +1,11 @@
 // PMI benchmark: dask-pmix's PMI server (the real resource manager and PMI backend, in this
 // process, as in the sidecar) against MPICH's own launcher, hydra, side by side in one run.
 //
-//   node dist/bench/pmi.js [--sizes 2,4,8,16] [--iterations 100] [--repeats 3]
+//   node dist/bench/pmi.js [--sizes 2,4,8,16] [--iterations 100] [--repeats 3] [--quick]
+//
+// --quick (the perf guard's run, bench/guard.ts, ~3 s): PMI latency only, N = 2 and 4, 100
+// iterations, 3 repeats; `guard.ratios` holds hydra / ours for each latency (and MPI_Init time
+// when run). Larger N in a short run is at the mercy of the shared machine's load.
 //
 // 1. PMI barrier and put/get latency: the same bare PMI-1 client (bench/pmi-client.c) as N
 //    ranks, started with PMI_PORT/PMI_ID for us, and by `mpiexec -n N` (PMI_FD to hydra's
@@ -20,6 +24,7 @@ import { cpus, hostname } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs, promisify } from 'node:util';
+import { guardSection } from './lib/guard.js';
 import { defaultPolicy } from '../src/policy/index.js';
 import { DEFAULT_MEMBER_ENV } from '../src/service/default-env.js';
 import { PmiBackend } from '../src/service/pmi-backend.js';
@@ -210,13 +215,24 @@ function summarize<T extends object>(ours: T[], hydra: T[]) {
   return { ours: o, hydra: h, ratio: Object.fromEntries(Object.keys(o).map((k) => [k, r3(o[k]! / h[k]!)])) };
 }
 
+/** hydra / ours per figure (above 1: we are faster), for the perf guard. */
+function guardRatios(results: { ranks: number; pmi_latency: { ratio: Record<string, number> }; mpi_init?: Record<string, { ratio: Record<string, number> }> }[]) {
+  const out: Record<string, number> = {};
+  for (const r of results) {
+    for (const [k, x] of Object.entries(r.pmi_latency.ratio)) out[`n${r.ranks}.pmi.${k}`] = 1 / x;
+    for (const [f, m] of Object.entries(r.mpi_init ?? {})) out[`n${r.ranks}.init.${f}`] = 1 / m.ratio.launch_to_last_init_s!;
+  }
+  return out;
+}
+
 async function main(): Promise<void> {
   const { values } = parseArgs({
-    options: { sizes: { type: 'string', default: '2,4,8,16' }, iterations: { type: 'string', default: '100' }, repeats: { type: 'string', default: '3' } },
+    options: { sizes: { type: 'string' }, iterations: { type: 'string' }, repeats: { type: 'string' }, quick: { type: 'boolean', default: false } },
   });
-  const sizes = values.sizes.split(',').map(Number);
-  const iters = Number(values.iterations);
-  const repeats = Number(values.repeats);
+  const quick = values.quick!;
+  const sizes = (values.sizes ?? (quick ? '2,4' : '2,4,8,16')).split(',').map(Number);
+  const iters = Number(values.iterations ?? 100);
+  const repeats = Number(values.repeats ?? 3);
   await build();
   const ours = await Ours.start();
   const results = [];
@@ -229,7 +245,7 @@ async function main(): Promise<void> {
         lat.ours.push(await pmiLatencyOurs(ours, n, iters));
         lat.hydra.push(await pmiLatencyHydra(n, iters, false));
         lat.hydraTcp.push(await pmiLatencyHydra(n, iters, true));
-        for (const f of ['mpich4', 'mpich5'] as const) {
+        for (const f of quick ? [] : (['mpich4', 'mpich5'] as const)) {
           init[f].ours.push(await initOurs(ours, f, n));
           init[f].hydra.push(await initHydra(f, n));
         }
@@ -241,7 +257,7 @@ async function main(): Promise<void> {
           hydra_pmi_port: med(lat.hydraTcp),
           ratio_to_hydra_pmi_port: summarize(lat.ours, lat.hydraTcp).ratio,
         },
-        mpi_init: { mpich4: summarize(init.mpich4.ours, init.mpich4.hydra), mpich5: summarize(init.mpich5.ours, init.mpich5.hydra) },
+        ...(quick ? {} : { mpi_init: { mpich4: summarize(init.mpich4.ours, init.mpich4.hydra), mpich5: summarize(init.mpich5.ours, init.mpich5.hydra) } }),
       });
       process.stderr.write(`[bench] ${n} ranks done\n`);
     }
@@ -264,6 +280,7 @@ async function main(): Promise<void> {
       'mpi_init.init_median_s: per rank, from main() to MPI_Init return',
     ],
     results,
+    guard: guardSection(guardRatios(results)),
   }, null, 2));
 }
 

@@ -2,7 +2,12 @@
 // HTTP — pset define/delete and job create/delete (an Open MPI job: PMIx namespace and client
 // registration in libpmix, then teardown) — against a `dask-pmix serve` child process.
 //
-//   node dist/bench/rest.js [--iterations N] [--concurrency C] [--members M]
+//   node dist/bench/rest.js [--iterations N] [--concurrency C] [--members M] [--quick]
+//
+// GET /v1/health, the cheapest route, is the baseline: right before each measurement, up to 200
+// health calls run at the same concurrency (`health_ops_per_s` of that result), and
+// `guard.ratios` (for the perf guard, bench/guard.ts) is the operation's throughput over that
+// baseline's, so a slower or busier machine moves both. --quick: 200 iterations (a few seconds).
 //
 // Prints one JSON document on stdout. Every loop is bounded and targets 127.0.0.1 only.
 import { spawn } from 'node:child_process';
@@ -11,6 +16,7 @@ import { cpus, hostname } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
+import { guardSection } from './lib/guard.js';
 
 function root(): string {
   let dir = dirname(fileURLToPath(import.meta.url));
@@ -61,12 +67,12 @@ async function run(n: number, concurrency: number, op: (i: number) => Promise<vo
 
 async function main(): Promise<void> {
   const { values } = parseArgs({
-    options: { iterations: { type: 'string', default: '1000' }, concurrency: { type: 'string', default: '8' }, members: { type: 'string', default: '4' } },
+    options: { iterations: { type: 'string' }, concurrency: { type: 'string', default: '8' }, members: { type: 'string', default: '4' }, quick: { type: 'boolean', default: false } },
   });
-  const N = Math.min(100_000, Number(values.iterations));
+  const N = Math.min(100_000, Number(values.iterations ?? (values.quick ? 200 : 1000)));
   const C = Math.max(1, Math.min(64, Number(values.concurrency)));
   const M = Math.max(1, Math.min(64, Number(values.members)));
-  const child = spawn(join(root(), 'bin', 'dask-pmix'), ['serve', '--port', '0', '--log-level', 'error', '--max-jobs', '1000', '--no-pmi'], { stdio: ['ignore', 'pipe', 'inherit'] });
+  const child = spawn(join(root(), 'bin', 'dask-pmix'), ['serve', '--port', '0', '--log-level', 'error', '--max-jobs', '1000', '--no-pmi'], { stdio: ['ignore', 'pipe', 'inherit'], env: { ...process.env, DASK_PMIX_NO_SETUP: '1' } });
   try {
     const base = await new Promise<string>((resolve, reject) => {
       let out = '';
@@ -87,18 +93,23 @@ async function main(): Promise<void> {
       await must(base, 'DELETE', `/v1/psets/warm${i}`, undefined, 200);
     }
 
-    const results: Record<string, unknown> = {};
+    const results: Record<string, { ops_per_s: number; health_ops_per_s?: number }> = {};
     const pset = (slot: number) => workers.slice(slot * M, slot * M + M);
+    // Each measurement with its baseline next to it in time: the cheapest route, same connections.
+    const measure = async (name: string, n: number, conc: number, op: (i: number) => Promise<void>) => {
+      const health = await run(Math.min(n, 200), conc, () => must(base, 'GET', '/v1/health', undefined, 200));
+      results[name] = { ...(await run(n, conc, op)), health_ops_per_s: health.ops_per_s };
+    };
     // Sequential: latency without queueing; concurrent: throughput.
     for (const [label, conc] of [['sequential', 1], [`concurrency_${C}`, C]] as const) {
-      results[`pset_define_${label}`] = await run(N, conc, (i) => must(base, 'POST', '/v1/psets', { name: `b${label}${i}`, members: pset(i % C) }, 201));
-      results[`pset_delete_${label}`] = await run(N, conc, (i) => must(base, 'DELETE', `/v1/psets/b${label}${i}`, undefined, 200));
+      await measure(`pset_define_${label}`, N, conc, (i) => must(base, 'POST', '/v1/psets', { name: `b${label}${i}`, members: pset(i % C) }, 201));
+      await measure(`pset_delete_${label}`, N, conc, (i) => must(base, 'DELETE', `/v1/psets/b${label}${i}`, undefined, 200));
     }
     // Jobs: each worker is in at most one active job, so each in-flight slot owns M workers.
     const jobN = Math.max(1, Math.floor(N / 4));
     for (const [label, conc] of [['sequential', 1], [`concurrency_${C}`, C]] as const) {
       const free: number[] = Array.from({ length: conc }, (_, s) => s);
-      results[`job_create_delete_${label}`] = await run(jobN, conc, async () => {
+      await measure(`job_create_delete_${label}`, jobN, conc, async () => {
         const slot = free.pop()!;
         const job = await must(base, 'POST', '/v1/jobs', { impl: 'openmpi', members: pset(slot) }, 201);
         await must(base, 'DELETE', `/v1/jobs/${job.id}`, undefined, 200);
@@ -107,8 +118,8 @@ async function main(): Promise<void> {
     }
     // The member environment (PMIx_server_setup_fork + overrides), as every joining worker asks.
     const job = await must(base, 'POST', '/v1/jobs', { impl: 'openmpi', members: pset(0) }, 201);
-    results.member_env_sequential = await run(N, 1, (i) => must(base, 'GET', `/v1/jobs/${job.id}/env/${encodeURIComponent(pset(0)[i % M]!)}`, undefined, 200));
-    results.job_get_sequential = await run(N, 1, () => must(base, 'GET', `/v1/jobs/${job.id}`, undefined, 200));
+    await measure('member_env_sequential', N, 1, (i) => must(base, 'GET', `/v1/jobs/${job.id}/env/${encodeURIComponent(pset(0)[i % M]!)}`, undefined, 200));
+    await measure('job_get_sequential', N, 1, () => must(base, 'GET', `/v1/jobs/${job.id}`, undefined, 200));
     await must(base, 'DELETE', `/v1/jobs/${job.id}`, undefined, 200);
 
     process.stdout.write(JSON.stringify({
@@ -121,8 +132,10 @@ async function main(): Promise<void> {
         pset_delete: 'DELETE /v1/psets/{name}',
         job_create_delete: `one op = POST /v1/jobs (impl openmpi, ${M} members: a PMIx namespace and ${M} clients registered in libpmix) + DELETE /v1/jobs/{id} (abort, deregister, unfreeze)`,
         member_env: 'GET /v1/jobs/{id}/env/{workerId} (PMIx_server_setup_fork + overrides)',
+        health_ops_per_s: 'GET /v1/health at the same concurrency right before the measurement: the baseline of guard.ratios (ops_per_s / health_ops_per_s)',
       },
       results,
+      guard: guardSection(Object.fromEntries(Object.entries(results).map(([k, r]) => [k, r.ops_per_s / r.health_ops_per_s!]))),
     }, null, 2) + '\n');
   } finally {
     child.kill('SIGTERM');

@@ -2,66 +2,26 @@
 // sidecar listens on the bridge (PMIx remote connections, the PMI listener), and Open MPI and
 // MPICH ranks started inside the namespaces join over TCP, sharing memory only within a host.
 // Needs root and iproute2 (as CI has); skipped where network namespaces cannot be made.
-import { execFileSync } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { makeNetwork, removeNetwork } from '../../bench/lib/netns.js';
 import { Sidecar } from '../../src/service/sidecar.js';
 import { bin, pmiRank } from '../helpers/build-clients.js';
 import { restClient } from '../helpers/http.js';
 import { describeRanks, startRank } from '../helpers/ranks.js';
 
 const TAG = `dp${process.pid % 100000}`;
-const BRIDGE = `br-${TAG}`;
 const SUBNET = `10.${100 + (process.pid % 100)}.7`;
 const SERVER_IP = `${SUBNET}.1`;
 const HOSTS = [
   { ns: `${TAG}a`, host: 'node-a', ip: `${SUBNET}.2` },
   { ns: `${TAG}b`, host: 'node-b', ip: `${SUBNET}.3` },
 ];
+const NETWORK = { bridge: `br-${TAG}`, serverIp: SERVER_IP, hosts: HOSTS };
 
-function ip(...args: string[]): void {
-  execFileSync('ip', args, { stdio: 'pipe' });
-}
-
-function makeNetwork(): boolean {
-  try {
-    ip('link', 'add', BRIDGE, 'type', 'bridge');
-  } catch {
-    return false;
-  }
-  ip('addr', 'add', `${SERVER_IP}/24`, 'dev', BRIDGE);
-  ip('link', 'set', BRIDGE, 'up');
-  for (const [i, h] of HOSTS.entries()) {
-    const veth = `v${TAG}${i}`;
-    ip('netns', 'add', h.ns);
-    ip('link', 'add', veth, 'type', 'veth', 'peer', 'name', 'eth0', 'netns', h.ns);
-    ip('link', 'set', veth, 'master', BRIDGE);
-    ip('link', 'set', veth, 'up');
-    ip('netns', 'exec', h.ns, 'ip', 'addr', 'add', `${h.ip}/24`, 'dev', 'eth0');
-    ip('netns', 'exec', h.ns, 'ip', 'link', 'set', 'eth0', 'up');
-    ip('netns', 'exec', h.ns, 'ip', 'link', 'set', 'lo', 'up');
-  }
-  return true;
-}
-
-function removeNetwork(): void {
-  for (const h of HOSTS) {
-    try {
-      ip('netns', 'del', h.ns);
-    } catch {
-      /* not there */
-    }
-  }
-  try {
-    ip('link', 'del', BRIDGE);
-  } catch {
-    /* not there */
-  }
-}
-
-const available = makeNetwork();
+const available = makeNetwork(NETWORK);
 let sidecar: Sidecar;
 let workdir: string;
 let api: ReturnType<typeof restClient>;
@@ -82,7 +42,7 @@ beforeAll(async () => {
 afterAll(async () => {
   await sidecar?.stop('tests done');
   if (workdir) rmSync(workdir, { recursive: true, force: true });
-  removeNetwork();
+  removeNetwork(NETWORK);
 });
 
 /** Two ranks on each host; returns what each rank saw. */

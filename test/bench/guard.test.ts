@@ -1,0 +1,36 @@
+// The perf guard's verdict: ratios compared with their record, never absolute times.
+import { describe, expect, it } from 'vitest';
+import { geomean, judge } from '../../bench/guard.js';
+import { guardSection } from '../../bench/lib/guard.js';
+
+describe('perf guard', () => {
+  const recorded = { 'n2.fence_us': 1.0, 'n8.fence_us': 0.8, 'n16.fence_us': 1.2 };
+
+  it('passes a run whose ratios moved less than 2x, on the keys both runs share', () => {
+    const j = judge(recorded, { 'n2.fence_us': 0.6, 'n8.fence_us': 0.5, 'n4.new_key': 0.01 }, 2);
+    expect(j.ok).toBe(true);
+    expect(j.verdicts.map((v) => v.key)).toEqual(['n2.fence_us', 'n8.fence_us']);
+    expect(j.recorded).toBeCloseTo(Math.sqrt(0.8), 6);
+  });
+
+  it('fails when the mean ratio falls below half its record', () => {
+    const j = judge(recorded, { 'n2.fence_us': 0.45, 'n8.fence_us': 0.35 }, 2);
+    expect(j.ok).toBe(false);
+    expect(j.now).toBeCloseTo(geomean([0.45, 0.35]), 6);
+    expect(j.verdicts.every((v) => !v.ok)).toBe(true);
+  });
+
+  it('names a single ratio that fell without failing on it alone', () => {
+    const j = judge(recorded, { 'n2.fence_us': 0.3, 'n8.fence_us': 1.6, 'n16.fence_us': 1.2 }, 2);
+    expect(j.ok).toBe(true);
+    expect(j.verdicts.filter((v) => !v.ok).map((v) => v.key)).toEqual(['n2.fence_us']);
+  });
+
+  it('fails when the runs share no key', () => {
+    expect(judge(recorded, { other: 1 }, 2).ok).toBe(false);
+  });
+
+  it('records only finite positive ratios', () => {
+    expect(guardSection({ a: 1.23456, b: NaN, c: 0, d: Infinity }).ratios).toEqual({ a: 1.235 });
+  });
+});
