@@ -11,6 +11,7 @@
  * own (CLOCK_MONOTONIC around the PMIx call(s) only); the rank prints one JSON line with its
  * per-iteration medians in microseconds:
  *   init_us        PMIx_Init (connecting to the server, once; not a median)
+ *   cpu_us         this client's own CPU time (user + system) over its whole run
  *   fence_us       PMIx_Fence over the namespace, no data
  *   fence_data_us  PMIx_Put of a 64-byte value + PMIx_Commit + PMIx_Fence(PMIX_COLLECT_DATA)
  *   dmodex_get_us  PMIx_Get (PMIX_GET_REFRESH_CACHE) of the next rank's key, given a new value
@@ -24,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 static pmix_proc_t me;
@@ -227,7 +229,9 @@ int main(int argc, char **argv) {
     }
     barrier();
     if (PMIX_SUCCESS != (rc = PMIx_Finalize(NULL, 0))) die("finalize", rc);
-    printf("%s}\n", out);
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    printf("%s,\"cpu_us\":%.0f}\n", out, (ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1e6 + ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
     fflush(stdout);
     return 0;
 }

@@ -2,7 +2,7 @@
 // libpmix 5.0.x), the same bare PMIx client (bench/pmix-client.c, no MPI) under both, side by
 // side in one run.
 //
-//   node dist/bench/pmix.js [--sizes 2,8,16] [--iterations 200] [--repeats 5] [--quick]
+//   node dist/bench/pmix.js [--sizes 2,4,8,16] [--iterations 200] [--repeats 5] [--quick]
 //
 // Under the sidecar (a `dask-pmix serve` child process, driven over REST) the N ranks are
 // separate processes started with exactly the environment `GET /v1/jobs/{id}/env/{worker}`
@@ -14,7 +14,7 @@
 // Prints one JSON document; `guard.ratios` (PRRTE's time / ours, above 1: we are faster) is what
 // the perf guard compares. --quick: N = 2 and 4, 50 iterations, 3 repeats, PRRTE's defaults only.
 import { execFile } from 'node:child_process';
-import { cpus, hostname } from 'node:os';
+import { cpus, hostname, loadavg } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs, promisify } from 'node:util';
 import { guardSection } from './lib/guard.js';
@@ -61,7 +61,9 @@ async function main(): Promise<void> {
     },
   });
   const quick = values.quick!;
-  const sizes = (values.sizes ?? (quick ? '2,4' : '2,8,16')).split(',').map(Number);
+  // The machine is shared: what else ran is part of the result.
+  const loadAtStart = loadavg().map(round3);
+  const sizes = (values.sizes ?? (quick ? '2,4' : '2,4,8,16')).split(',').map(Number);
   const iters = Number(values.iterations ?? (quick ? 50 : 200));
   const repeats = Number(values.repeats ?? (quick ? 3 : 5));
   await buildPmixClient();
@@ -98,7 +100,7 @@ async function main(): Promise<void> {
   console.log(JSON.stringify({
     benchmark: 'pmix',
     when: new Date().toISOString(),
-    machine: { host: hostname(), cpus: cpus().length, model: cpus()[0]?.model ?? '', node: process.version },
+    machine: { host: hostname(), cpus: cpus().length, model: cpus()[0]?.model ?? '', node: process.version, load_avg_at_start: loadAtStart, load_avg_at_end: loadavg().map(round3) },
     quick,
     iterations: iters,
     repeats,

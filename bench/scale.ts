@@ -6,7 +6,7 @@
 //   node dist/bench/scale.js [--parts memory,netns,pool] [--ranks 256] [--hosts 8]
 //
 // Prints one JSON document (recorded in bench/results/scale.json).
-import { cpus, hostname } from 'node:os';
+import { cpus, hostname, loadavg } from 'node:os';
 import { parseArgs } from 'node:util';
 import { memory } from './scale/memory.js';
 import { netnsAvailable, netnsFence } from './scale/netns.js';
@@ -29,7 +29,7 @@ async function main(): Promise<void> {
   const out: Record<string, unknown> = {
     benchmark: 'scale',
     when: new Date().toISOString(),
-    machine: { host: hostname(), cpus: cpus().length, model: cpus()[0]?.model ?? '', node: process.version },
+    machine: { host: hostname(), cpus: cpus().length, model: cpus()[0]?.model ?? '', node: process.version, load_avg_at_start: loadavg() },
   };
   if (parts.includes('memory')) {
     out.memory = await memory({ workers: nums(values.workers), jobSizes: nums(values['job-sizes']) });
