@@ -50,6 +50,8 @@ class SidecarPlugin(SchedulerPlugin):
         self._creating = 0  # job requests in flight: their members are not known yet
         self._stop = threading.Event()
         self._events_thread: threading.Thread | None = None
+        self._closed = False
+        self._background: set[asyncio.Future] = set()
 
     # The plugin is pickled on its way to the scheduler: send the configuration only.
     _CONFIG = ("url", "token", "sidecar_args", "sidecar_log")
@@ -87,7 +89,12 @@ class SidecarPlugin(SchedulerPlugin):
         self._events_thread.start()
 
     async def close(self) -> None:
+        # From here on membership changes are the scheduler's own shutdown: nothing to tell the
+        # sidecar, which is about to stop (an embedded one) or keeps its own state (a shared one).
+        self._closed = True
         self._stop.set()
+        if self._background:
+            await asyncio.wait(list(self._background), timeout=5)
         if self.embedded is not None:
             await asyncio.to_thread(self.embedded.stop)
             self.embedded = None
@@ -99,6 +106,8 @@ class SidecarPlugin(SchedulerPlugin):
     def remove_worker(self, scheduler, worker: str, *, stimulus_id: str | None = None, **kwargs) -> None:
         # The sidecar fails any job this worker is in, which releases the other members.
         pending = self._registrations.pop(worker, None)
+        if self._closed or self.rest is None:
+            return
 
         async def remove() -> None:
             if pending is not None:
@@ -109,13 +118,20 @@ class SidecarPlugin(SchedulerPlugin):
                 if e.status != 404:
                     logger.warning("dask-pmix: could not remove worker %s: %s", worker, e)
 
-        asyncio.ensure_future(remove())
+        self._soon(remove())
+
+    def _soon(self, coro) -> asyncio.Future:
+        """A background call to the sidecar, awaited (with a bound) when the plugin closes."""
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
 
     def remove_client(self, scheduler, client: str) -> None:
         with self._lock:
             owned = [job for job, owner in self._owners.items() if owner == client]
         for job_id in owned:
-            asyncio.ensure_future(self.release_job(job_id=job_id))
+            self._soon(self.release_job(job_id=job_id))
 
     def valid_workers_downscaling(self, scheduler, workers: list) -> list:
         # While a job is being created the sidecar may already have frozen members we have not
@@ -130,6 +146,8 @@ class SidecarPlugin(SchedulerPlugin):
             return set().union(*self._frozen.values()) if self._frozen else set()
 
     def _register_soon(self, address: str) -> None:
+        if self._closed or self.rest is None:  # start() registers the workers there are
+            return
         ws = self.scheduler.workers.get(address)
         if ws is None:
             return
@@ -152,7 +170,7 @@ class SidecarPlugin(SchedulerPlugin):
                 if e.status != 409:  # already known: a re-registration after a restart
                     logger.warning("dask-pmix: could not register worker %s: %s", address, e)
 
-        self._registrations[address] = asyncio.ensure_future(register())
+        self._registrations[address] = self._soon(register())
 
     async def _registered(self, addresses: list[str] | None = None) -> None:
         pending = [f for a, f in self._registrations.items() if addresses is None or a in addresses]
@@ -197,10 +215,15 @@ class SidecarPlugin(SchedulerPlugin):
                         self._owners[job["id"]] = owner
             finally:
                 self._creating -= 1
-            envs = {}
+        except SidecarError as e:
+            return {"error": str(e), "status": e.status}
+        envs = {}
+        try:
             for member in members:
                 envs[member] = (await asyncio.to_thread(self.rest.member_env, job["id"], member))["env"]
         except SidecarError as e:
+            # Nobody will run this job: give its members back now, not after the wiring timeout.
+            await self.release_job(job_id=job["id"])
             return {"error": str(e), "status": e.status}
         return {"job": job, "envs": envs}
 

@@ -1,0 +1,66 @@
+"""The plugin's own life cycle: closing the scheduler, with workers still attached, logs nothing
+from dask-pmix (it used to log failed worker removals against the sidecar it had just stopped,
+and "cannot schedule new futures after shutdown" tracebacks)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+
+from distributed import Client, Scheduler, Worker
+
+from dask_pmix import SidecarPlugin
+
+
+def test_closing_the_scheduler_logs_nothing_from_dask_pmix(caplog):
+    async def run() -> None:
+        scheduler = await Scheduler(dashboard_address=":0")
+        await scheduler.register_scheduler_plugin(SidecarPlugin(), name=SidecarPlugin.name, idempotent=False)
+        workers = [await Worker(scheduler.address, nthreads=1), await Worker(scheduler.address, nthreads=1)]
+        client = await Client(scheduler.address, asynchronous=True)
+        plugin = scheduler.plugins[SidecarPlugin.name]
+        deadline = asyncio.get_running_loop().time() + 30
+        while len(await asyncio.to_thread(plugin.rest.workers)) < 2:
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.1)
+        await client.close()
+        await scheduler.close()  # stops the sidecar while the workers are still attached
+        for w in workers:
+            await w.close()
+        await asyncio.sleep(0.5)
+
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(run())
+        gc.collect()  # unretrieved task exceptions are logged when their tasks are collected
+    noise = [r.getMessage() for r in caplog.records
+             if r.name.startswith("dask_pmix") or "cannot schedule new futures" in r.getMessage()
+             or ("never retrieved" in r.getMessage() and "dask_pmix" in str(r.exc_info or r.getMessage()))]
+    assert noise == []
+
+
+def test_a_job_whose_member_env_cannot_be_fetched_is_released_at_once():
+    from dask_pmix.errors import SidecarError
+
+    async def run() -> None:
+        async with Scheduler(dashboard_address=":0") as scheduler:
+            await scheduler.register_scheduler_plugin(SidecarPlugin(), name=SidecarPlugin.name, idempotent=False)
+            async with Worker(scheduler.address, nthreads=1) as a, Worker(scheduler.address, nthreads=1) as b:
+                plugin = scheduler.plugins[SidecarPlugin.name]
+                await plugin._registered()
+                real = plugin.rest.member_env
+
+                def fails_once(job_id, worker_id):  # a sidecar that stops answering after the create
+                    plugin.rest.member_env = real
+                    raise SidecarError(0, "cannot reach the sidecar: timed out")
+
+                plugin.rest.member_env = fails_once
+                t0 = asyncio.get_running_loop().time()
+                answer = await plugin.create_job(workers=[a.address, b.address], owner="test")
+                assert "timed out" in answer["error"]
+                states = {w["id"]: w["state"] for w in await asyncio.to_thread(plugin.rest.workers)}
+                assert states == {a.address: "available", b.address: "available"}
+                assert asyncio.get_running_loop().time() - t0 < 10  # not the 60 s wiring timeout
+                assert plugin.frozen_workers() == set()
+
+    asyncio.run(run())
