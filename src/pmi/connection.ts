@@ -16,6 +16,9 @@ import { formatPmi2Error, parsePmi2Body } from './pmi2-codec.js';
 import { Pmi2Session } from './pmi2-session.js';
 import { WireFramer, type Frame } from './wire-framer.js';
 
+/** A reply: its text, or text with a close. */
+type Out = string | Reply | null;
+
 const MAX_IN_FLIGHT = 64;
 const RESUME_BELOW = 8;
 
@@ -34,6 +37,8 @@ export class PmiConnection {
   private serial: Promise<void> = Promise.resolve();
   private closed = false;
   private inFlight = 0;
+  /** PMI-1 frames whose reply has not gone out. */
+  private pmi1Pending = 0;
   private readonly closedPromise: Promise<void>;
 
   constructor(
@@ -44,7 +49,7 @@ export class PmiConnection {
     private readonly onError?: (what: string, err: unknown) => void,
     bindTimeoutMs = 30_000,
   ) {
-    const peer = `${socket.remoteAddress ?? '?'}:${socket.remotePort ?? '?'}`;
+    const peer = socket.remoteAddress ? `${socket.remoteAddress}:${socket.remotePort ?? '?'}` : 'local socket';
     this.state = new ConnectionState(core, { peer }, onError);
     this.pmi1 = new Pmi1Session(this.state);
     this.pmi2 = new Pmi2Session(this.state);
@@ -96,11 +101,11 @@ export class PmiConnection {
         } catch (e) {
           const name = /^cmd=([A-Za-z0-9_-]{1,40})/.exec(frame.text)?.[1];
           const response = (name && PMI1_RESPONSE[name]) ?? PMI1_UNKNOWN_RESPONSE;
-          this.inOrder(async () => ({ text: formatPmi1Error(response, asPmiError(e)) }));
+          this.inOrder(() => formatPmi1Error(response, asPmiError(e)));
           return;
         }
         // Lines queued behind a refused initack were dispatched before it ran.
-        this.inOrder(async () => (this.state.phase === 'refused' ? null : this.pmi1.handleLine(cmd)));
+        this.inOrder(() => (this.state.phase === 'refused' ? null : this.pmi1.handleLine(cmd)));
         return;
       }
       case 'block':
@@ -126,19 +131,57 @@ export class PmiConnection {
         const text = frame.wire === 2 ? formatPmi2Error('error-response', err) : formatPmi1Error(PMI1_UNKNOWN_RESPONSE, err);
         if (frame.fatal) {
           // Nothing after this can be framed: answer, then hang up.
-          this.inOrder(async () => ({ text, close: true }));
+          this.inOrder(() => ({ text, close: true }));
         } else if (frame.wire === 2) {
-          this.send({ text });
+          this.send(text);
         } else {
-          this.inOrder(async () => ({ text }));
+          this.inOrder(() => text);
         }
         return;
       }
     }
   }
 
-  private inOrder(work: () => Promise<Reply | null>): void {
-    this.track(this.serial = this.serial.then(work).then((r) => this.send(r), (e) => this.fail(e)));
+  /**
+   * Answers PMI-1 frames in order. With nothing pending, a synchronous handler's reply goes out
+   * at once (most commands: no promise, no queue); once one waits (a barrier), later frames
+   * queue behind it.
+   */
+  private inOrder(work: () => Out | Promise<Out>): void {
+    if (this.pmi1Pending === 0) {
+      let r: Out | Promise<Out>;
+      try {
+        r = work();
+      } catch (e) {
+        this.fail(e);
+        return;
+      }
+      if (!(r instanceof Promise)) {
+        this.send(r);
+        return;
+      }
+      this.queued(r);
+      return;
+    }
+    this.queued(this.serial.then(work));
+  }
+
+  /** A PMI-1 reply still to come: later frames wait for it, and it counts as in flight. */
+  private queued(r: Promise<Out>): void {
+    this.pmi1Pending++;
+    this.started();
+    this.serial = r.then(
+      (x) => {
+        this.pmi1Pending--;
+        this.settled();
+        this.send(x);
+      },
+      (e: unknown) => {
+        this.pmi1Pending--;
+        this.settled();
+        this.fail(e);
+      },
+    );
   }
 
   /**
@@ -146,14 +189,25 @@ export class PmiConnection {
    * is stopped being read from, so its queue (and our memory) stays bounded.
    */
   private track(p: Promise<void>): void {
-    if (++this.inFlight === MAX_IN_FLIGHT) this.socket.pause();
-    void p.finally(() => {
-      if (--this.inFlight === RESUME_BELOW && !this.closed) this.socket.resume();
-    });
+    this.started();
+    void p.finally(() => this.settled());
   }
 
-  private send(r: Reply | null): void {
+  private started(): void {
+    if (++this.inFlight === MAX_IN_FLIGHT) this.socket.pause();
+  }
+
+  private settled(): void {
+    if (--this.inFlight === RESUME_BELOW && !this.closed) this.socket.resume();
+  }
+
+  private send(r: Out): void {
     if (!r || this.closed) return;
+    if (typeof r === 'string') {
+      this.trace?.({ conn: this.id, dir: 'out', text: r });
+      this.socket.write(r, 'latin1');
+      return;
+    }
     this.trace?.({ conn: this.id, dir: 'out', text: r.text });
     if (r.close) {
       this.socket.pause();

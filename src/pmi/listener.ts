@@ -1,7 +1,12 @@
-// The PMI TCP listener: one port serves PMI-1 and PMI-2 clients of every MPICH / Intel MPI job
+// The PMI listener: one TCP port serves PMI-1 and PMI-2 clients of every MPICH / Intel MPI job
 // the core knows. Members find it through PMI_PORT=<host>:<port> and say who they are with
-// PMI_ID; see job-core.ts for what PMI_ID must be.
+// PMI_ID; see credential.ts for what PMI_ID must be. Ranks on this host may come through a UNIX
+// socket instead (the starter picks it, MPI only sees the connection as PMI_FD): the same
+// commands at about half the round-trip cost of TCP loopback, as hydra's socketpairs.
+import { mkdtempSync, rmSync } from 'node:fs';
 import { createServer, type Server, type Socket } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { PmiConnection, type Trace } from './connection.js';
 import type { PmiJobCore } from './job-core.js';
 
@@ -22,6 +27,8 @@ export interface PmiListenerOptions {
   bindTimeoutMs?: number;
   /** At most this many connections wait to bind at a time (default 1024); the oldest goes first. */
   maxUnbound?: number;
+  /** Also listen on a UNIX socket in a private directory (default true). */
+  localSocket?: boolean;
 }
 
 const BIND_TIMEOUT_MS = 30_000;
@@ -35,29 +42,51 @@ export class PmiListener {
     private readonly server: Server,
     readonly host: string,
     readonly port: number,
+    private readonly local: { server: Server; dir: string; path: string } | undefined,
   ) {}
+
+  /** The UNIX socket for ranks on this host, if any. */
+  get socketPath(): string | undefined {
+    return this.local?.path;
+  }
 
   static async start(opts: PmiListenerOptions): Promise<PmiListener> {
     const host = opts.host ?? '127.0.0.1';
     let self: PmiListener | undefined;
     const early: Socket[] = [];
-    const server = createServer((socket) => {
+    const onSocket = (socket: Socket) => {
       if (!self) {
         early.push(socket);
         return;
       }
       self.accept(socket, opts);
-    });
-    await new Promise<void>((resolve, reject) => {
-      server.once('error', reject);
-      server.listen(opts.port ?? 0, host, () => {
-        server.off('error', reject);
-        resolve();
+    };
+    const listen = (server: Server, ...args: unknown[]) =>
+      new Promise<void>((resolve, reject) => {
+        server.once('error', reject);
+        (server.listen as (...a: unknown[]) => void)(...args, () => {
+          server.off('error', reject);
+          resolve();
+        });
       });
-    });
+    const server = createServer(onSocket);
+    await listen(server, opts.port ?? 0, host);
     const addr = server.address();
     if (!addr || typeof addr === 'string') throw new Error('PMI listener has no TCP address');
-    self = new PmiListener(server, host, addr.port);
+    let local: { server: Server; dir: string; path: string } | undefined;
+    if (opts.localSocket ?? true) {
+      // mkdtemp makes the directory 0700: only this user reaches the socket at all.
+      const dir = mkdtempSync(join(tmpdir(), 'dask-pmix-pmi-'));
+      local = { server: createServer(onSocket), dir, path: join(dir, 'pmi.sock') };
+      try {
+        await listen(local.server, local.path);
+      } catch (e) {
+        rmSync(dir, { recursive: true, force: true });
+        server.close();
+        throw e;
+      }
+    }
+    self = new PmiListener(server, host, addr.port, local);
     for (const s of early) self.accept(s, opts);
     return self;
   }
@@ -74,11 +103,12 @@ export class PmiListener {
 
   /** Stops accepting, hangs up every connection (unfinalized members are reported lost). */
   async close(): Promise<void> {
-    const closed = new Promise<void>((resolve) => this.server.close(() => resolve()));
+    const closed = [this.server, this.local?.server].map((s) => s && new Promise<void>((resolve) => s.close(() => resolve())));
     const conns = [...this.connections];
     for (const c of conns) c.destroy();
     await Promise.all(conns.map((c) => c.done));
-    await closed;
+    await Promise.all(closed);
+    if (this.local) rmSync(this.local.dir, { recursive: true, force: true });
   }
 
   private accept(socket: Socket, opts: PmiListenerOptions): void {

@@ -19,12 +19,20 @@ export function parsePmi1Line(line: string): Pmi1Command {
   if (!line.startsWith('cmd=')) throw new PmiError('a PMI-1 command starts with cmd=');
   let cmd: string | undefined;
   const args = new Map<string, string>();
-  for (const token of line.split(' ')) {
-    if (token === '') continue;
-    const eq = token.indexOf('=');
-    if (eq <= 0) throw new PmiError(`malformed token "${clip(token)}": expected key=value`);
-    const key = token.slice(0, eq);
-    const value = token.slice(eq + 1);
+  // One pass over the line, no token array: this runs for every command.
+  const n = line.length;
+  for (let i = 0; i < n; ) {
+    if (line.charCodeAt(i) === 32) {
+      i++;
+      continue;
+    }
+    let end = line.indexOf(' ', i);
+    if (end < 0) end = n;
+    const eq = line.indexOf('=', i);
+    if (eq <= i || eq >= end) throw new PmiError(`malformed token "${clip(line.slice(i, end))}": expected key=value`);
+    const key = line.slice(i, eq);
+    const value = line.slice(eq + 1, end);
+    i = end + 1;
     if (key === 'cmd') {
       if (cmd !== undefined) throw new PmiError('cmd= given twice');
       cmd = value;

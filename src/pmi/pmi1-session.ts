@@ -48,20 +48,25 @@ export class Pmi1Session {
 
   constructor(readonly state: ConnectionState) {}
 
-  async handleLine(c: Pmi1Command): Promise<Reply | null> {
+  /** The reply to one line: at once when its handler is synchronous (most are), else a promise. */
+  handleLine(c: Pmi1Command): string | Reply | null | Promise<string | Reply | null> {
     const handler = HANDLERS[c.cmd];
-    const response = PMI1_RESPONSE[c.cmd] ?? PMI1_UNKNOWN_RESPONSE;
-    if (!handler) return { text: formatPmi1Error(response, new PmiError(`unknown PMI-1 command ${clip(c.cmd)}`)) };
+    if (!handler) return formatPmi1Error(PMI1_RESPONSE[c.cmd] ?? PMI1_UNKNOWN_RESPONSE, new PmiError(`unknown PMI-1 command ${clip(c.cmd)}`));
+    let r;
     try {
-      const r = await handler(this, c);
-      return typeof r === 'string' ? { text: r } : r;
+      r = handler(this, c);
     } catch (e) {
-      const err = this.state.replyError(`PMI-1 ${c.cmd}`, e);
-      // A refused credential costs the connection (no guessing on one socket); a refused
-      // initack also leaves an MPICH 4.0.2 client waiting for `cmd=set` lines. A connection
-      // that already belongs to a member keeps it.
-      return { text: formatPmi1Error(response, err), close: this.state.phase === 'refused' };
+      return this.failed(c, e);
     }
+    return r instanceof Promise ? r.catch((e: unknown) => this.failed(c, e)) : r;
+  }
+
+  private failed(c: Pmi1Command, e: unknown): Reply {
+    const err = this.state.replyError(`PMI-1 ${c.cmd}`, e);
+    // A refused credential costs the connection (no guessing on one socket); a refused initack
+    // also leaves an MPICH 4.0.2 client waiting for `cmd=set` lines. A connection that already
+    // belongs to a member keeps it.
+    return { text: formatPmi1Error(PMI1_RESPONSE[c.cmd] ?? PMI1_UNKNOWN_RESPONSE, err), close: this.state.phase === 'refused' };
   }
 
   /** One `mcmd=spawn` block; the reply comes after the last block of the request. */
@@ -112,6 +117,10 @@ function spawnRequest(blocks: readonly Pmi1SpawnBlock[]): SpawnRequest {
   return { apps, preput };
 }
 
+// The replies of the commands that run most often, made once.
+const PUT_OK = formatPmi1('put_result', { rc: 0 });
+const BARRIER_OK = formatPmi1('barrier_out', { rc: 0 });
+
 const HANDLERS: Readonly<Record<string, Handler>> = {
   initack(s, c) {
     const m = s.state.bind(c.args.get('pmiid'));
@@ -161,7 +170,7 @@ const HANDLERS: Readonly<Record<string, Handler>> = {
     const m = s.state.requireMember();
     checkKvsname(m, c.args.get('kvsname'));
     m.put(checkKey(c.args.get('key'), true), checkValue(c.args.get('value')));
-    return formatPmi1('put_result', { rc: 0 });
+    return PUT_OK;
   },
 
   get(s, c) {
@@ -172,7 +181,7 @@ const HANDLERS: Readonly<Record<string, Handler>> = {
     if (attr !== undefined) return formatPmi1('get_result', { rc: 0, value: attr });
     if (key.startsWith('PMI_') || key === 'universeSize') throw new PmiError(`job attribute ${key} not available`);
     const r = m.get(key);
-    if (r.found) return formatPmi1('get_result', { rc: 0, value: pmi1Value(r.value) });
+    if (r.found) return `cmd=get_result rc=0 value=${pmi1Value(r.value)}\n`;
     throw new PmiError(
       r.why === 'unfenced'
         ? `key ${key} was put by another rank and is visible after the next barrier`
@@ -180,14 +189,14 @@ const HANDLERS: Readonly<Record<string, Handler>> = {
     );
   },
 
-  async barrier_in(s, c) {
+  barrier_in(s, c) {
     if (c.args.has('group')) throw new PmiError('group barriers need PMI 1.2; this server negotiated 1.1');
+    const failure = (e: unknown) => formatPmi1Failure('barrier_out', s.state.replyError('PMI-1 barrier_in', e));
     try {
-      await s.state.requireMember().fence();
+      return s.state.requireMember().fence().then(() => BARRIER_OK, failure);
     } catch (e) {
-      return formatPmi1Failure('barrier_out', s.state.replyError('PMI-1 barrier_in', e));
+      return failure(e);
     }
-    return formatPmi1('barrier_out', { rc: 0 });
   },
 
   finalize(s) {

@@ -33,7 +33,7 @@ export interface CollectiveResult {
 interface Instance {
   key: string;
   name: string;
-  participants: Set<number>;
+  participants: ReadonlySet<number>;
   arrived: Set<number>;
   contributions: Contribution[];
   waiters: { resolve: (r: CollectiveResult) => void; reject: (e: Error) => void }[];
@@ -48,6 +48,8 @@ export class Collectives {
   private readonly epochs = new Map<string, number>();
   private readonly dead = new Map<number, string>();
   private closedReason: string | undefined;
+  /** Every rank, made once: most joins are over the whole job, and a join must cost O(contributors), not O(size). */
+  private everyone: { list: readonly number[]; set: ReadonlySet<number> } | undefined;
 
   constructor(
     private readonly size: number,
@@ -66,13 +68,20 @@ export class Collectives {
 
   private joinOrThrow(req: JoinRequest): Promise<CollectiveResult> {
     if (this.closedReason !== undefined) throw new RmError('aborted', this.closedReason);
-    const participants = req.participants === 'all' ? range(this.size) : [...new Set(req.participants)].sort((a, b) => a - b);
-    if (participants.length === 0) throw new RmError('bad_request', `collective '${req.name}' has no participants`);
-    for (const r of participants) {
-      if (!Number.isInteger(r) || r < 0 || r >= this.size) throw new RmError('bad_request', `rank ${r} is not in the job (size ${this.size})`);
+    let participants: readonly number[];
+    let pset: ReadonlySet<number>;
+    if (req.participants === 'all') {
+      this.everyone ??= { list: range(this.size), set: new Set(range(this.size)) };
+      ({ list: participants, set: pset } = this.everyone);
+    } else {
+      participants = [...new Set(req.participants)].sort((a, b) => a - b);
+      for (const r of participants) {
+        if (!Number.isInteger(r) || r < 0 || r >= this.size) throw new RmError('bad_request', `rank ${r} is not in the job (size ${this.size})`);
+      }
+      pset = new Set(participants);
     }
+    if (participants.length === 0) throw new RmError('bad_request', `collective '${req.name}' has no participants`);
     if (req.contributors.length === 0) throw new RmError('bad_request', `a join of '${req.name}' needs a contributor`);
-    const pset = new Set(participants);
     for (const r of req.contributors) {
       if (!pset.has(r)) throw new RmError('bad_request', `rank ${r} is not a participant of '${req.name}'`);
     }
@@ -82,10 +91,9 @@ export class Collectives {
     for (const r of req.contributors) this.epochs.set(`${req.name}|${sig}|${r}`, epoch + 1);
     const key = `${req.name}|${sig}|${epoch}`;
     let inst = this.pending.get(key);
-    for (const r of participants) {
+    for (const [r, why] of this.dead) {
       // A rank that is gone and has not joined this instance never will.
-      const why = this.dead.get(r);
-      if (why !== undefined && !req.contributors.includes(r) && !inst?.arrived.has(r)) {
+      if (pset.has(r) && !req.contributors.includes(r) && !inst?.arrived.has(r)) {
         for (const c of req.contributors) this.epochs.set(`${req.name}|${sig}|${c}`, epoch);
         throw new RmError('aborted', `collective '${req.name}' cannot complete: rank ${r} ${why}`);
       }

@@ -116,6 +116,8 @@ export class PmiBackend implements JobBackend, PmiJobCore {
       // The credential; whoever starts the rank binds the connection with it and hands it to
       // MPI as PMI_FD (dask_pmix.pmi_connect, see src/pmi/credential.ts).
       PMI_ID: pj.pmiIds[member.rank]!,
+      // Ranks on this host: a UNIX socket the starter prefers to PMI_PORT (no TCP on loopback).
+      ...(LOCAL_HOSTS.has(member.host) && this.listener.socketPath ? { DASK_PMIX_PMI_SOCKET: this.listener.socketPath } : {}),
       // Read by MPI clients on a PMI_FD; MPICH 5's auto-detection also takes PMI_SIZE as the
       // sign of a PMI-1 launcher.
       PMI_RANK: String(member.rank),

@@ -101,11 +101,16 @@ export class RmPmiMember implements PmiMember {
     return core(() => this.pj.store.lookup(this.rank, key));
   }
 
-  async fence(): Promise<void> {
+  fence(): Promise<void> {
     this.live();
-    await coreAsync(() => this.rm.collective(this.ns, { name: FENCE, participants: 'all', contributors: [this.rank] }));
-    // Runs in the same microtask drain as every other member's commit (see the file comment).
-    core(() => this.pj.store.commit(this.rank));
+    // One continuation, no async frames: every member's wake-up runs this in the same
+    // microtask drain, commit included (see the file comment).
+    return this.rm.collective(this.ns, { name: FENCE, participants: 'all', contributors: [this.rank] }).then(
+      () => core(() => this.pj.store.commit(this.rank)),
+      (e: unknown) => {
+        throw asPmiError(e);
+      },
+    );
   }
 
   jobAttr(key: string): string | undefined {

@@ -5,7 +5,8 @@
  * and benchmarks' ranks.
  *
  * pmi_connect(): if PMI_PORT and PMI_ID are set (a new job's, also after an earlier one),
- * connects, sends `cmd=initack pmiid=<PMI_ID>`,
+ * connects (to DASK_PMIX_PMI_SOCKET, the server's UNIX socket for ranks on its host, if that
+ * works, else to PMI_PORT), sends `cmd=initack pmiid=<PMI_ID>`,
  * reads the four reply lines, sets PMI_FD, PMI_RANK, PMI_SIZE and unsets PMI_PORT and PMI_ID.
  * Returns 0 (also when there is nothing to do), or -1 with a message on stderr. */
 #ifndef DASK_PMIX_PMI_CONNECT_H
@@ -20,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 /* Reads one line (without its newline) within timeout_ms; byte by byte, so nothing meant for
@@ -53,6 +55,21 @@ static int pmi_connect_field(const char *line, const char *key, char *out, size_
     return 0;
 }
 
+static int pmi_connect_unix(const char *path) {
+    struct sockaddr_un a;
+    if (!path || strlen(path) >= sizeof a.sun_path) return -1;
+    memset(&a, 0, sizeof a);
+    a.sun_family = AF_UNIX;
+    strcpy(a.sun_path, path);
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    if (fd < 0) return -1;
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
 static int pmi_connect(void) {
     const char *port = getenv("PMI_PORT"), *id = getenv("PMI_ID");
     if (!port || !id) return 0;
@@ -61,21 +78,23 @@ static int pmi_connect(void) {
     char *colon = strrchr(host, ':');
     if (!colon) { fprintf(stderr, "pmi_connect: PMI_PORT %s is not host:port\n", port); return -1; }
     *colon = 0;
-    struct addrinfo hints, *ai, *a;
-    memset(&hints, 0, sizeof hints);
-    hints.ai_socktype = SOCK_STREAM;
-    if (getaddrinfo(host, colon + 1, &hints, &ai) != 0) { fprintf(stderr, "pmi_connect: cannot resolve %s\n", port); return -1; }
-    int fd = -1;
-    for (a = ai; a; a = a->ai_next) {
-        fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
-        if (fd >= 0 && connect(fd, a->ai_addr, a->ai_addrlen) == 0) break;
-        if (fd >= 0) close(fd);
-        fd = -1;
+    int fd = pmi_connect_unix(getenv("DASK_PMIX_PMI_SOCKET"));
+    if (fd < 0) {
+        struct addrinfo hints, *ai, *a;
+        memset(&hints, 0, sizeof hints);
+        hints.ai_socktype = SOCK_STREAM;
+        if (getaddrinfo(host, colon + 1, &hints, &ai) != 0) { fprintf(stderr, "pmi_connect: cannot resolve %s\n", port); return -1; }
+        for (a = ai; a; a = a->ai_next) {
+            fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+            if (fd >= 0 && connect(fd, a->ai_addr, a->ai_addrlen) == 0) break;
+            if (fd >= 0) close(fd);
+            fd = -1;
+        }
+        freeaddrinfo(ai);
+        if (fd < 0) { fprintf(stderr, "pmi_connect: cannot connect to %s: %s\n", port, strerror(errno)); return -1; }
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     }
-    freeaddrinfo(ai);
-    if (fd < 0) { fprintf(stderr, "pmi_connect: cannot connect to %s: %s\n", port, strerror(errno)); return -1; }
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     snprintf(line, sizeof line, "cmd=initack pmiid=%s\n", id);
     if (write(fd, line, strlen(line)) != (ssize_t)strlen(line)) { close(fd); return -1; }
     const int timeout_ms = 60 * 1000;
@@ -98,6 +117,7 @@ static int pmi_connect(void) {
     setenv("PMI_SIZE", size, 1);
     unsetenv("PMI_PORT");
     unsetenv("PMI_ID");
+    unsetenv("DASK_PMIX_PMI_SOCKET");
     return 0;
 }
 

@@ -47,6 +47,8 @@ describe('member environment', () => {
     expect(a.envs[1]).toEqual({
       PMI_PORT: `127.0.0.1:${fx.port}`,
       PMI_ID: expect.stringMatching(/^[0-9a-f]{32}$/),
+      // The fixture's workers run on this host: they may use the UNIX socket.
+      DASK_PMIX_PMI_SOCKET: fx.backend.listener.socketPath!,
       PMI_RANK: '1',
       PMI_SIZE: '2',
       MPIR_CVAR_CH4_PROGRESS_THROTTLE: '1',
@@ -58,6 +60,27 @@ describe('member environment', () => {
     for (const e of [...a.envs, ...b.envs]) expect(Object.keys(e).filter((k) => k.startsWith('PMIX'))).toEqual([]);
     await fx.rm.deleteJob(a.job.id);
     await fx.rm.deleteJob(b.job.id);
+  });
+});
+
+describe('the UNIX socket for ranks on this host', () => {
+  it('binds with the credential like TCP, and is offered only to members on this host', async () => {
+    const j = await fx.job(2, { hosts: ['localhost', 'elsewhere'] });
+    expect(j.envs[0]!.DASK_PMIX_PMI_SOCKET).toBe(fx.backend.listener.socketPath);
+    expect(j.envs[1]!.DASK_PMIX_PMI_SOCKET).toBeUndefined();
+    const stranger = await WireClient.connect(j.envs[0]!.DASK_PMIX_PMI_SOCKET!);
+    stranger.send(`cmd=initack pmiid=${'2'.repeat(32)}\n`);
+    expect(parse1(await stranger.line())).toMatchObject({ cmd: 'initack', rc: '-1' });
+    await stranger.closed;
+    const c = await WireClient.connect(j.envs[0]!.DASK_PMIX_PMI_SOCKET!);
+    c.send(`cmd=initack pmiid=${j.pmiIds[0]}\n`);
+    expect(await c.line()).toBe('cmd=initack rc=0');
+    expect(await c.line()).toBe('cmd=set size=2');
+    expect(await c.line()).toBe('cmd=set rank=0');
+    await c.line();
+    expect(await c.cmd1(`cmd=put kvsname=${j.job.namespace} key=k value=v`)).toMatchObject({ rc: '0' });
+    await fx.rm.deleteJob(j.job.id);
+    c.close();
   });
 });
 

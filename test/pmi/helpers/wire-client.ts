@@ -26,9 +26,10 @@ export class WireClient {
     );
   }
 
-  static connect(port: number, host = '127.0.0.1'): Promise<WireClient> {
+  /** Over TCP to host:port, or to a UNIX socket path. */
+  static connect(port: number | string, host = '127.0.0.1'): Promise<WireClient> {
     return new Promise((resolve, reject) => {
-      const s = connect(port, host, () => resolve(new WireClient(s)));
+      const s = typeof port === 'string' ? connect(port, () => resolve(new WireClient(s))) : connect(port, host, () => resolve(new WireClient(s)));
       s.once('error', reject);
     });
   }
