@@ -74,7 +74,7 @@ class SidecarPlugin(SchedulerPlugin):
                                             log_path=self.sidecar_log or config.get("sidecar.log"))
             self.url = await asyncio.to_thread(self.embedded.start)
         self.rest = SidecarClient(self.url, self.token, timeout=config.seconds("timeouts.request") or 30.0)
-        await asyncio.to_thread(self.rest.health)
+        await asyncio.to_thread(self._check_sidecar)
         scheduler.handlers.update({
             "dask_pmix_info": self.info,
             "dask_pmix_create_job": self.create_job,
@@ -87,6 +87,19 @@ class SidecarPlugin(SchedulerPlugin):
             self._register_soon(address)
         self._events_thread = threading.Thread(target=self._follow_events, name="dask-pmix-events", daemon=True)
         self._events_thread.start()
+
+    def _check_sidecar(self) -> None:
+        """Fails the scheduler's start with what to do when the sidecar cannot serve it."""
+        try:
+            self.rest.health(timeout=10)
+        except SidecarError as e:
+            raise SidecarError(0, f"cannot reach the dask-pmix sidecar at {self.url} ({e.message}): start it "
+                                  "(dask-pmix serve) or fix dask-pmix.sidecar.url, or leave that unset so that "
+                                  "the plugin starts its own") from None
+        if not self.rest.token_accepted():
+            raise SidecarError(401, f"the dask-pmix sidecar at {self.url} refuses "
+                                    f"{'this' if self.token else 'a missing'} token: set dask-pmix.sidecar.token "
+                                    "(or DASK_DASK_PMIX__SIDECAR__TOKEN) to the token the sidecar was started with")
 
     async def close(self) -> None:
         # From here on membership changes are the scheduler's own shutdown: nothing to tell the
@@ -185,6 +198,9 @@ class SidecarPlugin(SchedulerPlugin):
                          impl: str = "openmpi", owner: str | None = None, timeout: float | None = None,
                          wiring_timeout: float | None = None, labels: dict | None = None,
                          placement: str | None = None) -> dict:
+        unusable = _membership_mistake(self.scheduler, workers, n)
+        if unusable:
+            return {"error": unusable, "status": 422}
         await self._registered(workers)
         request: dict[str, Any] = {"impl": impl}
         if pset:
@@ -293,6 +309,19 @@ class SidecarPlugin(SchedulerPlugin):
                     return
 
 
+def _membership_mistake(scheduler, workers: list[str] | None, n: int | None) -> str | None:
+    """What is wrong with the members asked for, said so that the caller knows what to do."""
+    have = len(scheduler.workers)
+    if n is not None and n > have:
+        return (f"the job asks for {n} members but the cluster has {have} worker{'s' * (have != 1)}: ask for at most "
+                f"{have}, or add workers first (cluster.scale(...), or start more `dask worker`s)")
+    unknown = [w for w in workers or [] if w not in scheduler.workers]
+    if unknown:
+        return (f"{', '.join(unknown)} {'is not a worker' if len(unknown) == 1 else 'are not workers'} of this "
+                "cluster: pass addresses from client.scheduler_info()['workers']")
+    return None
+
+
 def _serve_args_for(scheduler_address: str) -> list[str]:
     """Ranks on other hosts reach the sidecar where they reach the scheduler: when the scheduler
     listens on a routable address, so do the embedded sidecar's PMIx and PMI listeners (its REST
@@ -318,13 +347,17 @@ def dask_setup(scheduler) -> None:
     scheduler.add_plugin(SidecarPlugin(), name=SidecarPlugin.name)
 
 
+PLUGIN_MISSING = ("the scheduler has no dask-pmix plugin: start it with `dask scheduler --preload dask_pmix`, "
+                  "or call client.register_plugin(dask_pmix.SidecarPlugin()) first")
+
+
 def wait_for_plugin(client, timeout: float = 60.0) -> dict:
-    """Blocks until the scheduler has the plugin's handlers (its start is asynchronous)."""
+    """Blocks until the scheduler has the plugin's handlers (its start is asynchronous). Asks
+    whether they are there first: a call to a handler the scheduler lacks never returns."""
     deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return client.sync(client.scheduler.dask_pmix_info)
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
+    # A lambda travels by value: the check works on a scheduler that cannot even import dask_pmix.
+    while not client.run_on_scheduler(lambda dask_scheduler: "dask_pmix_info" in dask_scheduler.handlers):
+        if time.monotonic() > deadline:
+            raise RuntimeError(PLUGIN_MISSING)
+        time.sleep(0.1)
+    return client.sync(client.scheduler.dask_pmix_info)

@@ -91,6 +91,15 @@ class SidecarClient:
     def member_env(self, job_id: str, worker_id: str) -> dict:
         return self._request("GET", f"/v1/jobs/{quote(job_id)}/env/{quote(worker_id)}")
 
+    def token_accepted(self) -> bool:
+        """Whether the sidecar takes this client's token (or its absence): asks a guarded route
+        for the env of a job that does not exist, which answers 404 past the token check."""
+        try:
+            self._request("GET", "/v1/jobs/dask-pmix-token-check/env/none", timeout=10)
+        except SidecarError as e:
+            return e.status != 401
+        return True
+
     # -- events ---------------------------------------------------------------------------------
     def events(self, timeout: float | None = None) -> Iterator[dict]:
         """Yields events from the server-sent event stream until it closes."""
