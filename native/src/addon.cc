@@ -3,12 +3,14 @@
 
 #include "constants.h"
 #include "server.h"
+#include "watchdog.h"
 
 namespace {
 
 Napi::Object Init(Napi::Env env, Napi::Object exports) {
   dpmix::InitServer(env, exports);
   dpmix::InitConstants(env, exports);
+  dpmix::InitWatchdog(env, exports);
   return exports;
 }
 

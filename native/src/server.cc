@@ -17,6 +17,7 @@
 #include "bridge.h"
 #include "upcalls.h"
 #include "values.h"
+#include "watchdog.h"
 
 namespace dpmix {
 
@@ -24,6 +25,7 @@ namespace {
 
 pmix_server_module_t g_module;
 bool g_initialized = false;
+bool g_finalizing = false;  // PMIx_server_finalize is running on a worker
 
 Napi::Error StatusError(Napi::Env env, const std::string& what, pmix_status_t status) {
   Napi::Error e = Napi::Error::New(env, what + ": " + PMIx_Error_string(status) + " (" + std::to_string(status) + ")");
@@ -100,6 +102,7 @@ Napi::Value RunOp(Napi::Env env, PendingOp* op, Start start) {
 Napi::Value Init(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   if (g_initialized) throw Napi::Error::New(env, "the PMIx server is already initialized");
+  if (g_finalizing) throw Napi::Error::New(env, "the previous PMIx server is still finalizing");
   if (info.Length() < 1 || !info[0].IsObject()) throw Napi::TypeError::New(env, "init(options) expects an object");
   Napi::Object opts = info[0].As<Napi::Object>();
   if (!opts.Get("handler").IsFunction()) throw Napi::TypeError::New(env, "options.handler must be a function");
@@ -115,6 +118,7 @@ Napi::Value Init(const Napi::CallbackInfo& info) {
       immediate.push_back(imm.As<Napi::Array>().Get(i).ToString().Utf8Value());
   Info sinfo = Info::FromJs(opts.Get("info"));
 
+  ResetProbe();
   upcalls::Install(env, opts.Get("handler").As<Napi::Function>(), handled, immediate, &g_module);
   bridge::Open(env);
   pmix_status_t rc = PMIx_server_init(&g_module, sinfo.data(), sinfo.size());
@@ -129,16 +133,44 @@ Napi::Value Init(const Napi::CallbackInfo& info) {
   return env.Undefined();
 }
 
+// PMIx_server_finalize stops libpmix's progress thread and waits for it: run it on a worker, so
+// that a progress thread that never stops cannot hold the JavaScript thread (the caller bounds
+// the wait). Nothing calls back into libpmix once finalize has begun.
+class FinalizeWorker : public Napi::AsyncWorker {
+ public:
+  explicit FinalizeWorker(Napi::Env env) : Napi::AsyncWorker(env), deferred_(Napi::Promise::Deferred::New(env)) {}
+  Napi::Promise Promise() const { return deferred_.Promise(); }
+  void Execute() override { rc_ = PMIx_server_finalize(); }
+  void OnOK() override {
+    g_finalizing = false;
+    bridge::Close();
+    upcalls::Uninstall();
+    if (rc_ == PMIX_SUCCESS) {
+      deferred_.Resolve(Env().Undefined());
+    } else {
+      deferred_.Reject(StatusError(Env(), "PMIx_server_finalize", rc_).Value());
+    }
+  }
+
+ private:
+  Napi::Promise::Deferred deferred_;
+  pmix_status_t rc_ = PMIX_SUCCESS;
+};
+
 Napi::Value Finalize(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  if (!g_initialized) return env.Undefined();
-  pmix_status_t rc = PMIx_server_finalize();
+  auto deferred = Napi::Promise::Deferred::New(env);
+  if (!g_initialized) {
+    deferred.Resolve(env.Undefined());
+    return deferred.Promise();
+  }
   g_initialized = false;
+  g_finalizing = true;
   upcalls::MarkFinalized();
-  bridge::Close();
-  upcalls::Uninstall();
-  if (rc != PMIX_SUCCESS) throw StatusError(env, "PMIx_server_finalize", rc);
-  return env.Undefined();
+  auto* w = new FinalizeWorker(env);
+  Napi::Promise p = w->Promise();
+  w->Queue();
+  return p;
 }
 
 Napi::Value IsInitialized(const Napi::CallbackInfo& info) { return Napi::Boolean::New(info.Env(), g_initialized); }

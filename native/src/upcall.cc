@@ -126,7 +126,10 @@ void ToolReply::Reply(Napi::Env, pmix_status_t status, const Napi::Value& result
 
 template <>
 void ToolReply::Fail(pmix_status_t status) {
-  if (cb_ && delivery::CanCallBack()) cb_(status, nullptr, cbdata_);
+  // libpmix 5.0.11 reads the proc even when the status is an error.
+  pmix_proc_t proc;
+  PMIx_Proc_construct(&proc);
+  if (cb_ && delivery::CanCallBack()) cb_(status, &proc, cbdata_);
 }
 
 template <>

@@ -11,6 +11,7 @@ export interface RouteContext {
   version: string;
   pmixVersion: string;
   startedAt: number;
+  pmixProgress?: () => { stalled: boolean; stalledMs: number };
 }
 
 /** Marks a route as needing the bearer token (when one is configured) in the OpenAPI document. */
@@ -30,16 +31,19 @@ export function v1Routes(app: FastifyInstance, ctx: RouteContext): void {
   const guarded = { preHandler: auth };
 
   app.get('/v1/health', {
-    schema: { summary: 'Liveness and versions', tags: ['service'], response: { 200: responses.health } },
-  }, async () =>
-    toJson.health({
-      status: rm.isStopping ? 'stopping' : 'ok',
+    schema: { summary: 'Liveness and versions; 503 while the PMIx server does not progress', tags: ['service'], response: { 200: responses.health, 503: responses.health } },
+  }, async (_req, reply) => {
+    const pmix = ctx.pmixProgress?.() ?? { stalled: false, stalledMs: 0 };
+    if (pmix.stalled) reply.code(503);
+    return toJson.health({
+      status: rm.isStopping ? 'stopping' : pmix.stalled ? 'pmix-stalled' : 'ok',
       version: ctx.version,
       pmixVersion: ctx.pmixVersion,
       uptimeSeconds: (Date.now() - ctx.startedAt) / 1000,
       impls: rm.impls,
-    }),
-  );
+      pmixStalledSeconds: pmix.stalledMs / 1000,
+    });
+  });
 
   // ---- workers -------------------------------------------------------------------------------
   app.post<Body<Parameters<typeof workerSpec>[0]>>('/v1/workers', {

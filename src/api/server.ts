@@ -19,6 +19,8 @@ export interface ApiOptions {
   token?: string;
   version: string;
   pmixVersion: string;
+  /** Whether the embedded PMIx server still progresses (health reports it). */
+  pmixProgress?: () => { stalled: boolean; stalledMs: number };
   /** A pino logger; requests are not logged without one. */
   logger?: pino.Logger;
 }
@@ -69,7 +71,7 @@ export async function buildApi(opts: ApiOptions): Promise<Api> {
   );
 
   const streams = new Set<() => void>();
-  v1Routes(app, { rm: opts.rm, auth: bearerCheck(opts.token), version: opts.version, pmixVersion: opts.pmixVersion, startedAt: Date.now() });
+  v1Routes(app, { rm: opts.rm, auth: bearerCheck(opts.token), version: opts.version, pmixVersion: opts.pmixVersion, startedAt: Date.now(), ...(opts.pmixProgress ? { pmixProgress: opts.pmixProgress } : {}) });
   eventRoutes(app, opts.rm, streams);
   dashboardRoute(app);
   await app.ready();

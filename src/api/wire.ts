@@ -142,7 +142,7 @@ export const toJson = {
     pb.JoinJobResponse.toObject(pb.JoinJobResponse.create({ ready: r.ready, job: jobMsg(r.job) }), JSON_OPTIONS),
   memberEnv: (m: { jobId: string; workerId: string; rank: number; size: number; impl: Impl; env: Record<string, string> }): Json =>
     pb.MemberEnv.toObject(pb.MemberEnv.create({ ...m, impl: enumValue(pb.Impl, m.impl)! }), JSON_OPTIONS),
-  health: (h: { status: string; version: string; pmixVersion: string; uptimeSeconds: number; impls: Impl[] }): Json =>
+  health: (h: { status: string; version: string; pmixVersion: string; uptimeSeconds: number; impls: Impl[]; pmixStalledSeconds?: number }): Json =>
     pb.Health.toObject(pb.Health.create({ ...h, impls: h.impls.map((i) => enumValue(pb.Impl, i)!) }), JSON_OPTIONS),
 };
 

@@ -90,7 +90,8 @@ export async function serve(argv: string[]): Promise<number> {
     return 0;
   }
   const env = process.env;
-  const log = pino({ level: values['log-level'] ?? env.DASK_PMIX_LOG_LEVEL ?? 'info', base: { svc: 'dask-pmix' } });
+  // Synchronous, so that nothing logged is lost when a wedged libpmix forces an immediate exit.
+  const log = pino({ level: values['log-level'] ?? env.DASK_PMIX_LOG_LEVEL ?? 'info', base: { svc: 'dask-pmix' } }, pino.destination({ dest: 1, sync: true }));
   let ompiEnv: Record<string, string> | undefined;
   if (values['ompi-env']) {
     ompiEnv = {};
@@ -152,8 +153,14 @@ export async function serve(argv: string[]): Promise<number> {
       process.off('SIGINT', stop);
       if (orphanWatch) clearInterval(orphanWatch);
       sidecar.stop(signal === 'its parent exited' ? 'the process that started the sidecar exited' : `the sidecar received ${signal}`).then(
-        () => {
+        (outcome) => {
           cleanup();
+          if (outcome === 'timed-out') {
+            // libpmix's progress thread is wedged: its finalize never returns and its threads keep
+            // the process alive, so end it here.
+            log.error({ pmix: sidecar.pmix.progress() }, 'stopping did not finish in time; exiting without finalizing PMIx');
+            sidecar.exitNow(1);
+          }
           resolve(0);
         },
         (err: unknown) => {

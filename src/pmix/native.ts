@@ -9,7 +9,8 @@ export type UpcallDispatcher = (name: string, args: unknown, done: (status?: num
 
 export interface NativeBinding {
   init(options: { info: Info[]; upcalls: string[]; immediate?: string[]; handler: UpcallDispatcher }): void;
-  finalize(): void;
+  /** Resolves once libpmix is finalized; runs off the JavaScript thread. */
+  finalize(): Promise<void>;
   isInitialized(): boolean;
   registerNspace(nspace: string, nlocalprocs: number, info: Info[]): Promise<void>;
   deregisterNspace(nspace: string): Promise<void>;
@@ -25,6 +26,12 @@ export interface NativeBinding {
   version(): string;
   errorString(status: number): string;
   upcallNames(): string[];
+  /** A no-op through libpmix's progress thread; waitingMs > 0 while the previous one is unanswered. */
+  progressProbe(): { waitingMs: number; lastRoundTripMs: number };
+  /** Shuts down still-blocking connections on libpmix's listener from peer ports not in `keep`. */
+  closeStrangers(port: number, keep: number[]): number;
+  /** _exit(code): for a shutdown that libpmix's finalize would not let end. */
+  exitNow(code: number): never;
   constants: { keys: Record<string, string>; ints: Record<string, number>; headerVersion: string };
 }
 

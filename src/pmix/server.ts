@@ -1,14 +1,22 @@
 // PmixServer: the typed face of the embedded libpmix server.
 //
+// libpmix listens on loopback only; clients and tools are told to connect to the gate (gate.ts),
+// which admits them (admission.ts) before libpmix reads a byte. A probe through libpmix's
+// progress thread tells whether it still progresses; calls that wait on it are bounded.
+//
 // Each upcall libpmix makes reaches at most one handler, which returns a Promise: its value
 // answers the client, and a rejection answers it with the error's PMIx status (PmixError) or
 // PMIX_ERROR. A failing handler never takes the server down. Upcalls without a handler are
 // answered PMIX_ERR_NOT_SUPPORTED by libpmix itself.
 import { mkdirSync } from 'node:fs';
+import { isIPv4, BlockList } from 'node:net';
+import { networkInterfaces } from 'node:os';
+import { admit, ClientRegistry, type ToolPolicy } from './admission.js';
+import { PmixGate } from './gate.js';
 import { loadNative, type NativeBinding } from './native.js';
 import { Keys } from './keys.js';
 import { PmixError, Status } from './status.js';
-import { info, v, type Info, type Proc, type Value } from './values.js';
+import { findString, findValue, info, v, type Info, type Proc, type Value } from './values.js';
 
 export interface ClientConnectedArgs { proc: Proc; info: Info[] }
 export interface ProcArgs { proc: Proc }
@@ -79,12 +87,28 @@ export interface PmixServerOptions {
   /** Directory for libpmix's rendezvous files; created if missing. */
   tmpdir: string;
   handlers: UpcallHandlers;
-  /** Accept clients on other hosts over TCP (PMIX_SERVER_REMOTE_CONNECTIONS). */
+  /** Accept clients on other hosts over TCP (the gate listens on a routable address). */
   remoteConnections?: boolean;
-  /** Interfaces or subnets to listen on, e.g. "eth0" or "10.0.0.0/24". */
+  /** Interfaces or subnets to listen on, e.g. "eth0" or "10.0.0.0/24" (comma-separated). */
   tcpIfInclude?: string;
-  /** Fixed IPv4 port for the listener; libpmix picks one when omitted. */
+  /** Fixed IPv4 port for the listener clients connect to; one is picked when omitted. */
   tcpPort?: number;
+  /** Which tools may connect (default 'same-uid': those of this process's uid and gid). */
+  tools?: ToolPolicy;
+  /** A further say on a registered client that connects, e.g. that its job has ended: a reason to refuse. */
+  admitClient?(proc: Proc): string | undefined;
+  /** How long a new connection may take to send its handshake (default 10 s). */
+  handshakeTimeoutMs?: number;
+  /** Told of every connection the gate refuses. */
+  onRefused?(reason: string, peer: string): void;
+  /** How often libpmix's progress thread is probed (default 1000 ms; 0: never). */
+  probeIntervalMs?: number;
+  /** After how long without progress libpmix counts as stalled (default 5000 ms). */
+  stallAfterMs?: number;
+  /** Bound on every call that waits for libpmix (default 30 s). */
+  callTimeoutMs?: number;
+  /** Told when connections that bypassed the gate were shut down to unblock libpmix. */
+  onStrangers?(closed: number): void;
   serverNspace?: string;
   serverRank?: number;
   observer?: UpcallObserver;
@@ -94,44 +118,141 @@ export interface PmixServerOptions {
 
 let active: PmixServer | undefined;
 
+export interface PmixProgress {
+  /** How long libpmix's progress thread has left the latest probe unanswered (0: it answered). */
+  stalledMs: number;
+  stalled: boolean;
+  lastRoundTripMs: number;
+}
+
 export class PmixServer {
   private readonly native: NativeBinding;
   private stopped = false;
+  private readonly registry = new ClientRegistry();
+  private gate!: PmixGate;
+  /** libpmix's own URI and the gate's, as they appear in PMIX_SERVER_URI* values. */
+  private innerUri = '';
+  private outerUri = '';
+  private innerPort = 0;
+  private probe: NodeJS.Timeout | undefined;
+  private waitingMs = 0;
+  private lastRoundTripMs = 0;
+  private nextTool = 0;
 
-  private constructor(native: NativeBinding) {
+  private constructor(
+    native: NativeBinding,
+    private readonly opts: PmixServerOptions,
+  ) {
     this.native = native;
   }
 
-  /** Initializes libpmix as a server. Only one can run per process (a libpmix limit). */
-  static start(opts: PmixServerOptions): PmixServer {
+  /** Initializes libpmix as a server and opens the gate. Only one can run per process (a libpmix limit). */
+  static async start(opts: PmixServerOptions): Promise<PmixServer> {
     if (active) throw new Error('a PMIx server is already running in this process');
     const native = loadNative();
     mkdirSync(opts.tmpdir, { recursive: true });
     // Clients may sit on other hosts, where the shared-memory datastore cannot reach: use hash.
     process.env.PMIX_MCA_gds ??= 'hash';
+    // libpmix listens on loopback, where only the gate connects to it.
     const serverInfo: Info[] = [
       info(Keys.SERVER_TMPDIR, v.string(opts.tmpdir)),
       info(Keys.SYSTEM_TMPDIR, v.string(opts.tmpdir)),
     ];
     if (opts.serverNspace) serverInfo.push(info(Keys.SERVER_NSPACE, v.string(opts.serverNspace)));
     if (opts.serverRank !== undefined) serverInfo.push(info(Keys.SERVER_RANK, v.rank(opts.serverRank)));
-    if (opts.remoteConnections) serverInfo.push(info(Keys.SERVER_REMOTE_CONNECTIONS, v.bool(true)));
-    if (opts.tcpIfInclude) serverInfo.push(info(Keys.TCP_IF_INCLUDE, v.string(opts.tcpIfInclude)));
-    if (opts.tcpPort !== undefined) serverInfo.push(info(Keys.TCP_IPV4_PORT, v.int(opts.tcpPort)));
 
-    const handlers = opts.handlers as Record<string, ((a: unknown) => Promise<unknown>) | undefined>;
+    const handlers = { ...opts.handlers } as Record<string, ((a: unknown) => Promise<unknown>) | undefined>;
+    const server = new PmixServer(native, opts);
+    // libpmix 5.0.11 crashes when a tool is refused after the gate let it in, or when no host
+    // upcall names it: the gate refuses, this only names.
+    handlers.toolConnected ??= async (a) => server.toolIdentity((a as ToolConnectedArgs).info);
     const names = native.upcallNames().filter((n) => typeof handlers[n] === 'function');
-    const server = new PmixServer(native);
-    native.init({
-      info: serverInfo,
-      upcalls: names,
-      // libpmix 5.0.11 hands a local group destruct to the host twice with one tracker, and
-      // answering both corrupts it; answered at once, libpmix completes the destruct itself.
-      immediate: ['group.destruct'],
-      handler: (name, args, done) => server.dispatch(opts, name as UpcallName, handlers[name], args, done),
-    });
     active = server;
+    try {
+      native.init({
+        info: serverInfo,
+        upcalls: names,
+        // libpmix 5.0.11 hands a local group destruct to the host twice with one tracker, and
+        // answering both corrupts it; answered at once, libpmix completes the destruct itself.
+        immediate: ['group.destruct'],
+        handler: (name, args, done) => server.dispatch(opts, name as UpcallName, handlers[name], args, done),
+      });
+      await server.openGate();
+    } catch (err) {
+      active = undefined;
+      await native.finalize().catch(() => undefined);
+      throw err;
+    }
+    server.startProbe();
     return server;
+  }
+
+  private async openGate(): Promise<void> {
+    const uri = this.native.setupFork({ nspace: this.opts.serverNspace ?? 'dask-pmix-uri', rank: 0 }).PMIX_SERVER_URI41 ?? '';
+    const m = /tcp4:\/\/(127\.0\.0\.1):(\d+)/.exec(uri);
+    if (!m) throw new Error(`libpmix does not listen on IPv4 loopback (its URI is '${uri}')`);
+    this.innerUri = m[0];
+    this.innerPort = Number(m[2]);
+    const self = { uid: process.getuid?.() ?? 0, gid: process.getgid?.() ?? 0 };
+    this.gate = await PmixGate.listen({
+      host: gateHost(this.opts),
+      ...(this.opts.tcpPort !== undefined ? { port: this.opts.tcpPort } : {}),
+      target: { host: m[1]!, port: this.innerPort },
+      ...(this.opts.handshakeTimeoutMs !== undefined ? { handshakeTimeoutMs: this.opts.handshakeTimeoutMs } : {}),
+      admit: (h) =>
+        admit(h, this.registry, {
+          tools: this.opts.tools ?? 'same-uid',
+          self,
+          ...(this.opts.admitClient ? { client: this.opts.admitClient } : {}),
+        }),
+      ...(this.opts.onRefused ? { onRefused: this.opts.onRefused } : {}),
+    });
+    this.outerUri = `tcp4://${this.gate.host}:${this.gate.port}`;
+  }
+
+  private startProbe(): void {
+    const every = this.opts.probeIntervalMs ?? 1000;
+    if (every <= 0) return;
+    this.probe = setInterval(() => {
+      const p = this.native.progressProbe();
+      this.waitingMs = p.waitingMs;
+      this.lastRoundTripMs = p.lastRoundTripMs;
+      // A connection that reached libpmix's listener without the gate can hold its progress
+      // thread in a blocking read: shut those down once it has stopped answering.
+      if (p.waitingMs >= Math.min(every, 1000)) {
+        const closed = this.native.closeStrangers(this.innerPort, this.gate.relayPorts());
+        if (closed > 0) this.opts.onStrangers?.(closed);
+      }
+    }, every);
+    this.probe.unref();
+  }
+
+  /** Whether libpmix's progress thread still answers. */
+  progress(): PmixProgress {
+    const stalled = this.waitingMs >= (this.opts.stallAfterMs ?? 5000);
+    return { stalledMs: this.waitingMs, stalled, lastRoundTripMs: this.lastRoundTripMs };
+  }
+
+  /** Where clients and tools connect (the gate), as "tcp4://host:port". */
+  get uri(): string {
+    return this.outerUri;
+  }
+
+  /** libpmix's own (loopback) port, behind the gate: for diagnostics. */
+  get libpmixPort(): number {
+    return this.innerPort;
+  }
+
+  /** Gate counters: connections admitted, refused, and timed out before their handshake. */
+  get gateStats(): Readonly<{ admitted: number; refused: number; timedOut: number }> {
+    return this.gate.stats;
+  }
+
+  private toolIdentity(items: Info[]): Proc {
+    const nspace = findString(items, Keys.NSPACE);
+    const rank = findValue(items, Keys.RANK);
+    if (nspace) return { nspace, rank: rank && typeof rank.value === 'number' ? rank.value : 0 };
+    return { nspace: `${this.opts.serverNspace ?? 'dask-pmix'}-tool-${++this.nextTool}`, rank: 0 };
   }
 
   private dispatch(
@@ -179,41 +300,63 @@ export class PmixServer {
     return !this.stopped;
   }
 
+  /** Runs a call that completes on libpmix's progress thread: refused while it is stalled, and bounded. */
+  private waitOn<T>(what: string, call: () => Promise<T>): Promise<T> {
+    const p = this.progress();
+    if (p.stalled) {
+      return Promise.reject(new PmixError(Status.ERR_TIMEOUT, `${what}: libpmix has not progressed for ${Math.round(p.stalledMs / 1000)} s`));
+    }
+    const ms = this.opts.callTimeoutMs ?? 30_000;
+    let timer: NodeJS.Timeout | undefined;
+    const late = new Promise<never>((_, reject) => {
+      timer = setTimeout(() => reject(new PmixError(Status.ERR_TIMEOUT, `${what}: libpmix did not answer within ${ms / 1000} s`)), ms);
+    });
+    return Promise.race([wrap(call), late]).finally(() => clearTimeout(timer));
+  }
+
   registerNspace(nspace: string, nlocalprocs: number, jobInfo: Info[]): Promise<void> {
-    return wrap(() => this.native.registerNspace(nspace, nlocalprocs, jobInfo));
+    return this.waitOn('register namespace', () => this.native.registerNspace(nspace, nlocalprocs, jobInfo));
   }
 
   deregisterNspace(nspace: string): Promise<void> {
-    return wrap(() => this.native.deregisterNspace(nspace));
+    this.registry.removeNspace(nspace);
+    return this.waitOn('deregister namespace', () => this.native.deregisterNspace(nspace));
   }
 
+  /** Registers a client; the gate admits it only with this uid and gid. */
   registerClient(proc: Proc, uid: number, gid: number): Promise<void> {
-    return wrap(() => this.native.registerClient(proc, uid, gid));
+    this.registry.add(proc, uid, gid);
+    return this.waitOn('register client', () => this.native.registerClient(proc, uid, gid));
   }
 
   deregisterClient(proc: Proc): Promise<void> {
-    return wrap(() => this.native.deregisterClient(proc));
+    this.registry.remove(proc);
+    return this.waitOn('deregister client', () => this.native.deregisterClient(proc));
   }
 
-  /** The environment a process must set to connect as `proc`. */
+  /** The environment a process must set to connect as `proc` (through the gate). */
   setupFork(proc: Proc): Record<string, string> {
-    return sync(() => this.native.setupFork(proc));
+    const env = sync(() => this.native.setupFork(proc));
+    for (const [k, val] of Object.entries(env)) {
+      if (val.includes(this.innerUri)) env[k] = val.split(this.innerUri).join(this.outerUri);
+    }
+    return env;
   }
 
   dmodexRequest(proc: Proc): Promise<Buffer> {
-    return wrap(() => this.native.dmodexRequest(proc));
+    return this.waitOn('direct modex', () => this.native.dmodexRequest(proc));
   }
 
   defineProcessSet(name: string, members: Proc[]): Promise<void> {
-    return wrap(() => this.native.defineProcessSet(name, members));
+    return this.waitOn('define process set', () => this.native.defineProcessSet(name, members));
   }
 
   deleteProcessSet(name: string): Promise<void> {
-    return wrap(() => this.native.deleteProcessSet(name));
+    return this.waitOn('delete process set', () => this.native.deleteProcessSet(name));
   }
 
   notifyEvent(status: number, source: Proc, range: number, eventInfo: Info[]): Promise<void> {
-    return wrap(() => this.native.notifyEvent(status, source, range, eventInfo));
+    return this.waitOn('notify event', () => this.native.notifyEvent(status, source, range, eventInfo));
   }
 
   generateRegex(input: string): Buffer {
@@ -224,13 +367,67 @@ export class PmixServer {
     return sync(() => this.native.generatePpn(input));
   }
 
-  /** Finalizes libpmix; upcalls still in flight are dropped. */
-  stop(): void {
-    if (this.stopped) return;
+  /**
+   * Closes the gate and finalizes libpmix; upcalls still in flight are dropped. Resolves
+   * 'timed-out' if libpmix's finalize has not returned within `timeoutMs` (its progress thread is
+   * wedged): the process can then only end with exitNow.
+   */
+  async stop(timeoutMs = 10_000): Promise<'finalized' | 'timed-out'> {
+    if (this.stopped) return 'finalized';
     this.stopped = true;
-    if (active === this) active = undefined;
-    this.native.finalize();
+    if (this.probe) clearInterval(this.probe);
+    await this.gate?.close();
+    // A progress thread that already stopped answering will not stop for finalize either.
+    const wait = this.progress().stalled ? Math.min(timeoutMs, 2000) : timeoutMs;
+    let timer: NodeJS.Timeout | undefined;
+    const finalized = this.native.finalize().then(
+      () => 'finalized' as const,
+      () => 'finalized' as const,
+    );
+    const outcome = await Promise.race([
+      finalized,
+      new Promise<'timed-out'>((resolve) => {
+        timer = setTimeout(() => resolve('timed-out'), wait);
+      }),
+    ]);
+    clearTimeout(timer);
+    if (outcome === 'finalized' && active === this) active = undefined;
+    return outcome;
   }
+
+  /** Ends the process at once (_exit), for when libpmix's finalize does not return. */
+  static exitNow(code: number): never {
+    return loadNative().exitNow(code);
+  }
+}
+
+/**
+ * The address the gate listens on: loopback, or for remote connections the IPv4 address of the
+ * first interface or subnet in `tcpIfInclude` (any non-loopback one when none is named).
+ */
+export function gateHost(opts: Pick<PmixServerOptions, 'remoteConnections' | 'tcpIfInclude'>): string {
+  if (!opts.remoteConnections && !opts.tcpIfInclude) return '127.0.0.1';
+  const ifs = Object.entries(networkInterfaces()).flatMap(([name, addrs]) =>
+    (addrs ?? []).filter((a) => a.family === 'IPv4').map((a) => ({ name, address: a.address, internal: a.internal })),
+  );
+  const wanted = (opts.tcpIfInclude ?? '').split(',').map((w) => w.trim()).filter(Boolean);
+  for (const w of wanted) {
+    if (w.includes('/')) {
+      const [net, bits] = w.split('/') as [string, string];
+      if (!isIPv4(net)) continue;
+      const list = new BlockList();
+      list.addSubnet(net, Number(bits), 'ipv4');
+      const hit = ifs.find((i) => list.check(i.address, 'ipv4'));
+      if (hit) return hit.address;
+    } else {
+      const hit = ifs.find((i) => i.name === w || i.address === w);
+      if (hit) return hit.address;
+    }
+  }
+  if (wanted.length > 0) throw new Error(`no IPv4 address on this host matches '${opts.tcpIfInclude}'`);
+  const routable = ifs.find((i) => !i.internal);
+  if (!routable) throw new Error('remote PMIx connections asked for, but this host has no routable IPv4 address');
+  return routable.address;
 }
 
 function toPmixError(err: unknown): unknown {

@@ -7,7 +7,7 @@ import { Metrics } from '../api/metrics.js';
 import { defaultPolicy } from '../policy/index.js';
 import { PmixServer } from '../pmix/index.js';
 import { StatusName } from '../pmix/status.js';
-import { ResourceManager, type JobBackend } from '../rm/index.js';
+import { isActive, ResourceManager, type JobBackend } from '../rm/index.js';
 import { DEFAULT_MEMBER_ENV } from './default-env.js';
 import { PmiBackend } from './pmi-backend.js';
 import { PmixBackend } from './pmix-backend.js';
@@ -30,6 +30,8 @@ export interface SidecarOptions {
   remoteConnections?: boolean;
   tcpIfInclude?: string;
   tcpPort?: number;
+  /** How long a new PMIx connection may take to send its handshake (default 10 s). */
+  pmixHandshakeTimeoutMs?: number;
   /** Replaces the OMPI_MCA_* settings every Open MPI member gets. */
   ompiEnv?: Record<string, string>;
   /**
@@ -51,7 +53,7 @@ export interface SidecarOptions {
 }
 
 export class Sidecar {
-  private stopping: Promise<void> | undefined;
+  private stopping: Promise<'stopped' | 'timed-out'> | undefined;
 
   private constructor(
     readonly rm: ResourceManager,
@@ -87,12 +89,21 @@ export class Sidecar {
     // operator sets the window.
     process.env.PMIX_MCA_pmix_event_caching_window ??= '0';
     const clients = new PmixClients();
-    const pmix = PmixServer.start({
+    const pmix = await PmixServer.start({
       tmpdir: opts.tmpdir,
       handlers: pmixHandlers({ rm, clients, log: (level, msg, fields) => log[level](fields ?? {}, msg) }),
+      // A rank of a job that has ended is refused before libpmix sees it (it would otherwise be
+      // accepted and then have to be refused from the connected upcall).
+      admitClient: (proc) => {
+        const job = rm.jobByNamespace(proc.nspace);
+        return job && !isActive(job.state) ? `job ${job.id} is ${job.state}` : undefined;
+      },
+      onRefused: (reason, peer) => log.warn({ peer, reason }, 'PMIx connection refused'),
+      onStrangers: (closed) => log.warn({ closed }, 'shut down connections that reached libpmix without the gate'),
       ...(opts.remoteConnections ? { remoteConnections: true } : {}),
       ...(opts.tcpIfInclude ? { tcpIfInclude: opts.tcpIfInclude } : {}),
       ...(opts.tcpPort !== undefined ? { tcpPort: opts.tcpPort } : {}),
+      ...(opts.pmixHandshakeTimeoutMs !== undefined ? { handshakeTimeoutMs: opts.pmixHandshakeTimeoutMs } : {}),
       observer: (name, status, seconds) => {
         metrics!.upcalls.inc({ upcall: name, status: StatusName[status] ?? String(status) });
         metrics!.upcallSeconds.observe({ upcall: name }, seconds);
@@ -131,6 +142,7 @@ export class Sidecar {
         ...(opts.token ? { token: opts.token } : {}),
         version: opts.version ?? '0.0.0',
         pmixVersion: PmixServer.libraryVersion(),
+        pmixProgress: () => pmix.progress(),
         logger: log,
       });
       const host = opts.host ?? '127.0.0.1';
@@ -138,28 +150,53 @@ export class Sidecar {
       const addr = api.app.server.address();
       const port = typeof addr === 'object' && addr ? addr.port : opts.port ?? 8790;
       const url = `http://${host.includes(':') ? `[${host}]` : host}:${port}`;
-      log.info({ url, tmpdir: opts.tmpdir, host: hostname(), impls: rm.impls }, 'dask-pmix sidecar listening');
+      log.info({ url, tmpdir: opts.tmpdir, host: hostname(), impls: rm.impls, pmix: pmix.uri, libpmixPort: pmix.libpmixPort }, 'dask-pmix sidecar listening');
       return new Sidecar(rm, pmix, clients, api, url, log);
     } catch (err) {
       // e.g. the REST port is taken: close what was opened, so the process can exit.
       await rm.shutdown('the sidecar failed to start').catch(() => undefined);
-      pmix.stop();
+      await pmix.stop();
       throw err;
     }
   }
 
   /**
    * Stops: new jobs are refused, active ones aborted with notice to their members and
-   * released, the REST server closed, libpmix finalized.
+   * released, the REST server closed, libpmix finalized. Bounded: resolves 'timed-out' when
+   * that did not finish within `timeoutMs` (a wedged libpmix), and the process must then end
+   * with PmixServer.exitNow.
    */
-  stop(reason = 'the sidecar is stopping'): Promise<void> {
+  stop(reason = 'the sidecar is stopping', timeoutMs = 15_000): Promise<'stopped' | 'timed-out'> {
     this.stopping ??= (async () => {
       this.log.info({ reason }, 'stopping');
-      await this.rm.shutdown(reason);
+      const deadline = Date.now() + timeoutMs;
+      const within = <T>(p: Promise<T>) => bounded(p, Math.max(0, deadline - Date.now()));
+      const drained = await within(this.rm.shutdown(reason));
+      this.log.debug({ drained: drained !== TIMED_OUT }, 'jobs released');
       this.api.closeStreams();
-      await this.api.app.close();
-      this.pmix.stop();
+      await within(this.api.app.close());
+      this.log.debug('REST closed');
+      const pmix = await this.pmix.stop(Math.max(1000, deadline - Date.now()));
+      this.log.debug({ pmix }, 'PMIx server stopped');
+      return drained === TIMED_OUT || pmix === 'timed-out' ? 'timed-out' : 'stopped';
     })();
     return this.stopping;
   }
+
+  /** Ends the process at once, for a stop that timed out (libpmix's threads would keep it alive). */
+  exitNow(code: number): never {
+    return PmixServer.exitNow(code);
+  }
+}
+
+const TIMED_OUT = Symbol('timed out');
+
+function bounded<T>(p: Promise<T>, ms: number): Promise<T | typeof TIMED_OUT> {
+  let timer: NodeJS.Timeout | undefined;
+  return Promise.race([
+    p.catch(() => undefined as T),
+    new Promise<typeof TIMED_OUT>((resolve) => {
+      timer = setTimeout(() => resolve(TIMED_OUT), ms);
+    }),
+  ]).finally(() => clearTimeout(timer));
 }

@@ -25,6 +25,12 @@ export function targets(): Target[] {
       cc: 'gcc',
       flags: ['-O', '-Wall', `-I${PMIX_INCLUDE}`, join(PMIX_LIB_DIR, 'libpmix.so.2'), `-Wl,-rpath,${PMIX_LIB_DIR}`],
     },
+    ...['pmix_tool'].map((name) => ({
+      out: name,
+      src: src(`${name}.c`),
+      cc: 'gcc',
+      flags: ['-O', '-Wall', `-I${PMIX_INCLUDE}`, join(PMIX_LIB_DIR, 'libpmix.so.2'), `-Wl,-rpath,${PMIX_LIB_DIR}`],
+    })),
     { out: 'mpi_job_ompi5', src: src('mpi_job.c'), cc: join(VENV, 'bin', 'mpicc'), flags: ['-O'] },
     { out: 'mpi_hosts_ompi5', src: src('mpi_hosts.c'), cc: join(VENV, 'bin', 'mpicc'), flags: ['-O'] },
     // MPICH: Debian's 4.0.2 and the PyPI wheel's 5.0.x, both PMI-1 clients in practice.

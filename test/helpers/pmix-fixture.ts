@@ -4,7 +4,7 @@ import { hostname, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import {
   encodeNamespace, findValue, isTrue, Keys, PmixError, PmixServer, singleHostLayout, Status, info, v,
-  type Info, type NamespaceLayout, type Proc, type PublishedDatum, type UpcallHandlers,
+  type Info, type NamespaceLayout, type PmixServerOptions, type Proc, type PublishedDatum, type UpcallHandlers,
 } from '../../src/pmix/index.js';
 
 export interface Recorded {
@@ -16,7 +16,7 @@ export interface Recorded {
 }
 
 export class PmixFixture {
-  readonly server: PmixServer;
+  server!: PmixServer;
   readonly recorded: Recorded = { connected: [], finalized: [], aborts: [], groups: [], queries: [] };
   readonly tmpdir: string;
   psets: Map<string, Proc[]> = new Map();
@@ -25,7 +25,7 @@ export class PmixFixture {
   private nextContextId = 0xffffffff;
   extraHandlers: Partial<UpcallHandlers> = {};
 
-  constructor() {
+  private constructor() {
     this.tmpdir = mkdtempSync(join(tmpdir(), 'dask-pmix-test-'));
     const self = this;
     const handlers: UpcallHandlers = {
@@ -80,7 +80,16 @@ export class PmixFixture {
         return out;
       },
     };
-    this.server = PmixServer.start({ tmpdir: this.tmpdir, handlers });
+    this.handlers = handlers;
+  }
+
+  private readonly handlers: UpcallHandlers;
+
+  /** A fixture with its server started; `options` adds to or replaces the server's options. */
+  static async start(options: Partial<Omit<PmixServerOptions, 'handlers'>> = {}): Promise<PmixFixture> {
+    const fx = new PmixFixture();
+    fx.server = await PmixServer.start({ tmpdir: fx.tmpdir, handlers: fx.handlers, ...options });
+    return fx;
   }
 
   /** Registers a single-host namespace and its clients; returns each rank's environment. */
@@ -96,7 +105,7 @@ export class PmixFixture {
     return envs;
   }
 
-  stop(): void {
-    this.server.stop();
+  async stop(): Promise<void> {
+    await this.server.stop();
   }
 }

@@ -6,8 +6,8 @@ import { PmixFixture } from '../helpers/pmix-fixture.js';
 import { describeRanks, startRank } from '../helpers/ranks.js';
 
 let fx: PmixFixture;
-beforeAll(() => { fx = new PmixFixture(); });
-afterAll(() => fx.stop());
+beforeAll(async () => { fx = await PmixFixture.start(); });
+afterAll(() => fx?.stop());
 
 // The wheel's libfabric transport costs about a second per init on a machine without a fabric.
 const OMPI_ENV = { OMPI_MCA_btl: '^ofi' };

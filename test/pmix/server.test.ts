@@ -8,8 +8,8 @@ import { PmixError, PmixServer, Status, v } from '../../src/pmix/index.js';
 import { loadNative } from '../../src/pmix/native.js';
 
 let fx: PmixFixture;
-beforeAll(() => { fx = new PmixFixture(); });
-afterAll(() => fx.stop());
+beforeAll(async () => { fx = await PmixFixture.start(); });
+afterAll(() => fx?.stop());
 
 const client = (env: Record<string, string>, ...args: string[]) => startRank(bin('pmix_client'), args, env, 30_000);
 

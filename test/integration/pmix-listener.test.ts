@@ -1,0 +1,172 @@
+// The PMIx server's TCP port against connections that jammed it (issue 13): one that sends
+// nothing, a client of another uid, connections that bypass the gate, and a libpmix wedged on
+// purpose, which health must report and SIGTERM must still end.
+import { spawn } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { connect, type Socket } from 'node:net';
+import { hostname, tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { encodeHandshake, nativeCredential, PeerFlag } from '../../src/pmix/handshake.js';
+import { Status } from '../../src/pmix/index.js';
+import { Sidecar } from '../../src/service/sidecar.js';
+import { bin } from '../helpers/build-clients.js';
+import { restClient, until } from '../helpers/http.js';
+import { ROOT } from '../helpers/paths.js';
+import { cleanEnv, describeRanks, startRank } from '../helpers/ranks.js';
+
+const HOST = hostname();
+const NOBODY = 65534;
+
+function openSilent(port: number): Promise<Socket> {
+  return new Promise((resolve, reject) => {
+    const s = connect(port, '127.0.0.1', () => resolve(s));
+    s.on('error', reject);
+  });
+}
+
+const closed = (s: Socket) => new Promise<void>((r) => (s.destroyed ? r() : s.on('close', () => r())));
+
+/** A client handshake as libpmix 5.0.11's client writes it, claiming `uid`. */
+function clientHandshake(nspace: string, rank: number, uid: number, gid: number): Buffer {
+  return encodeHandshake({
+    psec: 'native', credential: nativeCredential(uid, gid), flag: PeerFlag.SIMPLE_CLIENT, proc: { nspace, rank },
+    version: '5.0.11', bfrops: 'v41', bufferType: 1, gds: 'hash', blob: Buffer.alloc(0),
+  });
+}
+
+describe('the PMIx listener against connections that jammed it', () => {
+  let sidecar: Sidecar;
+  let workdir: string;
+  let api: ReturnType<typeof restClient>;
+  let next = 0;
+
+  beforeAll(async () => {
+    sidecar = await Sidecar.start({
+      port: 0, tmpdir: (workdir = mkdtempSync(join(tmpdir(), 'dask-pmix-listener-'))), version: 'test',
+      releaseGraceMs: 1000, pmixHandshakeTimeoutMs: 120_000,
+    });
+    api = restClient(sidecar.url);
+  });
+  afterAll(async () => {
+    await sidecar?.stop('tests done');
+    if (workdir) rmSync(workdir, { recursive: true, force: true });
+  });
+
+  async function job(n: number): Promise<{ id: string; namespace: string; envs: Record<string, string>[] }> {
+    const ids: string[] = [];
+    for (let i = 0; i < n; i++) {
+      const id = `tcp://10.9.9.9:${next++}`;
+      expect((await api('POST', '/v1/workers', { id, host: HOST })).status).toBe(201);
+      ids.push(id);
+    }
+    const r = await api('POST', '/v1/jobs', { impl: 'openmpi', members: ids });
+    expect(r.status, JSON.stringify(r.body)).toBe(201);
+    const envs: Record<string, string>[] = [];
+    for (const id of ids) envs.push((await api('GET', `/v1/jobs/${r.body.id}/env/${encodeURIComponent(id)}`)).body.env);
+    return { id: r.body.id, namespace: r.body.namespace, envs };
+  }
+
+  async function runOpenMpiJob(n: number): Promise<void> {
+    const j = await job(n);
+    const ranks = j.envs.map((env) => startRank(bin('mpi_job_ompi5'), ['world'], env, 60_000));
+    const codes = await Promise.all(ranks.map((r) => r.exited));
+    expect(codes, describeRanks(ranks)).toEqual(ranks.map(() => 0));
+    await until(async () => (await api('GET', `/v1/jobs/${j.id}`)).body.state === 'completed', 20_000, `job ${j.id} completed`);
+  }
+
+  it('creates and runs an Open MPI job while a connection that sends nothing is held open', async () => {
+    const port = Number(/:(\d+)$/.exec(sidecar.pmix.uri)![1]);
+    const silent = await openSilent(port);
+    try {
+      await runOpenMpiJob(2);
+      expect(silent.destroyed, 'the silent connection is still open').toBe(false);
+      expect((await api('GET', '/v1/health')).body).toMatchObject({ status: 'ok' });
+    } finally {
+      silent.destroy();
+    }
+  });
+
+  it('closes a connection straight to libpmix that sends nothing, and goes on serving', async () => {
+    const silent = await openSilent(sidecar.pmix.libpmixPort);
+    const gone = closed(silent);
+    const t0 = Date.now();
+    const j = await job(1);
+    expect(Date.now() - t0, 'job creation waited for the stranger to be closed').toBeLessThan(15_000);
+    await gone;
+    const r = startRank(bin('pmix_client'), ['fence'], j.envs[0]!, 30_000);
+    expect(await r.exited, describeRanks([r])).toBe(0);
+  });
+
+  it('refuses a client of another uid with a status, and the others of its job and later jobs work', async () => {
+    const j = await job(2);
+    const refusedBefore = sidecar.pmix.gateStats.refused;
+    // Rank 0 runs as another user than its worker was registered with.
+    const child = spawn(bin('pmix_client'), ['fence'], { env: cleanEnv(j.envs[0]!), uid: NOBODY, gid: NOBODY, stdio: ['ignore', 'pipe', 'pipe'] });
+    let out = '';
+    child.stdout.on('data', (d: Buffer) => (out += d.toString()));
+    const code = await new Promise<number | null>((r) => child.on('exit', (c) => r(c)));
+    // libpmix's PMIx_Init reports every refused connection as PMIX_ERR_UNREACH; the gate said why.
+    expect(code, out).toBe(2);
+    expect(JSON.parse(out.trim().split('\n')[0]!)).toMatchObject({ error: 'init', status: Status.ERR_UNREACH });
+    expect(sidecar.pmix.gateStats.refused).toBe(refusedBefore + 1);
+    // Its peer of the same namespace connecting next is what wedged libpmix before.
+    const peer = startRank(bin('pmix_client'), ['hang'], j.envs[1]!, 30_000);
+    await peer.waitFor((l) => l.init === true, 20_000);
+    peer.kill();
+    await peer.exited;
+    expect((await api('DELETE', `/v1/jobs/${j.id}`)).status).toBeLessThan(300);
+    await runOpenMpiJob(2);
+    expect((await api('GET', '/v1/health')).body).toMatchObject({ status: 'ok' });
+  });
+});
+
+describe('a sidecar whose libpmix is wedged', () => {
+  it('reports it in /v1/health and still ends on SIGTERM', async () => {
+    const child = spawn(join(ROOT, 'bin', 'dask-pmix'), ['serve', '--port', '0', '--log-level', 'info', '--no-pmi'], {
+      env: { ...process.env },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    let out = '';
+    let err = '';
+    child.stdout.on('data', (d: Buffer) => (out += d.toString()));
+    child.stderr.on('data', (d: Buffer) => (err += d.toString()));
+    // 'close', not 'exit': what it logged last must have been read.
+    const exited = new Promise<number | null>((r) => child.on('close', (code) => r(code)));
+    const sockets: Socket[] = [];
+    try {
+      const url = await until(() => /listening on (http:\/\/\S+)/.exec(out)?.[1], 30_000, `the listening line (stderr: ${err})`);
+      const libpmixPort = Number(/"libpmixPort":(\d+)/.exec(out)?.[1]);
+      expect(libpmixPort).toBeGreaterThan(0);
+      const api = restClient(url);
+      expect((await api('POST', '/v1/workers', { id: 'w0', host: HOST })).status).toBe(201);
+      const job = (await api('POST', '/v1/jobs', { impl: 'openmpi', members: ['w0'] })).body;
+
+      // Straight to libpmix, past the gate: a client of the wrong uid (libpmix 5.0.11 frees the
+      // rank's record while it is still listed), then the right one, which wedges its progress thread.
+      for (const uid of [4242, process.getuid!()]) {
+        const s = await openSilent(libpmixPort);
+        sockets.push(s);
+        s.on('error', () => undefined);
+        s.write(clientHandshake(job.namespace, 0, uid, process.getgid!()));
+        await new Promise((r) => setTimeout(r, 300));
+      }
+      const health = await until(async () => {
+        const h = await api('GET', '/v1/health');
+        return h.status === 503 ? h : undefined;
+      }, 30_000, 'health to report the stall');
+      expect(health.body).toMatchObject({ status: 'pmix-stalled' });
+      expect(health.body.pmixStalledSeconds).toBeGreaterThan(1);
+
+      child.kill('SIGTERM');
+      const code = await Promise.race([exited, new Promise<'hung'>((r) => setTimeout(() => r('hung'), 60_000))]);
+      const said = `stdout: ${out.slice(-3000)}\nstderr: ${err.slice(-2000)}`;
+      expect(code, said).not.toBe('hung');
+      expect(code, said).toBe(1);
+      expect(out, said).toMatch(/stopping did not finish in time/);
+    } finally {
+      for (const s of sockets) s.destroy();
+      child.kill('SIGKILL');
+    }
+  });
+});
