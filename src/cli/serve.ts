@@ -24,6 +24,7 @@ const HELP = `usage: dask-pmix serve [options]
   --remote                 accept PMIx clients on other hosts over TCP
   --pmix-if IFACE          interface, subnet or address for remote PMIx clients (implies --remote)
   --pmix-port PORT         fixed TCP port for PMIx clients
+  --pmix-tools POLICY      same-uid (PMIx tools of this uid may connect) or refuse  [same-uid]
   --pmi-host ADDR          PMI-1/PMI-2 listener address (MPICH, Intel MPI)  [default 127.0.0.1]
   --pmi-port PORT          its port                       [default: any free one]
   --pmi-advertise HOST     host name members use in PMI_PORT  [default: the bound address]
@@ -74,6 +75,7 @@ export async function serve(argv: string[]): Promise<number> {
       remote: { type: 'boolean' },
       'pmix-if': { type: 'string' },
       'pmix-port': { type: 'string' },
+      'pmix-tools': { type: 'string' },
       'ompi-env': { type: 'string', multiple: true },
       'pmi-host': { type: 'string' },
       'pmi-port': { type: 'string' },
@@ -102,6 +104,8 @@ export async function serve(argv: string[]): Promise<number> {
     }
   }
   const pmixPort = num('pmix-port', values['pmix-port']);
+  const tools = values['pmix-tools'];
+  if (tools !== undefined && tools !== 'same-uid' && tools !== 'refuse') throw new Error(`--pmix-tools must be same-uid or refuse, not '${tools}'`);
   const wiring = num('wiring-timeout', values['wiring-timeout']);
   const maxJobs = num('max-jobs', values['max-jobs']);
   const grace = num('release-grace', values['release-grace']);
@@ -129,6 +133,7 @@ export async function serve(argv: string[]): Promise<number> {
       ...(values.remote || values['pmix-if'] ? { remoteConnections: true } : {}),
       ...(values['pmix-if'] ? { tcpIfInclude: interfaceFor(values['pmix-if']) } : {}),
       ...(pmixPort !== undefined ? { tcpPort: pmixPort } : {}),
+      ...(tools ? { pmixTools: tools } : {}),
       ...(ompiEnv ? { ompiEnv } : {}),
       poolSize,
       pmi: values['no-pmi']

@@ -30,6 +30,8 @@ export interface SidecarOptions {
   remoteConnections?: boolean;
   tcpIfInclude?: string;
   tcpPort?: number;
+  /** Which PMIx tools may connect: those of this process's uid (default), or none. */
+  pmixTools?: 'same-uid' | 'refuse';
   /** How long a new PMIx connection may take to send its handshake (default 10 s). */
   pmixHandshakeTimeoutMs?: number;
   /** Replaces the OMPI_MCA_* settings every Open MPI member gets. */
@@ -103,6 +105,7 @@ export class Sidecar {
       ...(opts.remoteConnections ? { remoteConnections: true } : {}),
       ...(opts.tcpIfInclude ? { tcpIfInclude: opts.tcpIfInclude } : {}),
       ...(opts.tcpPort !== undefined ? { tcpPort: opts.tcpPort } : {}),
+      ...(opts.pmixTools ? { tools: opts.pmixTools } : {}),
       ...(opts.pmixHandshakeTimeoutMs !== undefined ? { handshakeTimeoutMs: opts.pmixHandshakeTimeoutMs } : {}),
       observer: (name, status, seconds) => {
         metrics!.upcalls.inc({ upcall: name, status: StatusName[status] ?? String(status) });

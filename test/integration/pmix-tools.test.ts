@@ -1,0 +1,81 @@
+// PMIx tools (PMIx_tool_init at the URI every member is handed) against the sidecar: one of the
+// sidecar's own uid is served, any other is refused before libpmix sees it, and none of them
+// takes the server down (a tool connection crashed libpmix 5.0.11 without a tool upcall).
+import { spawn } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { hostname, tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Sidecar } from '../../src/service/sidecar.js';
+import { bin } from '../helpers/build-clients.js';
+import { restClient } from '../helpers/http.js';
+import { cleanEnv, describeRanks, startRank } from '../helpers/ranks.js';
+
+const HOST = hostname();
+let sidecar: Sidecar;
+let workdir: string;
+let api: ReturnType<typeof restClient>;
+let next = 0;
+/** PMIX_SERVER_URI41 as every member gets it. */
+let uri: string;
+
+beforeAll(async () => {
+  sidecar = await Sidecar.start({ port: 0, tmpdir: (workdir = mkdtempSync(join(tmpdir(), 'dask-pmix-tools-'))), version: 'test', releaseGraceMs: 1000 });
+  api = restClient(sidecar.url);
+  uri = (await memberEnv()).PMIX_SERVER_URI41!;
+});
+afterAll(async () => {
+  await sidecar?.stop('tests done');
+  if (workdir) rmSync(workdir, { recursive: true, force: true });
+});
+
+const tool = (...args: string[]) => startRank(bin('pmix_tool'), [uri, ...args], {}, 30_000);
+
+async function memberEnv(): Promise<Record<string, string>> {
+  const id = `tcp://10.8.8.8:${next++}`;
+  expect((await api('POST', '/v1/workers', { id, host: HOST })).status).toBe(201);
+  const job = (await api('POST', '/v1/jobs', { impl: 'openmpi', members: [id] })).body;
+  return (await api('GET', `/v1/jobs/${job.id}/env/${encodeURIComponent(id)}`)).body.env;
+}
+
+/** A one-rank job runs to its end: the server still serves. */
+async function serves(): Promise<void> {
+  const env = await memberEnv();
+  const r = startRank(bin('pmix_client'), ['put-get'], env, 30_000);
+  expect(await r.exited, describeRanks([r])).toBe(0);
+}
+
+describe('PMIx tools', () => {
+  it('serves a tool of its own uid: it connects, gets an identity and finalizes', async () => {
+    const t = tool('connect');
+    expect(await t.exited, describeRanks([t])).toBe(0);
+    expect(t.lines[0]).toMatchObject({ init: true, nspace: expect.stringMatching(/-tool-\d+$/), rank: 0 });
+    expect(t.lines).toContainEqual({ finalized: true });
+    await serves();
+  });
+
+  it('serves a tool that brings its own identity', async () => {
+    const t = tool('given', 'my-debugger');
+    expect(await t.exited, describeRanks([t])).toBe(0);
+    expect(t.lines[0]).toMatchObject({ init: true, nspace: 'my-debugger', rank: 0 });
+    await serves();
+  });
+
+  it('refuses a tool of another uid before libpmix sees it, and goes on serving', async () => {
+    const refused = sidecar.pmix.gateStats.refused;
+    const child = spawn(bin('pmix_tool'), [uri, 'connect'], { env: cleanEnv({}), uid: 65534, gid: 65534, stdio: ['ignore', 'pipe', 'pipe'] });
+    let out = '';
+    child.stdout.on('data', (d: Buffer) => (out += d.toString()));
+    expect(await new Promise((r) => child.on('close', r)), out).toBe(2);
+    expect(out).toMatch(/"error":"init"/);
+    expect(sidecar.pmix.gateStats.refused).toBe(refused + 1);
+    await serves();
+  });
+
+  it('answers a tool query (namespaces, pset names), and goes on serving', async () => {
+    const t = tool('query');
+    expect(await t.exited, describeRanks([t])).toBe(0);
+    expect(t.lines).toContainEqual(expect.objectContaining({ query: 0 }));
+    await serves();
+  });
+});
