@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import threading
 import time
 from typing import Any
@@ -21,6 +22,10 @@ from .rest import SidecarClient
 logger = logging.getLogger("dask_pmix")
 
 ACTIVE_STATES = ("pending", "wiring", "running")
+# The key of a rank's task (run.py): which job it belongs to.
+RANK_KEY = re.compile(r"^dask-pmix-(.+)-rank-(\d+)$")
+# A sidecar that has not answered for this long is taken for gone, and its running jobs fail.
+SIDECAR_GONE_AFTER = 1.5
 
 
 class SidecarPlugin(SchedulerPlugin):
@@ -51,6 +56,8 @@ class SidecarPlugin(SchedulerPlugin):
         self._stop = threading.Event()
         self._events_thread: threading.Thread | None = None
         self._closed = False
+        self._unreachable_since: float | None = None
+        self._dropping: set[str] = set()  # jobs being ended because a rank's task was dropped
         self._background: set[asyncio.Future] = set()
 
     # The plugin is pickled on its way to the scheduler: send the configuration only.
@@ -139,6 +146,29 @@ class SidecarPlugin(SchedulerPlugin):
         self._background.add(task)
         task.add_done_callback(self._background.discard)
         return task
+
+    def transition(self, key, start: str, finish: str, *args, **kwargs) -> None:
+        """A rank's task dropped before it finished (its future cancelled, or released by every
+        client that held it) ends its job and gives the members back: the other ranks would
+        otherwise wait for it until the wiring or job timeout."""
+        if finish not in ("released", "forgotten") or start in ("memory", "erred", "released", "forgotten"):
+            return
+        match = RANK_KEY.match(key) if isinstance(key, str) else None
+        if match is None or self._closed or self.rest is None:
+            return
+        job_id = match.group(1)
+        with self._lock:
+            if job_id not in self._frozen or job_id in self._dropping:
+                return
+            self._dropping.add(job_id)
+
+        async def drop() -> None:
+            try:
+                await self.release_job(job_id=job_id)
+            finally:
+                self._dropping.discard(job_id)
+
+        self._soon(drop())
 
     def remove_client(self, scheduler, client: str) -> None:
         with self._lock:
@@ -245,12 +275,32 @@ class SidecarPlugin(SchedulerPlugin):
 
     async def job(self, job_id: str) -> dict:
         try:
-            job = await asyncio.to_thread(self.rest.job, job_id)
+            job = await asyncio.to_thread(self.rest.job, job_id, timeout=SIDECAR_GONE_AFTER)
         except SidecarError as e:
-            return {"id": job_id, "state": "failed" if e.status == 404 else "unknown", "error": str(e)}
+            gone = self._sidecar_gone(e)
+            if e.status == 404 or gone:
+                self._forget(job_id)
+                return {"id": job_id, "state": "failed", "error": gone or str(e)}
+            return {"id": job_id, "state": "unknown", "error": str(e)}
+        self._unreachable_since = None
         if job.get("state") not in ACTIVE_STATES:
             self._forget(job_id)
         return job
+
+    def _sidecar_gone(self, error: SidecarError) -> str | None:
+        """Why the sidecar counts as gone, if it does: its process exited (the embedded one), or it
+        has not answered for SIDECAR_GONE_AFTER seconds. Its jobs then fail instead of running on
+        blind: nobody serves their collectives or notices a lost member any more."""
+        proc = self.embedded.proc if self.embedded is not None else None
+        if proc is not None and proc.poll() is not None:
+            return f"the dask-pmix sidecar exited (status {proc.returncode})"
+        if error.status:
+            return None
+        now = time.monotonic()
+        self._unreachable_since = self._unreachable_since or now
+        if now - self._unreachable_since >= SIDECAR_GONE_AFTER:
+            return f"the dask-pmix sidecar at {self.url} has not answered for {now - self._unreachable_since:.1f} s"
+        return None
 
     async def release_job(self, job_id: str, grace: float = 5.0) -> dict | None:
         """Gives the members back. A job that ended stays in the sidecar's history and is released

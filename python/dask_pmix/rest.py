@@ -76,8 +76,8 @@ class SidecarClient:
     def create_job(self, request: dict) -> dict:
         return self._request("POST", "/v1/jobs", request)
 
-    def job(self, job_id: str) -> dict:
-        return self._request("GET", f"/v1/jobs/{quote(job_id)}")
+    def job(self, job_id: str, timeout: float | None = None) -> dict:
+        return self._request("GET", f"/v1/jobs/{quote(job_id)}", timeout=timeout)
 
     def jobs(self) -> list[dict]:
         return _items(self._request("GET", "/v1/jobs"), "jobs")
