@@ -7,7 +7,7 @@ per frame; and progress goes on while the worker's event loop is busy (deseriali
 the GIL of a task), which a loop-driven poller cannot do. mpi4py releases the GIL inside MPI calls.
 
 How it avoids spinning a core (dask/distributed#4142 review): with nothing posted it blocks on an
-Event (no wake-ups at all); with operations in flight it polls Testsome continuously for a short
+Event (no wake-ups at all); with operations in flight it tests them continuously for a short
 window after the last completion (a fragment-pipelined transport such as the TCP BTL needs both
 ends to keep progressing), then sleeps between polls with a doubling backoff capped at 1 ms, and
 at 20 ms once nothing has moved for seconds (a send whose receiver went away).
@@ -31,6 +31,14 @@ BACKOFF_MAX = 1e-3
 STALE_SECONDS = 2.0        # nothing completed for this long: poll slowly
 BACKOFF_STALE = 20e-3
 DRAIN_PERIOD = 20e-3       # how often closed connections' tags are probed for stray messages
+
+
+def _plain(exc: BaseException) -> ConnectionError:
+    """The error without its traceback. Kept with the transfer, the traceback would tie this
+    thread's frame (holding mpi4py requests, which hold exports of the frames' memoryviews) into a
+    reference cycle; CPython's collector cannot clear an exported memoryview and the process
+    crashes (seen: "memoryview has 1 exported buffer", then SIGSEGV)."""
+    return ConnectionError(f"{type(exc).__name__}: {exc}")
 
 
 class Transfer:
@@ -65,10 +73,14 @@ class Engine:
         self._thread: Optional[threading.Thread] = None
         self._start_lock = threading.Lock()
         self._stop = False
-        self.polls = 0                     # Testsome calls, for the idle-cost tests
+        self._closed = False
+        self.polls = 0                     # test rounds, for the idle-cost tests
 
     # --- called from any thread ---------------------------------------------------------------
     def submit(self, transfer: Transfer) -> None:
+        if self._closed:
+            self._finish_closed(transfer)
+            return
         self._ensure_started()
         self._inbox.put(("post", transfer))
         self._wake.set()
@@ -82,6 +94,8 @@ class Engine:
     def drain(self, comm, peer: int, tag: int, seconds: float) -> None:
         """Receive and drop whatever still arrives on a closed connection's tag for a while, so
         that a sender whose message was never read does not wait for its receiver forever."""
+        if self._closed:
+            return
         self._ensure_started()
         self._inbox.put(("drain", [comm, peer, tag, time.monotonic() + seconds]))
         self._wake.set()
@@ -89,11 +103,20 @@ class Engine:
     def in_flight(self) -> int:
         return len(self._owners)
 
-    def stop(self) -> None:
+    def close(self, timeout: float = 5.0) -> bool:
+        """Make no MPI call from now on (the session is about to be finalized): new transfers fail
+        at once, those in flight are abandoned with their buffers. True if the thread ended."""
+        self._closed = True
         self._stop = True
         self._wake.set()
-        if self._thread is not None:
-            self._thread.join(5)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+            return not self._thread.is_alive()
+        return True
+
+    def _finish_closed(self, t: Transfer) -> None:
+        t.error = ConnectionError("the MPI engine is closed (the process left its MPI pool)")
+        self._finish(t)
 
     # --- the progress thread ------------------------------------------------------------------
     def _ensure_started(self) -> None:
@@ -148,7 +171,7 @@ class Engine:
                     self._drains.append(item)
             except Exception as exc:  # an MPI error posting: fail that transfer, keep the engine
                 if kind == "post":
-                    self._fail(item, exc)
+                    self._fail(item, _plain(exc))
                 else:
                     logger.warning("dask-pmix comm engine: %s failed: %s", kind, exc)
 
@@ -168,38 +191,29 @@ class Engine:
             self._finish(t)
 
     def _test(self) -> bool:
+        """Test each request on its own: mpi4py's Testsome raises on an MPI error before it
+        copies the freed handles back into the Request objects, which would leave them dangling."""
         self.polls += 1
-        try:
-            done = self.MPI.Request.Testsome(self._requests)
-        except self.MPI.Exception:
-            done = self._test_each()
-        if not done:
-            return False
-        done = set(done)
+        MPI = self.MPI
         keep_r, keep_o = [], []
-        for i, (req, owner) in enumerate(zip(self._requests, self._owners)):
-            if i in done:
+        progressed = False
+        for req, owner in zip(self._requests, self._owners):
+            try:
+                done = req.Test()
+            except MPI.Exception as exc:  # a peer that died (Open MPI ft), a transport that failed
+                owner.error = owner.error or _plain(exc)
+                done = True
+            if done:
+                progressed = True
                 owner.remaining -= 1
                 if owner.remaining == 0:
                     self._finish(owner)
             else:
                 keep_r.append(req)
                 keep_o.append(owner)
-        self._requests, self._owners = keep_r, keep_o
-        return True
-
-    def _test_each(self) -> list:
-        """Testsome failed for some request (a peer that died, with Open MPI's ft enabled):
-        find which, and fail their transfers."""
-        done = []
-        for i, (req, owner) in enumerate(zip(self._requests, self._owners)):
-            try:
-                if req.Test():
-                    done.append(i)
-            except self.MPI.Exception as exc:
-                owner.error = owner.error or exc
-                done.append(i)
-        return done
+        if progressed:
+            self._requests, self._owners = keep_r, keep_o
+        return progressed
 
     def _fail(self, t: Transfer, exc: BaseException) -> None:
         t.error = exc
@@ -250,14 +264,20 @@ def engine_for(MPI: Any, chunk_bytes: int) -> Engine:
     """The process's engine (one per process: MPI is initialised once per process)."""
     global _engine
     with _engine_lock:
-        if _engine is None or _engine.MPI is not MPI:
+        if _engine is None or _engine.MPI is not MPI or _engine._closed:
             _engine = Engine(MPI, chunk_bytes)
         return _engine
 
 
-def stop_engine() -> None:
+_retired: list = []   # closed engines: their abandoned requests' buffers must never be freed
+
+
+def stop_engine() -> bool:
+    """Close the process's engine (before its MPI session is finalized)."""
     global _engine
     with _engine_lock:
         engine, _engine = _engine, None
-    if engine is not None:
-        engine.stop()
+    if engine is None:
+        return True
+    _retired.append(engine)
+    return engine.close()

@@ -2,14 +2,20 @@
 Dask's own handshake: do both ends use MPI for this connection, over which pair communicator,
 and with which tags?
 
-    connector -> listener   {"epoch": E, "rank": r}            ({"epoch": None}: not in a pool)
+    connector -> listener   {"epoch": E, "rank": r}       ({"epoch": None}: not in a pool)
     listener  -> connector  {"mpi": true, "rank": r', "pairs": [names it holds with r], "tag": t'}
-                            or {"mpi": false, "why": ...}
+                            or {"mpi": false, "why": ..., "epoch": E' or None, "starting": bool}
     connector -> listener   {"mpi": true, "pair": name, "tag": t}  or {"mpi": false, "why": ...}
 
-A connector outside any pool (the scheduler, a client) sends one message and goes on without
-waiting: its connection costs no round trip more than tcp://. Otherwise it costs one and a half
-round trips, plus building the pair's communicator the first time two processes meet.
+One round trip more than tcp:// for every connection (scheduler and clients included, whose
+connections to workers are few and pooled), one and a half between pool ranks, plus building the
+pair's communicator the first time two processes meet.
+
+A TCP answer may only be for now: the connector was not in the pool yet but the listener is
+(epoch E'), or the listener is still joining ("starting"). The connector's comm then remembers
+when to revisit (Revisit): once due, an idle connection reports itself closed, so that Dask's
+connection pool opens a new one, which negotiates again (workers join the pool a few seconds
+after they start, and Dask keeps its connections).
 Each message: b"DPMX", a 4-byte length, msgpack.
 """
 
@@ -18,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import struct
+import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -25,7 +32,7 @@ import msgpack
 
 from . import stats
 from .engine import Engine
-from .link import PoolLink, current_link
+from .link import PoolLink, current_link, pool_starting
 from .pairs import peer_index, registry_for
 
 MAGIC = b"DPMX"
@@ -35,6 +42,22 @@ MAX_HELLO = 1 << 20
 
 class HelloError(ConnectionError):
     """The peer does not speak this negotiation (not a tcp+mpi end), or broke it off."""
+
+
+REVISIT_AFTER = 2.0   # seconds before asking a listener that was joining its pool again
+
+
+@dataclass
+class Revisit:
+    """When a TCP connection may be worth negotiating again."""
+    epoch: Optional[str] = None     # once this process is in this epoch
+    after: Optional[float] = None   # or after this time.monotonic()
+
+    def due(self) -> bool:
+        if self.after is not None:
+            return time.monotonic() >= self.after
+        link = current_link()
+        return link is not None and link.epoch == self.epoch
 
 
 @dataclass
@@ -89,48 +112,49 @@ def _fallback(why: str) -> None:
     stats.note(f"tcp_fallback:{why}")
 
 
-async def offer(stream, timeout: float, chunk_bytes: int) -> Optional[Route]:
-    """Connector side. Returns the MPI route, or None for a TCP connection."""
+async def offer(stream, timeout: float, chunk_bytes: int) -> tuple[Optional[Route], Optional[Revisit]]:
+    """Connector side: the MPI route, or None for a TCP connection and when to revisit that."""
     link = current_link()
-    if link is None:
-        await _write(stream, {"epoch": None})
-        return None
-    await _write(stream, {"epoch": link.epoch, "rank": link.rank})
+    await _write(stream, {"epoch": link.epoch if link else None, "rank": link.rank if link else None})
     reply = await asyncio.wait_for(_read(stream), timeout)
     if not reply.get("mpi"):
-        _fallback(str(reply.get("why", "peer")))
-        return None
+        why = str(reply.get("why", "peer"))
+        _fallback(why)
+        if reply.get("starting"):
+            return None, Revisit(after=time.monotonic() + REVISIT_AFTER)
+        if link is None and reply.get("epoch") is not None:
+            return None, Revisit(epoch=str(reply["epoch"]))
+        return None, None
     peer = int(reply["rank"])
     reg = registry_for(link)
     tag = None if reg.broken(peer) else reg.alloc_tag(peer)
     if tag is None:
         await _write(stream, {"mpi": False, "why": "connector"})
         _fallback("pair-unusable")
-        return None
+        return None, None
     theirs = set(reply.get("pairs", ()))
     name = next((n for n in reg.names(peer) if n in theirs), None) or reg.new_name(peer)
     fut = reg.start(name, peer)
     await _write(stream, {"mpi": True, "pair": name, "tag": tag})
     comm = await _built(reg, fut, peer, timeout)
-    return Route(_engine(link, chunk_bytes), comm, peer_index(link.rank, peer), int(reply["tag"]), tag, name, peer)
+    return Route(_engine(link, chunk_bytes), comm, peer_index(link.rank, peer), int(reply["tag"]), tag, name, peer), None
 
 
 async def answer(stream, timeout: float, chunk_bytes: int) -> Optional[Route]:
     """Listener side. Returns the MPI route, or None for a TCP connection."""
     hello = await asyncio.wait_for(_read(stream), timeout)
-    if hello.get("epoch") is None:
-        return None
     link = current_link()
-    if link is None or link.epoch != hello["epoch"]:
-        why = "no-pool" if link is None else "other-epoch"
-        await _write(stream, {"mpi": False, "why": why})
+    mine = {"epoch": link.epoch if link else None, "starting": link is None and pool_starting()}
+    if hello.get("epoch") is None or link is None or link.epoch != hello["epoch"]:
+        why = ("connector-no-pool" if hello.get("epoch") is None else "no-pool" if link is None else "other-epoch")
+        await _write(stream, {"mpi": False, "why": why, **mine})
         _fallback(why)
         return None
     peer = int(hello["rank"])
     reg = registry_for(link)
     tag = None if reg.broken(peer) else reg.alloc_tag(peer)
     if tag is None:
-        await _write(stream, {"mpi": False, "why": "listener"})
+        await _write(stream, {"mpi": False, "why": "listener", **mine})
         _fallback("pair-unusable")
         return None
     await _write(stream, {"mpi": True, "rank": link.rank, "pairs": reg.names(peer), "tag": tag})

@@ -47,19 +47,49 @@ def current_link() -> Optional[PoolLink]:
 
 def _from_pool() -> Optional[PoolLink]:
     try:
-        from .. import pool  # the in-process pool (issue 9); absent in older checkouts
+        from .. import pool  # the in-process pool (issue 9)
     except ImportError:
         return None
-    current = getattr(pool, "current", None)
-    member = current() if current is not None else None
+    member = pool.current()
     if member is None:
         return None
-    epoch = getattr(member, "epoch", None) or getattr(member, "namespace", None)
-    rank = getattr(member, "rank", None)
-    create = getattr(member, "create_comm", None) or getattr(member, "comm", None)
-    if epoch is None or rank is None or create is None:
-        return None
-    return PoolLink(epoch=str(epoch), rank=int(rank), MPI=member.MPI, create_comm=create)
+    _watch_pool_close(pool)
+    # Two processes share communicators only within one epoch: its PMIx namespace names it.
+    return PoolLink(epoch=f"{member.namespace}#{member.epoch}", rank=int(member.rank), MPI=member.MPI,
+                    create_comm=member.comm, session=member.session)
+
+
+_watching = False
+
+
+def _watch_pool_close(pool) -> None:
+    """Before the pool finalizes this process's session, the backend stops every MPI call of its
+    own and frees its communicators (an MPI call after finalize aborts the process)."""
+    global _watching
+    if _watching:
+        return
+    _watching = True
+    on_close = getattr(pool, "on_close", None)
+    if on_close is not None:
+        on_close(_leave_pool)
+
+
+def _leave_pool() -> None:
+    from .engine import stop_engine
+    from .pairs import drop_registries
+
+    stop_engine()
+    drop_registries()
+
+
+def pool_starting() -> bool:
+    """Whether this process is joining a pool right now (its session is being initialised)."""
+    try:
+        from .. import pool
+    except ImportError:
+        return False
+    status = getattr(pool, "status", None)
+    return status is not None and status().get("state") == "starting"
 
 
 def join_launcher_world() -> PoolLink:
@@ -91,10 +121,6 @@ def join_launcher_world() -> PoolLink:
 def leave_launcher_world(link: PoolLink) -> None:
     """End a launcher-world membership at process exit: stop the engine, free the pair
     communicators, finalize the session (the launcher reports an unfinalized exit as a failure)."""
-    from .engine import stop_engine
-    from .pairs import free_pairs
-
     set_link(None)
-    stop_engine()
-    free_pairs(link)
+    _leave_pool()
     link.session.Finalize()

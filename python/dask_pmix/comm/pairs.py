@@ -124,13 +124,18 @@ def registry_for(link: PoolLink) -> PairRegistry:
         return reg
 
 
-def free_pairs(link: PoolLink) -> None:
-    """Free the pair communicators of link's epoch (at process exit, with no connection left)."""
+def drop_registries() -> None:
+    """Forget every pair communicator (their session is going away): later connections stay TCP
+    or build new ones in a new epoch. Freed only when built: a construction still blocked in the
+    collective cannot be stopped."""
     with _registries_lock:
-        reg = _registries.pop(link.epoch, None)
-    if reg is None:
-        return
-    for pairs in reg._pairs.values():
-        for fut in pairs.values():
-            if fut.done() and fut.exception() is None:
-                fut.result().Free()
+        regs = list(_registries.values())
+        _registries.clear()
+    for reg in regs:
+        for pairs in reg._pairs.values():
+            for fut in pairs.values():
+                if fut.done() and fut.exception() is None:
+                    try:
+                        fut.result().Free()
+                    except Exception:
+                        pass

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import socket
 import struct
+import time
 
 from tornado.iostream import StreamClosedError
 
@@ -71,13 +72,35 @@ class TCPMPI(TCP):
         super().__init__(stream, local_addr, peer_addr, deserialize)
         self._route = None
         self._torn = False
+        self._revisit = None        # connector side: when a TCP connection should negotiate again
+        self._ops = 0               # reads and writes in progress
+        self._last_op = time.monotonic()
         self._threshold = config.get("mpi-threshold")
         if hasattr(stream, "_dask_pmix_route"):  # negotiated by the listener before the comm existed
             self._use(stream._dask_pmix_route)
 
-    def _use(self, route) -> None:
+    def _use(self, route, revisit=None) -> None:
         self._route = route
+        self._revisit = revisit
         stats.add(self.transport, connections=1)
+
+    IDLE_BEFORE_REVISIT = 1.0
+
+    def closed(self) -> bool:
+        """Also True, once, for an idle TCP connection that would now negotiate MPI: Dask's
+        connection pool then drops it and opens a new one. Idle: no read or write in progress and
+        none for a second (a conversation always has one in progress, but for the instant between
+        a write and its reply's read, where no other coroutine can run)."""
+        if self._revisit is not None and not self._closed and self._ops == 0 \
+                and time.monotonic() - self._last_op >= self.IDLE_BEFORE_REVISIT and self._revisit.due():
+            self._revisit = None
+            stats.note("tcp_connections_renegotiated")
+            self.abort()
+        return self._closed
+
+    def __repr__(self) -> str:  # never the revisiting closed(): a log line must not close a connection
+        state = " (closed)" if self._closed else ""
+        return f"<{type(self).__name__}{state} {self.name or ''} local={self.local_address} remote={self.peer_address}>"
 
     @property
     def transport(self) -> str:
@@ -85,6 +108,22 @@ class TCPMPI(TCP):
         return "mpi" if self._route is not None else "tcp"
 
     async def write(self, msg, serializers=None, on_error="message"):
+        self._ops += 1
+        try:
+            return await self._write(msg, serializers, on_error)
+        finally:
+            self._ops -= 1
+            self._last_op = time.monotonic()
+
+    async def read(self, deserializers=None):
+        self._ops += 1
+        try:
+            return await self._read(deserializers)
+        finally:
+            self._ops -= 1
+            self._last_op = time.monotonic()
+
+    async def _write(self, msg, serializers, on_error):
         stream = self.stream
         if stream is None:
             raise CommClosedError()
@@ -137,7 +176,7 @@ class TCPMPI(TCP):
                 loop.call_soon_threadsafe(self.abort)
         return done
 
-    async def read(self, deserializers=None):
+    async def _read(self, deserializers):
         stream = self.stream
         if stream is None:
             raise CommClosedError()
@@ -252,7 +291,7 @@ class TCPMPIConnector(TCPConnector):
     async def connect(self, address, deserialize=True, **connection_args):
         comm = await super().connect(address, deserialize=deserialize, **connection_args)
         try:
-            route = await hello.offer(comm.stream, _connect_timeout(), config.get("chunk"))
+            route, revisit = await hello.offer(comm.stream, _connect_timeout(), config.get("chunk"))
         except StreamClosedError as e:
             comm.abort()
             convert_stream_closed_error(self, e)
@@ -262,7 +301,7 @@ class TCPMPIConnector(TCPConnector):
         except BaseException:
             comm.abort()
             raise
-        comm._use(route)
+        comm._use(route, revisit)
         return comm
 
 
