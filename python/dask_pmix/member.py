@@ -143,10 +143,12 @@ def _child(fd: int, env: dict, tag: str, impl: str, fn: Callable, args: tuple, k
     try:
         _die_with_parent()
         os.environ.update(env)
-        # MPICH / Intel MPI: bind the PMI connection with the job's credential (no-op otherwise).
-        pmi_connect.bind(os.environ)
+        # Before any connection to the sidecar: a rank of the wrong MPI must report that, not be
+        # seen as a member lost when its PMI connection closes.
         MPI = mpi_module()
         _check_library(impl)
+        # MPICH / Intel MPI: bind the PMI connection with the job's credential (no-op otherwise).
+        pmi_connect.bind(os.environ)
         session, comm = connect(MPI, tag, impl)
         try:
             value = fn(comm, *args, **kwargs)
