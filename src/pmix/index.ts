@@ -1,4 +1,4 @@
-export { PmixServer } from './server.js';
+export { PmixServer, WithStatus } from './server.js';
 export type * from './server.js';
 export { Keys } from './keys.js';
 export { Status, StatusName, Range, Persistence, Rank, PmixError } from './status.js';

@@ -49,6 +49,7 @@ export function encodeNamespace(layout: NamespaceLayout, regex: RegexGenerator):
   const hosts = hostsOf(layout);
   const out: Info[] = [
     info(Keys.JOBID, v.string(layout.nspace)),
+    info(Keys.NPROC_OFFSET, v.rank(0)),
     info(Keys.JOB_SIZE, v.uint32(size)),
     info(Keys.UNIV_SIZE, v.uint32(layout.universeSize ?? size)),
     info(Keys.MAX_PROCS, v.uint32(layout.universeSize ?? size)),
@@ -77,6 +78,8 @@ export function encodeNamespace(layout: NamespaceLayout, regex: RegexGenerator):
           info(Keys.HOSTNAME, v.string(h.host)),
           info(Keys.NODEID, v.uint32(h.nodeId)),
           info(Keys.LOCAL_PEERS, v.string(h.ranks.join(','))),
+          // Per node, as one server holds every node's ranks: a rank reads its own node's.
+          info(Keys.LOCAL_PROCS, v.procs(h.ranks.map((rank) => ({ nspace: layout.nspace, rank })))),
           info(Keys.LOCAL_SIZE, v.uint32(h.ranks.length)),
           info(Keys.NODE_SIZE, v.uint32(h.ranks.length)),
           info(Keys.LOCALLDR, v.rank(h.ranks[0] ?? 0)),
@@ -96,6 +99,7 @@ export function encodeNamespace(layout: NamespaceLayout, regex: RegexGenerator):
       info(Keys.APPNUM, v.uint32(0)),
       info(Keys.REINCARNATION, v.uint32(0)),
     ];
+    if (layout.tmpdir) proc.push(info(Keys.PROCDIR, v.string(`${layout.tmpdir}/${r.rank}`)));
     if (r.psetName) proc.push(info(Keys.PSET_NAME, v.string(r.psetName)));
     out.push(info(Keys.PROC_DATA, v.infos(proc)));
   }

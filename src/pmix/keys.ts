@@ -56,6 +56,7 @@ export const Keys = {
   QUERY_PSET_MEMBERSHIP: 'pmix.qry.pmems',
   QUERY_REFRESH_CACHE: 'pmix.qry.rfsh',
   QUERY_NAMESPACES: 'pmix.qry.ns',
+  QUERY_NAMESPACE_INFO: 'pmix.qry.nsinfo',
   QUERY_JOB_STATUS: 'pmix.qry.jst',
   // groups
   GROUP_CONTEXT_ID: 'pmix.grp.ctxid',
@@ -98,6 +99,13 @@ export const Keys = {
   JOB_TERM_STATUS: 'pmix.job.term.status',
   USERID: 'pmix.euid',
   GRPID: 'pmix.egid',
+  // PMIx_Log channels
+  LOG_STDERR: 'pmix.log.stderr',
+  LOG_STDOUT: 'pmix.log.stdout',
+  LOG_SYSLOG: 'pmix.log.syslog',
+  LOG_LOCAL_SYSLOG: 'pmix.log.lsys',
+  LOG_GLOBAL_SYSLOG: 'pmix.log.gsys',
+  HOSTNAME_KEEP_FQDN: 'pmix.fqdn',
 } as const;
 
 export type Key = (typeof Keys)[keyof typeof Keys];

@@ -61,7 +61,8 @@ export interface UpcallHandlers {
   registerEvents?(a: EventsArgs): Promise<void>;
   deregisterEvents?(a: EventsArgs): Promise<void>;
   notifyEvent?(a: NotifyEventArgs): Promise<void>;
-  query?(a: QueryArgs): Promise<Info[]>;
+  /** What is known; WithStatus(PMIX_ERR_PARTIAL_SUCCESS, ...) when some keys had no answer. */
+  query?(a: QueryArgs): Promise<Info[] | WithStatus<Info[]>>;
   toolConnected?(a: ToolConnectedArgs): Promise<Proc>;
   log?(a: LogArgs): Promise<void>;
   allocate?(a: RequestArgs & { directive: number }): Promise<Info[]>;
@@ -79,6 +80,11 @@ export interface UpcallHandlers {
 }
 
 export type UpcallName = keyof UpcallHandlers;
+
+/** A handler's answer under a status other than success, e.g. PMIX_ERR_PARTIAL_SUCCESS with what was found. */
+export class WithStatus<T> {
+  constructor(readonly status: number, readonly result: T) {}
+}
 
 /** Observes every upcall, e.g. for metrics; `status` is what the client was answered. */
 export type UpcallObserver = (name: UpcallName, status: number, seconds: number, error?: unknown) => void;
@@ -282,7 +288,7 @@ export class PmixServer {
       pending = Promise.reject(err);
     }
     pending.then(
-      (result) => answer(Status.SUCCESS, result),
+      (result) => (result instanceof WithStatus ? answer(result.status, result.result) : answer(Status.SUCCESS, result)),
       (err: unknown) => {
         if (!(err instanceof PmixError)) opts.onHandlerError?.(name, err);
         answer(PmixError.statusOf(err), undefined, err);

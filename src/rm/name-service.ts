@@ -34,14 +34,18 @@ export interface PublishOptions {
 
 export interface LookupOptions {
   range?: PublishRange;
-  /** Wait until every key is published. */
-  wait?: boolean;
+  /**
+   * Wait until every key is published (true or 0), or until at least this many of them are
+   * (PMIx's PMIX_WAIT is a count); then answer what is found.
+   */
+  wait?: boolean | number;
   timeoutMs?: number;
 }
 
 interface Waiter<V> {
   caller: Publisher;
   keys: string[];
+  need: number;
   range: PublishRange;
   resolve: (d: Published<V>[]) => void;
   reject: (e: Error) => void;
@@ -76,15 +80,17 @@ export class NameService<V = unknown> {
     this.wake();
   }
 
-  /** Finds every key or none; with `wait`, resolves once all are published. */
+  /** Finds every key or none; with `wait`, resolves once all (or the number asked) are published. */
   lookup(caller: Publisher, keys: string[], opts: LookupOptions = {}): Promise<Published<V>[]> {
     const range = opts.range ?? 'session';
     if (keys.length === 0) return Promise.reject(new RmError('bad_request', 'lookup needs at least one key'));
-    const found = this.find(caller, keys, range);
+    const wait = opts.wait !== undefined && opts.wait !== false;
+    const need = typeof opts.wait === 'number' && opts.wait > 0 ? Math.min(opts.wait, keys.length) : keys.length;
+    const found = this.find(caller, keys, range, need);
     if (found) return Promise.resolve(found);
-    if (!opts.wait) return Promise.reject(new RmError('not_found', `not published: ${this.missing(caller, keys, range).join(', ')}`));
+    if (!wait) return Promise.reject(new RmError('not_found', `not published: ${this.missing(caller, keys, range).join(', ')}`));
     return new Promise((resolve, reject) => {
-      const w: Waiter<V> = { caller: { ...caller }, keys: [...keys], range, resolve, reject };
+      const w: Waiter<V> = { caller: { ...caller }, keys: [...keys], need, range, resolve, reject };
       const ms = Math.min(opts.timeoutMs ?? this.maxWaitMs, this.maxWaitMs);
       w.timer = this.clock.setTimer(ms, () => {
         this.waiters = this.waiters.filter((x) => x !== w);
@@ -136,13 +142,14 @@ export class NameService<V = unknown> {
     return this.data.size;
   }
 
-  private find(caller: Publisher, keys: string[], range: PublishRange): Published<V>[] | undefined {
+  /** The published data for `keys`, if at least `need` of them are published. */
+  private find(caller: Publisher, keys: string[], range: PublishRange, need = keys.length): Published<V>[] | undefined {
     const out: Published<V>[] = [];
     for (const key of keys) {
       const d = this.get(caller, key, range);
-      if (!d) return undefined;
-      out.push(d);
+      if (d) out.push(d);
     }
+    if (out.length < need) return undefined;
     for (const d of out) {
       if (d.persistence === 'first_read') this.data.delete(scopeKey(d.range, d.publisher.namespace, d.key));
     }
@@ -160,7 +167,7 @@ export class NameService<V = unknown> {
 
   private wake(): void {
     for (const w of [...this.waiters]) {
-      const found = this.find(w.caller, w.keys, w.range);
+      const found = this.find(w.caller, w.keys, w.range, w.need);
       if (!found) continue;
       this.waiters = this.waiters.filter((x) => x !== w);
       w.timer?.cancel();

@@ -96,7 +96,22 @@ export class PmixBackend implements JobBackend {
     // one with explicit targets. The source must match none of them (a wildcard rank would match
     // all, and libpmix does not send an event back to its source).
     items.push(info(Keys.EVENT_CUSTOM_RANGE, v.procs([{ nspace: job.namespace, rank: Rank.WILDCARD }])));
-    await this.server.notifyEvent(status, { nspace: job.namespace, rank: Rank.UNDEF }, Range.CUSTOM, items).catch((e: unknown) => {
+    const source = { nspace: job.namespace, rank: Rank.UNDEF };
+    await this.server.notifyEvent(status, source, Range.CUSTOM, items).catch((e: unknown) => {
+      this.opts.onError?.('notifyEvent', e);
+    });
+    // Then the job-level event, as PRRTE sends it: PMIX_EVENT_JOB_END (PMIX_ERR_JOB_TERMINATED)
+    // naming the proc that ended the job (the whole namespace when none did), for the handlers
+    // registered for it alone.
+    const culprit = job.members.find((m) => m.endedJob) ?? job.members.find((m) => m.state === 'lost');
+    const jobEnd: Info[] = [
+      info(Keys.EVENT_NON_DEFAULT, v.bool(true)),
+      info(Keys.JOB_TERM_STATUS, v.status(status)),
+      info(Keys.EVENT_AFFECTED_PROC, v.proc(culprit ? this.procOf(job, culprit.rank) : { nspace: job.namespace, rank: Rank.WILDCARD })),
+      info(Keys.EVENT_TEXT_MESSAGE, v.string(`dask-pmix: job ${job.id} ${job.state}: ${job.error ?? ''}`)),
+      info(Keys.EVENT_CUSTOM_RANGE, v.procs([{ nspace: job.namespace, rank: Rank.WILDCARD }])),
+    ];
+    await this.server.notifyEvent(Status.ERR_JOB_TERMINATED, source, Range.CUSTOM, jobEnd).catch((e: unknown) => {
       this.opts.onError?.('notifyEvent', e);
     });
   }

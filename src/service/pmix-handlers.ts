@@ -1,10 +1,10 @@
 // The PMIx upcalls, answered by the resource manager. Each handler translates PMIx arguments
 // into a call on the core and the core's answer (or RmError) back into PMIx values (or status).
 import {
-  findNumber, findString, findValue, info, isTrue, Keys, PmixError, Rank, Range, Status, v,
-  type Info, type Proc, type PublishedDatum, type UpcallHandlers, type Value,
+  findNumber, findString, findValue, info, Keys, PmixError, Rank, Range, Status, v, WithStatus,
+  type Info, type Proc, type PublishedDatum, type Query, type UpcallHandlers, type Value,
 } from '../pmix/index.js';
-import { RmError, type PublishRange, type Persistence, type ResourceManager } from '../rm/index.js';
+import { isActive, RmError, type PublishRange, type Persistence, type ResourceManager } from '../rm/index.js';
 import type { PmixClients } from './pmix-clients.js';
 
 export interface PmixHandlerOptions {
@@ -54,6 +54,19 @@ function persistenceOf(infos: Info[]): Persistence {
   }
 }
 
+/**
+ * PMIX_WAIT as the standard has it: a count of keys to wait for (0: all of them), or a bool
+ * (true: all). Absent or false: answer at once.
+ */
+function waitOf(dirs: Info[]): boolean | number {
+  const val = findValue(dirs, Keys.WAIT);
+  if (!val) return false;
+  if (val.type === 'bool') return val.value;
+  if (val.type === 'undef') return true;
+  if (typeof val.value === 'number' || typeof val.value === 'bigint') return Math.max(0, Number(val.value));
+  throw new PmixError(Status.ERR_BAD_PARAM, `PMIX_WAIT must be a count or a bool, not a ${val.type}`);
+}
+
 /** Groups procs by namespace, expanding a wildcard rank to the job's ranks. */
 function ranksByNamespace(rm: ResourceManager, procs: Proc[]): Map<string, number[]> {
   const out = new Map<string, number[]>();
@@ -68,12 +81,56 @@ function ranksByNamespace(rm: ResourceManager, procs: Proc[]): Map<string, numbe
 
 export function pmixHandlers({ rm, clients, log }: PmixHandlerOptions): UpcallHandlers {
   const publisherOf = (proc: Proc) => ({ jobId: rm.findMember(proc.nspace, proc.rank).job.id, namespace: proc.nspace, rank: proc.rank });
+  const psetNames = () => v.string(rm.listPsets().map((p) => p.name).join(','));
+  /** The PMIx jobs this server serves now (what PRRTE reports as its active namespaces). */
+  const pmixJobs = () => rm.activeJobs().filter((j) => j.impl === 'openmpi');
+
+  /** The answers to one query key; none when this server does not know it. */
+  function queryAnswer(key: string, q: Query): Info[] {
+    switch (key) {
+      case Keys.QUERY_NUM_PSETS:
+        // Open MPI 5.0.x reads the names before the count and misreads the count without them.
+        return [info(Keys.QUERY_PSET_NAMES, psetNames()), info(Keys.QUERY_NUM_PSETS, v.size(rm.listPsets().length))];
+      case Keys.QUERY_PSET_NAMES:
+        return [info(Keys.QUERY_PSET_NAMES, psetNames())];
+      case Keys.QUERY_PSET_MEMBERSHIP: {
+        const name = findString(q.qualifiers, Keys.PSET_NAME);
+        if (!name) throw new PmixError(Status.ERR_BAD_PARAM, 'PMIX_QUERY_PSET_MEMBERSHIP needs a PMIX_PSET_NAME qualifier');
+        return [info(Keys.QUERY_PSET_MEMBERSHIP, v.procs(rm.psetProcs(name).map((r) => ({ nspace: r.namespace, rank: r.rank }))))];
+      }
+      case Keys.QUERY_NAMESPACES:
+        return [info(Keys.QUERY_NAMESPACES, v.string(pmixJobs().map((j) => j.namespace).join(',')))];
+      case Keys.QUERY_NAMESPACE_INFO:
+        return [info(Keys.QUERY_NAMESPACE_INFO, { type: 'data_array', value: { type: 'info', items: pmixJobs().map((j) => ({
+          key: Keys.QUERY_NAMESPACE_INFO,
+          value: v.infos([info(Keys.NSPACE, v.string(j.namespace)), info(Keys.JOB_SIZE, v.uint32(j.members.length))]),
+        })) } })];
+      case Keys.JOB_SIZE: {
+        const ns = findString(q.qualifiers, Keys.NSPACE);
+        const job = ns ? rm.jobByNamespace(ns) : undefined;
+        return job ? [info(Keys.JOB_SIZE, v.uint32(job.members.length))] : [];
+      }
+      default:
+        return [];
+    }
+  }
 
   return {
     async clientConnected({ proc }) {
-      // libpmix has accepted the connection whatever we answer (the answer is only logged).
+      if (rm.isPoolNamespace(proc.nspace)) {
+        clients?.connected(proc.nspace, proc.rank);
+        return answer(() => rm.poolClientConnected(proc.nspace, proc.rank));
+      }
+      // A rank of an ended job is refused before libpmix sees it (PmixServer's admitClient). One
+      // that connects while its job ends is kept (refusing it from here takes a libpmix 5.0.11
+      // path that closes its socket twice) and counted, so that the namespace is torn down only
+      // once it has gone too; it hears of its job's end from libpmix's cached event.
       clients?.connected(proc.nspace, proc.rank);
-      if (rm.isPoolNamespace(proc.nspace)) return answer(() => rm.poolClientConnected(proc.nspace, proc.rank));
+      const job = rm.jobByNamespace(proc.nspace);
+      if (job && !isActive(job.state)) {
+        log?.('warn', 'a rank connected as its job ended', { nspace: proc.nspace, rank: proc.rank, state: job.state });
+        return;
+      }
       return answer(() => rm.memberConnected(proc.nspace, proc.rank));
     },
 
@@ -148,7 +205,7 @@ export function pmixHandlers({ rm, clients, log }: PmixHandlerOptions): UpcallHa
         const timeout = findNumber(dirs, Keys.TIMEOUT);
         const found = await rm.names.lookup(publisherOf(proc), keys, {
           range: rangeOf(dirs),
-          wait: isTrue(dirs, Keys.WAIT),
+          wait: waitOf(dirs),
           ...(timeout && timeout > 0 ? { timeoutMs: timeout * 1000 } : {}),
         });
         return found.map((d): PublishedDatum => ({ proc: { nspace: d.publisher.namespace, rank: d.publisher.rank }, key: d.key, value: d.value as Value }));
@@ -175,26 +232,21 @@ export function pmixHandlers({ rm, clients, log }: PmixHandlerOptions): UpcallHa
     },
 
     async query({ queries }) {
+      // libpmix answers what it can itself and asks about the rest. What we know is answered;
+      // PMIX_ERR_PARTIAL_SUCCESS says that some keys were not (the standard's answer), and only
+      // a query with no answer at all fails.
       return answer(() => {
         const out: Info[] = [];
+        let unanswered = 0;
         for (const q of queries) {
           for (const key of q.keys) {
-            if (key === Keys.QUERY_NUM_PSETS) {
-              // Open MPI 5.0.x reads the names before the count and misreads the count without them.
-              out.push(info(Keys.QUERY_PSET_NAMES, v.string(rm.listPsets().map((p) => p.name).join(','))));
-              out.push(info(Keys.QUERY_NUM_PSETS, v.size(rm.listPsets().length)));
-            } else if (key === Keys.QUERY_PSET_NAMES) {
-              out.push(info(Keys.QUERY_PSET_NAMES, v.string(rm.listPsets().map((p) => p.name).join(','))));
-            } else if (key === Keys.QUERY_PSET_MEMBERSHIP) {
-              const name = findString(q.qualifiers, Keys.PSET_NAME);
-              if (!name) throw new PmixError(Status.ERR_BAD_PARAM, 'PMIX_QUERY_PSET_MEMBERSHIP needs a PMIX_PSET_NAME qualifier');
-              const procs = rm.psetProcs(name).map((r) => ({ nspace: r.namespace, rank: r.rank }));
-              out.push(info(Keys.QUERY_PSET_MEMBERSHIP, v.procs(procs)));
-            }
+            const got = queryAnswer(key, q);
+            if (got.length === 0) unanswered++;
+            out.push(...got);
           }
         }
         if (out.length === 0) throw new PmixError(Status.ERR_NOT_FOUND, 'no answer to any query key');
-        return out;
+        return unanswered > 0 ? new WithStatus(Status.ERR_PARTIAL_SUCCESS, out) : out;
       });
     },
 
@@ -203,8 +255,14 @@ export function pmixHandlers({ rm, clients, log }: PmixHandlerOptions): UpcallHa
       throw new PmixError(Status.ERR_NOT_SUPPORTED, 'job control is not supported');
     },
 
-    async log({ data }) {
-      log?.('info', 'PMIx_Log', { data: data.map((d) => d.key) });
+    async log({ proc, data }) {
+      // The message goes to the sidecar's log, whatever channel the client named.
+      const channels = [Keys.LOG_STDERR, Keys.LOG_STDOUT, Keys.LOG_SYSLOG, Keys.LOG_LOCAL_SYSLOG, Keys.LOG_GLOBAL_SYSLOG] as string[];
+      const messages = data.filter((d) => channels.includes(d.key) && d.value.type === 'string');
+      if (messages.length === 0) throw new PmixError(Status.ERR_NOT_SUPPORTED, `no log channel this server serves in ${data.map((d) => d.key).join(', ')}`);
+      for (const m of messages) {
+        log?.('info', String(m.value.value).replace(/\n$/, ''), { pmixLog: m.key.replace('pmix.log.', ''), nspace: proc.nspace, rank: proc.rank });
+      }
     },
 
     async group({ op, group, procs, directives }) {

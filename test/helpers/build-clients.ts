@@ -25,7 +25,7 @@ export function targets(): Target[] {
       cc: 'gcc',
       flags: ['-O', '-Wall', `-I${PMIX_INCLUDE}`, join(PMIX_LIB_DIR, 'libpmix.so.2'), `-Wl,-rpath,${PMIX_LIB_DIR}`],
     },
-    ...['pmix_tool'].map((name) => ({
+    ...['pmix_tool', 'pmix_conform'].map((name) => ({
       out: name,
       src: src(`${name}.c`),
       cc: 'gcc',

@@ -35,6 +35,20 @@ describe('NameService', () => {
     expect((await p).map((d) => d.value)).toEqual(['1', '2']);
   });
 
+  it('with a count, answers once at least that many keys are published (0: all of them)', async () => {
+    const ns = new NameService<string>(new ManualClock());
+    const one = ns.lookup(b0, ['p', 'q'], { wait: 1, timeoutMs: 1000 });
+    const all = ns.lookup(b0, ['p', 'q'], { wait: 0, timeoutMs: 1000 });
+    let allDone = false;
+    void all.then(() => (allDone = true));
+    ns.publish(a0, [{ key: 'q', value: '2' }]);
+    expect((await one).map((d) => d.key)).toEqual(['q']);
+    await Promise.resolve();
+    expect(allDone).toBe(false);
+    ns.publish(a1, [{ key: 'p', value: '1' }]);
+    expect((await all).map((d) => d.value)).toEqual(['1', '2']);
+  });
+
   it('times a waiting lookup out, and fails it when the waiting job ends', async () => {
     const clock = new ManualClock();
     const ns = new NameService<string>(clock);
