@@ -2,6 +2,7 @@
 #include <napi.h>
 
 #include "constants.h"
+#include "roundtrip.h"
 #include "server.h"
 #include "watchdog.h"
 
@@ -11,6 +12,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   dpmix::InitServer(env, exports);
   dpmix::InitConstants(env, exports);
   dpmix::InitWatchdog(env, exports);
+  dpmix::InitRoundTrip(env, exports);
   return exports;
 }
 

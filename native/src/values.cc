@@ -134,6 +134,20 @@ Napi::Object ProcInfoToJs(Napi::Env env, const pmix_proc_info_t& p) {
   return o;
 }
 
+void ProcInfoFromJs(const Napi::Value& v, pmix_proc_info_t* out) {
+  Napi::Env env = v.Env();
+  if (!v.IsObject()) Throw(env, "expected {proc, hostname, executable, pid, exitCode, state} for proc_info");
+  Napi::Object o = v.As<Napi::Object>();
+  out->proc = ProcFromJs(o.Get("proc"));
+  Napi::Value host = o.Get("hostname");
+  Napi::Value exe = o.Get("executable");
+  out->hostname = host.IsString() ? strdup(host.As<Napi::String>().Utf8Value().c_str()) : nullptr;
+  out->executable_name = exe.IsString() ? strdup(exe.As<Napi::String>().Utf8Value().c_str()) : nullptr;
+  out->pid = IntFromJs<pid_t>(o.Get("pid"), "proc_info.pid");
+  out->exit_code = IntFromJs<int>(o.Get("exitCode"), "proc_info.exitCode");
+  out->state = IntFromJs<uint8_t>(o.Get("state"), "proc_info.state");
+}
+
 // Storage width of one element of a data array of `type`; 0 for types handled separately.
 size_t ElementWidth(pmix_data_type_t type) {
   switch (type) {
@@ -209,8 +223,13 @@ Napi::Value ElementToJs(Napi::Env env, pmix_data_type_t type, const void* p) {
     case PMIX_BYTE_OBJECT:
     case PMIX_COMPRESSED_STRING:
     case PMIX_COMPRESSED_BYTE_OBJECT:
-    case PMIX_REGEX:
       return BytesToJs(env, *static_cast<const pmix_byte_object_t*>(p));
+    case PMIX_REGEX: {
+      // libpmix 5.0.11 unpacks a regex as a bare NUL-terminated string in bytes, size left 0.
+      pmix_byte_object_t bo = *static_cast<const pmix_byte_object_t*>(p);
+      if (bo.size == 0 && bo.bytes) bo.size = strlen(bo.bytes) + 1;
+      return BytesToJs(env, bo);
+    }
     case PMIX_ENVAR: {
       const pmix_envar_t* e = static_cast<const pmix_envar_t*>(p);
       Napi::Object o = Napi::Object::New(env);
@@ -347,14 +366,18 @@ pmix_data_array_t* DataArrayFromJs(const Napi::Value& v) {
   Napi::Array items = itemsV.As<Napi::Array>();
   if (type == PMIX_UNDEF || type == PMIX_DATA_ARRAY || type == PMIX_POINTER)
     Throw(env, "unsupported data_array element type");
-  pmix_data_array_t* da = PMIx_Data_array_create(items.Length(), type);
+  // PMIx_Data_array_create refuses a size of 0; an empty array is still a value to hand over.
+  pmix_data_array_t* da = items.Length() > 0 ? PMIx_Data_array_create(items.Length(), type)
+                                             : static_cast<pmix_data_array_t*>(calloc(1, sizeof(pmix_data_array_t)));
   if (!da) Throw(env, "cannot allocate data array");
+  da->type = type;
   try {
     for (uint32_t i = 0; i < items.Length(); ++i) {
       Napi::Value item = items.Get(i);
       switch (type) {
         case PMIX_INFO: LoadInfo(item, static_cast<pmix_info_t*>(da->array) + i); break;
         case PMIX_PROC: static_cast<pmix_proc_t*>(da->array)[i] = ProcFromJs(item); break;
+        case PMIX_PROC_INFO: ProcInfoFromJs(item, static_cast<pmix_proc_info_t*>(da->array) + i); break;
         case PMIX_VALUE: ValueFromJs(item, static_cast<pmix_value_t*>(da->array) + i); break;
         default: {
           size_t width = ElementWidth(type);
@@ -442,9 +465,10 @@ void ValueFromJs(const Napi::Value& js, pmix_value_t* out) {
   Napi::Object o = js.As<Napi::Object>();
   std::string typeName = StringFromJs(o.Get("type"), "value.type");
   pmix_data_type_t type = TypeFromName(typeName);
+  PMIx_Value_construct(out);
+  if (typeName == "undef") return;  // a bare key: PMIX_UNDEF, as libpmix hands it over
   if (type == PMIX_UNDEF) Throw(env, "unknown PMIx data type '" + typeName + "'");
   Napi::Value v = o.Get("value");
-  PMIx_Value_construct(out);
   switch (type) {
     case PMIX_PROC: {
       pmix_proc_t p = ProcFromJs(v);
@@ -459,8 +483,17 @@ void ValueFromJs(const Napi::Value& js, pmix_value_t* out) {
       LoadFixed(*out->data.nspace, ns, env, "nspace");
       break;
     }
-    case PMIX_INFO:
     case PMIX_PROC_INFO:
+      out->data.pinfo = PMIx_Proc_info_create(1);
+      try {
+        ProcInfoFromJs(v, out->data.pinfo);
+      } catch (...) {
+        PMIx_Proc_info_free(out->data.pinfo, 1);
+        out->data.pinfo = nullptr;
+        throw;
+      }
+      break;
+    case PMIX_INFO:
     case PMIX_POINTER:
       Throw(env, "data type " + typeName + " cannot be sent to libpmix as a value");
     default: ElementFromJs(v, type, &out->data); break;

@@ -3,7 +3,7 @@ import { createRequire } from 'node:module';
 import { existsSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import type { Info, Proc } from './values.js';
+import type { Info, Proc, Value } from './values.js';
 
 export type UpcallDispatcher = (name: string, args: unknown, done: (status?: number, result?: unknown) => void) => void;
 
@@ -30,6 +30,8 @@ export interface NativeBinding {
   progressProbe(): { waitingMs: number; lastRoundTripMs: number };
   /** Shuts down still-blocking connections on libpmix's listener from peer ports not in `keep`. */
   closeStrangers(port: number, keep: number[]): number;
+  /** A value to libpmix's form and back, packed and unpacked by libpmix in between if asked (tests). */
+  valueRoundTrip(value: Value, throughLibpmix?: boolean): Value;
   /** _exit(code): for a shutdown that libpmix's finalize would not let end. */
   exitNow(code: number): never;
   constants: { keys: Record<string, string>; ints: Record<string, number>; headerVersion: string };
