@@ -58,11 +58,21 @@ def _have_pool() -> bool:
 @contextmanager
 def cluster(kind: str, protocol: str, n: int, threads: int = 2):
     """A scheduler on tcp:// and n workers listening on protocol, as a user would start them."""
-    sched = LocalCluster(n_workers=0, protocol="tcp://", host="127.0.0.1", dashboard_address=":0")
-    client = Client(sched)
     proc = None
+    if kind == "pool":  # workers of a LocalCluster, every one a rank of the sidecar's pool
+        os.environ.setdefault("OMPI_MCA_btl_tcp_if_include", "lo")  # one host; ignore transient interfaces
+        sched = LocalCluster(n_workers=n, threads_per_worker=threads, protocol=protocol, host="127.0.0.1",
+                             dashboard_address=":0", memory_limit="5GiB")
+        client = Client(sched)
+    else:
+        sched = LocalCluster(n_workers=0, protocol="tcp://", host="127.0.0.1", dashboard_address=":0")
+        client = Client(sched)
     try:
-        if kind == "launcher":
+        if kind == "pool":
+            client.register_plugin(dask_pmix.SidecarPlugin())
+            dask_pmix.wait_for_plugin(client)
+            _wait_in_pool(client, n)
+        elif kind == "launcher":
             bindir = Path(sys.executable).parent
             env = {**os.environ, "OMPI_MCA_mpi_yield_when_idle": "1", "OMPI_MCA_pml": "ob1"}
             cmd = [str(bindir / "mpirun"), "--allow-run-as-root", "--oversubscribe", "-n", str(n), str(bindir / "dask"), "worker",
@@ -85,6 +95,24 @@ def cluster(kind: str, protocol: str, n: int, threads: int = 2):
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+async def _pool_rank(timeout):
+    """The worker's pool rank once it has joined (it joins in the background, on this loop)."""
+    from dask_pmix.comm.link import current_link
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        link = current_link()
+        if link is not None:
+            return link.rank
+        await asyncio.sleep(0.2)
+    return None
+
+
+def _wait_in_pool(client, n, timeout=120):
+    ranks = client.run(_pool_rank, timeout)
+    assert len(ranks) == n and None not in ranks.values(), ranks
 
 
 # --- 1. get_data between two workers ------------------------------------------------------------

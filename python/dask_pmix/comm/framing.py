@@ -29,6 +29,8 @@ COUNT = struct.Struct("<I")
 
 def placement(sizes: list, mpi_threshold) -> list:
     """Where each frame goes; mpi_threshold None when the connection has no MPI route."""
+    if max(sizes, default=0) < INSIDE_MAX and (mpi_threshold is None or max(sizes, default=0) < mpi_threshold):
+        return [INSIDE] * len(sizes)
     out = []
     for n in sizes:
         if n < INSIDE_MAX and (mpi_threshold is None or n < mpi_threshold):

@@ -24,6 +24,33 @@ def add(transport: str, **fields: int) -> None:
             _counts[(transport, name)] += value
 
 
+def sent(tcp_bytes: int, mpi_bytes: int) -> None:
+    """One message written (called on the event loop only: no lock on this hot path)."""
+    c = _counts
+    c[_TCP_SENT] += tcp_bytes
+    if mpi_bytes:
+        c[_MPI_SENT] += mpi_bytes
+        c[_MPI_MSG_SENT] += 1
+    else:
+        c[_TCP_MSG_SENT] += 1
+
+
+def received(tcp_bytes: int, mpi_bytes: int) -> None:
+    c = _counts
+    c[_TCP_RECV] += tcp_bytes
+    if mpi_bytes:
+        c[_MPI_RECV] += mpi_bytes
+        c[_MPI_MSG_RECV] += 1
+    else:
+        c[_TCP_MSG_RECV] += 1
+
+
+_TCP_SENT, _MPI_SENT = ("tcp", "bytes_sent"), ("mpi", "bytes_sent")
+_TCP_RECV, _MPI_RECV = ("tcp", "bytes_received"), ("mpi", "bytes_received")
+_TCP_MSG_SENT, _MPI_MSG_SENT = ("tcp", "messages_sent"), ("mpi", "messages_sent")
+_TCP_MSG_RECV, _MPI_MSG_RECV = ("tcp", "messages_received"), ("mpi", "messages_received")
+
+
 def note(event: str, n: int = 1) -> None:
     """Events that are not per transport: fallbacks and their reasons, communicators built."""
     with _lock:

@@ -22,7 +22,7 @@ from distributed.comm.core import CommClosedError
 from distributed.comm.tcp import TCP, TCPConnector, TCPListener, BaseTCPBackend, convert_stream_closed_error
 from distributed.comm.utils import from_frames, to_frames
 from distributed.protocol.utils import host_array
-from distributed.utils import ensure_memoryview
+from distributed.utils import ensure_memoryview, nbytes
 
 from . import config, framing, hello, stats
 from .engine import Transfer
@@ -108,66 +108,51 @@ class TCPMPI(TCP):
         return "mpi" if self._route is not None else "tcp"
 
     async def write(self, msg, serializers=None, on_error="message"):
-        self._ops += 1
-        try:
-            return await self._write(msg, serializers, on_error)
-        finally:
-            self._ops -= 1
-            self._last_op = time.monotonic()
-
-    async def read(self, deserializers=None):
-        self._ops += 1
-        try:
-            return await self._read(deserializers)
-        finally:
-            self._ops -= 1
-            self._last_op = time.monotonic()
-
-    async def _write(self, msg, serializers, on_error):
         stream = self.stream
         if stream is None:
             raise CommClosedError()
-        frames = await to_frames(
-            msg,
-            allow_offload=self.allow_offload,
-            serializers=serializers,
-            on_error=on_error,
-            context={"sender": self.local_info, "recipient": self.remote_info, **self.handshake_options},
-        )
-        frames = [ensure_memoryview(f) for f in frames]
-        sizes = [f.nbytes for f in frames]
-        route = self._route
-        where = framing.placement(sizes, self._threshold if route is not None else None)
-        mpi_frames = [f for f, w in zip(frames, where) if w == framing.MPI]
+        self._ops += 1
         try:
-            if self.stream is None:
-                raise StreamClosedError()
-            if mpi_frames:  # posted first: the receiver posts its receive when the block arrives
-                loop = asyncio.get_running_loop()
-                route.engine.submit(Transfer(True, route.comm, route.peer, route.send_tag, mpi_frames,
-                                             self._sent_callback(loop)))
-            block = framing.pack_block(frames, sizes, where)
-            stream.write(block)
-            tcp_bytes = len(block)
-            for f, w in zip(frames, where):
-                if w == framing.AFTER:
-                    stream.write(f)
-                    tcp_bytes += f.nbytes
-        except StreamClosedError as e:
-            self.stream = None
-            self._closed = True
-            self._teardown()
-            convert_stream_closed_error(self, e)
-        except BaseException:
-            self.abort()
-            raise
-        mpi_bytes = sum(f.nbytes for f in mpi_frames)
-        stats.add("tcp", bytes_sent=tcp_bytes)
-        if mpi_frames:
-            stats.add("mpi", bytes_sent=mpi_bytes, messages_sent=1)
-        else:
-            stats.add("tcp", messages_sent=1)
-        return tcp_bytes + mpi_bytes
+            frames = await to_frames(
+                msg,
+                allow_offload=self.allow_offload,
+                serializers=serializers,
+                on_error=on_error,
+                context={"sender": self.local_info, "recipient": self.remote_info, **self.handshake_options},
+            )
+            sizes = [nbytes(f) for f in frames]
+            route = self._route
+            where = framing.placement(sizes, self._threshold if route is not None else None)
+            tcp_bytes = mpi_bytes = 0
+            try:
+                if self.stream is None:
+                    raise StreamClosedError()
+                if framing.MPI in where:  # posted first: the receiver posts its receive when the block arrives
+                    mpi_frames = [ensure_memoryview(f) for f, w in zip(frames, where) if w == framing.MPI]
+                    mpi_bytes = sum(f.nbytes for f in mpi_frames)
+                    route.engine.submit(Transfer(True, route.comm, route.peer, route.send_tag, mpi_frames,
+                                                 self._sent_callback(asyncio.get_running_loop())))
+                block = framing.pack_block(frames, sizes, where)
+                stream.write(block)
+                tcp_bytes = len(block)
+                if framing.AFTER in where:
+                    for f, n, w in zip(frames, sizes, where):
+                        if w == framing.AFTER:
+                            stream.write(ensure_memoryview(f))
+                            tcp_bytes += n
+            except StreamClosedError as e:
+                self.stream = None
+                self._closed = True
+                self._teardown()
+                convert_stream_closed_error(self, e)
+            except BaseException:
+                self.abort()
+                raise
+            stats.sent(tcp_bytes, mpi_bytes)
+            return tcp_bytes + mpi_bytes
+        finally:
+            self._ops -= 1
+            self._last_op = time.monotonic()
 
     def _sent_callback(self, loop):
         def done(error):
@@ -176,67 +161,77 @@ class TCPMPI(TCP):
                 loop.call_soon_threadsafe(self.abort)
         return done
 
-    async def _read(self, deserializers):
+    async def read(self, deserializers=None):
         stream = self.stream
         if stream is None:
             raise CommClosedError()
+        self._ops += 1
         transfer = None
         try:
-            (n,) = framing.LENGTH.unpack(await stream.read_bytes(framing.LENGTH.size))
-            sizes, where, inside = framing.parse_block(await _read_exact(stream, n))
-            frames: list = []
-            mpi_bufs = []
-            for size, w in zip(sizes, where):
-                if w == framing.MPI:
-                    buf = host_array(size)
-                    mpi_bufs.append(buf)
-                    frames.append(buf)
+            try:
+                (n,) = framing.LENGTH.unpack(await stream.read_bytes(framing.LENGTH.size))
+                sizes, where, inside = framing.parse_block(await _read_exact(stream, n))
+                tcp_bytes = framing.LENGTH.size + n
+                mpi_bytes = 0
+                if len(inside) == len(sizes):
+                    frames = inside
                 else:
-                    frames.append(None)
-            if mpi_bufs:
-                route = self._route
-                if route is None:
-                    raise ValueError("tcp+mpi: the peer sent MPI frames on a TCP connection")
-                loop = asyncio.get_running_loop()
-                arrived = loop.create_future()
-                transfer = Transfer(False, route.comm, route.peer, route.recv_tag, mpi_bufs,
-                                    _settle_from_thread(loop, arrived))
-                route.engine.submit(transfer)
-            inside_iter = iter(inside)
-            for i, (size, w) in enumerate(zip(sizes, where)):
-                if w == framing.INSIDE:
-                    frames[i] = next(inside_iter)
-                elif w == framing.AFTER:
-                    frames[i] = await _read_exact(stream, size)
-            if transfer is not None:
-                await self._await_mpi(arrived, transfer)
-        except (StreamClosedError, OSError) as e:
-            if transfer is not None:
-                self._route.engine.cancel(transfer)
-            self.stream = None
-            self._closed = True
-            self._teardown()
-            if isinstance(e, CommClosedError):
+                    frames, transfer, arrived = self._post_receives(sizes, where)
+                    inside_iter = iter(inside)
+                    for i, (size, w) in enumerate(zip(sizes, where)):
+                        if w == framing.INSIDE:
+                            frames[i] = next(inside_iter)
+                        elif w == framing.AFTER:
+                            frames[i] = await _read_exact(stream, size)
+                            tcp_bytes += size
+                        else:
+                            mpi_bytes += size
+                    if transfer is not None:
+                        await self._await_mpi(arrived, transfer)
+            except (StreamClosedError, OSError) as e:
+                if transfer is not None:
+                    self._route.engine.cancel(transfer)
+                self.stream = None
+                self._closed = True
+                self._teardown()
+                if isinstance(e, CommClosedError):
+                    raise
+                convert_stream_closed_error(self, e)
+            except BaseException:
+                if transfer is not None:
+                    self._route.engine.cancel(transfer)
+                self.abort()
                 raise
-            convert_stream_closed_error(self, e)
-        except BaseException:
-            if transfer is not None:
-                self._route.engine.cancel(transfer)
-            self.abort()
-            raise
-        tcp_bytes = framing.LENGTH.size + n + sum(s for s, w in zip(sizes, where) if w == framing.AFTER)
-        stats.add("tcp", bytes_received=tcp_bytes)
-        if transfer is not None:
-            mpi_bytes = sum(s for s, w in zip(sizes, where) if w == framing.MPI)
-            stats.add("mpi", bytes_received=mpi_bytes, messages_received=1)
-        else:
-            stats.add("tcp", messages_received=1)
-        try:
-            return await from_frames(frames, deserialize=self.deserialize, deserializers=deserializers,
-                                     allow_offload=self.allow_offload)
-        except EOFError:
-            self.abort()
-            raise CommClosedError("aborted stream on truncated data")
+            stats.received(tcp_bytes, mpi_bytes)
+            try:
+                return await from_frames(frames, deserialize=self.deserialize, deserializers=deserializers,
+                                         allow_offload=self.allow_offload)
+            except EOFError:
+                self.abort()
+                raise CommClosedError("aborted stream on truncated data")
+        finally:
+            self._ops -= 1
+            self._last_op = time.monotonic()
+
+    def _post_receives(self, sizes, where):
+        """Fresh buffers for a message's MPI frames, their receives posted at once (the sender
+        posted its sends before it wrote the block)."""
+        frames: list = [None] * len(sizes)
+        bufs = []
+        for i, (size, w) in enumerate(zip(sizes, where)):
+            if w == framing.MPI:
+                frames[i] = host_array(size)
+                bufs.append(frames[i])
+        if not bufs:
+            return frames, None, None
+        route = self._route
+        if route is None:
+            raise ValueError("tcp+mpi: the peer sent MPI frames on a TCP connection")
+        loop = asyncio.get_running_loop()
+        arrived = loop.create_future()
+        transfer = Transfer(False, route.comm, route.peer, route.recv_tag, bufs, _settle_from_thread(loop, arrived))
+        route.engine.submit(transfer)
+        return frames, transfer, arrived
 
     async def _await_mpi(self, arrived, transfer) -> None:
         """Wait for a message's MPI frames while watching the TCP connection: once the peer has

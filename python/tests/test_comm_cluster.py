@@ -1,0 +1,204 @@
+"""tcp+mpi:// in a real LocalCluster whose workers are ranks of the sidecar's in-process MPI pool:
+worker-to-worker data goes over MPI, results are those of tcp://, a worker killed mid-transfer
+fails the reader within seconds and nobody else, a worker added later joins the traffic."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import numpy as np
+import pytest
+from distributed import Client, LocalCluster, wait
+
+import dask_pmix
+from dask_pmix import SidecarPlugin, wait_for_plugin
+
+pool = pytest.importorskip("dask_pmix.pool", reason="the in-process pool (dask_pmix.pool) is not in this checkout")
+
+IMPL = os.environ.get("DASK_PMIX_TEST_IMPL", "openmpi")
+pytestmark = pytest.mark.skipif(IMPL != "openmpi", reason="the in-process pool is Open MPI only")
+
+ARRAY_N, ARRAY_CHUNK = 11_585, 2_048          # (x + x.T).sum() over 1 GiB of float64
+SHUFFLE_ROWS, SHUFFLE_PARTS = 4_000_000, 16
+
+
+def _pool_rank():
+    from dask_pmix import pool
+
+    p = pool.current()
+    return None if p is None else p.rank
+
+
+def _wait_in_pool(client, n, timeout=120):
+    """Every worker has its pool rank and MPI session (they join in the background)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        ranks = client.run(_pool_rank)
+        if len(ranks) >= n and all(r is not None for r in ranks.values()):
+            return ranks
+        assert time.monotonic() < deadline, f"workers not in the pool: {ranks}"
+        time.sleep(0.5)
+
+
+def start(protocol, n=4, pool_plugin=True):
+    cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, protocol=protocol,
+                           host="127.0.0.1", dashboard_address=":0", worker_dashboard_address=":0",
+                           memory_limit="3GiB")
+    client = Client(cluster)
+    if pool_plugin:
+        client.register_plugin(SidecarPlugin())
+        wait_for_plugin(client)
+        _wait_in_pool(client, n)
+    return cluster, client
+
+
+@pytest.fixture(scope="module")
+def mpi_cluster():
+    # Other tests on this machine add and remove network interfaces; Open MPI's TCP transport
+    # must not pick one that vanishes (the workers of a LocalCluster share one host anyway).
+    os.environ.setdefault("OMPI_MCA_btl_tcp_if_include", "lo")
+    cluster, client = start("tcp+mpi://")
+    yield cluster, client
+    client.close()
+    cluster.close()
+
+
+def array_sum(client):
+    import dask.array as da
+
+    x = da.random.RandomState(7).random((ARRAY_N, ARRAY_N), chunks=(ARRAY_CHUNK, ARRAY_CHUNK))
+    return float(client.compute((x + x.T).sum()).result())
+
+
+def shuffle_sums(client):
+    import dask
+    import dask.dataframe as dd
+    import pandas as pd
+
+    def part(i):
+        rng = np.random.default_rng(i)
+        m = SHUFFLE_ROWS // SHUFFLE_PARTS
+        return pd.DataFrame({"k": rng.integers(0, 1000, m), "v": rng.integers(0, 1 << 20, m)})
+
+    df = dd.from_map(part, range(SHUFFLE_PARTS))
+    with dask.config.set({"dataframe.shuffle.method": "p2p"}):
+        out = df.shuffle("k", npartitions=SHUFFLE_PARTS)
+        per_part = out.map_partitions(lambda p: pd.DataFrame({"keys": [sorted(set(p.k))], "v": [int(p.v.sum())]}))
+        parts = client.compute(per_part).result()
+    keys = [set(ks) for ks in parts["keys"]]
+    # a shuffle puts every key in exactly one partition
+    assert sum(len(k) for k in keys) == len(set().union(*keys)) == 1000
+    return sorted(int(v) for v in parts["v"]), int(parts["v"].sum())
+
+
+def totals(client):
+    stats = client.run(dask_pmix.comm_stats)
+    return {t: sum(s[t]["bytes_received"] for s in stats.values()) for t in ("tcp", "mpi")}, stats
+
+
+def test_workloads_match_tcp_and_go_over_mpi(mpi_cluster):
+    _, client = mpi_cluster
+    before, _ = totals(client)
+    got_sum = array_sum(client)
+    got_shuffle = shuffle_sums(client)
+    after, stats = totals(client)
+    moved_mpi = after["mpi"] - before["mpi"]
+    moved_tcp = after["tcp"] - before["tcp"]
+    print(f"worker-to-worker bytes received: {moved_mpi / 2**20:.0f} MiB over MPI, {moved_tcp / 2**20:.1f} MiB over TCP")
+    # the bulk of worker-to-worker bytes went over MPI; TCP carried the small messages
+    assert moved_mpi > 256 << 20, stats
+    assert moved_tcp < moved_mpi / 10, stats
+    assert all(s["mpi"]["connections"] > 0 for s in stats.values()), stats
+
+    tcp_cluster, tcp_client = start("tcp://", pool_plugin=False)
+    try:
+        assert array_sum(tcp_client) == got_sum
+        assert shuffle_sums(tcp_client) == got_shuffle
+    finally:
+        tcp_client.close()
+        tcp_cluster.close()
+
+
+async def _listen_and_read(dask_worker=None):
+    """In worker A: a tcp+mpi listener whose first message is read once it arrives; returns
+    how reading ended and how long after the block arrived."""
+    from distributed.comm import listen
+
+    outcome = asyncio.get_running_loop().create_future()
+
+    async def handler(comm):
+        try:
+            await comm.read()          # the handshake-sized first message
+            t0 = time.monotonic()
+            try:
+                msg = await comm.read()
+                outcome.set_result(("read", len(msg["x"]), time.monotonic() - t0, comm.transport))
+            except Exception as exc:
+                outcome.set_result((type(exc).__name__, str(exc)[:200], time.monotonic() - t0, comm.transport))
+        finally:
+            comm.abort()
+
+    listener = await listen("tcp+mpi://127.0.0.1", handler)
+    dask_worker._dask_pmix_test = (listener, outcome)
+    return listener.contact_address
+
+
+async def _outcome(dask_worker=None):
+    listener, outcome = dask_worker._dask_pmix_test
+    try:
+        return await asyncio.wait_for(outcome, 60)
+    finally:
+        listener.stop()
+
+
+async def _write_big_then_die(addr, nbytes, dask_worker=None):
+    """In worker B: connect, send a large frame, and die while it is in flight."""
+    from distributed.comm import connect
+    from distributed.protocol import to_serialize
+
+    comm = await connect(addr)
+    assert comm.transport == "mpi"
+    await comm.write({"hello": 1})
+    await comm.write({"x": to_serialize(np.ones(nbytes, dtype="u1"))})
+    await asyncio.sleep(0.05)
+    os._exit(1)
+
+
+def test_peer_killed_mid_transfer_fails_the_read_within_seconds(mpi_cluster):
+    _, client = mpi_cluster
+    a, b, c = sorted(client.scheduler_info()["workers"])[:3]
+    addr = client.run(_listen_and_read, workers=[a])[a]
+    fut = client.submit(np.arange, 10_000_000, workers=[c], pure=False)  # data on a third worker
+    wait(fut)
+    try:
+        client.run(_write_big_then_die, addr, 1 << 30, workers=[b])
+    except Exception:
+        pass  # the worker died answering
+    kind, detail, seconds, transport = client.run(_outcome, workers=[a])[a]
+    assert transport == "mpi"
+    assert kind == "CommClosedError", (kind, detail)
+    assert seconds < 10, seconds
+    # A and the others carry on: A fetches C's data over MPI
+    got = client.submit(lambda x: int(x.sum()), fut, workers=[a]).result(timeout=60)
+    assert got == int(np.arange(10_000_000).sum())
+    client.wait_for_workers(4, timeout=120)  # the nanny replaced B
+
+
+def test_worker_added_later_carries_its_traffic_over_mpi(mpi_cluster):
+    cluster, client = mpi_cluster
+    old = set(client.scheduler_info()["workers"])
+    cluster.scale(len(old) + 1)
+    client.wait_for_workers(len(old) + 1, timeout=120)
+    new = (set(client.scheduler_info()["workers"]) - old).pop()
+    ranks = _wait_in_pool(client, len(old) + 1)
+    assert ranks[new] not in {ranks[w] for w in old}
+    src = sorted(old)[0]
+    fut = client.submit(np.ones, 64 << 20, dtype="u1", workers=[src], pure=False)
+    total = client.submit(lambda x: int(x.sum()), fut, workers=[new], pure=False).result(timeout=120)
+    assert total == 64 << 20
+    back = client.submit(lambda: np.ones(32 << 20, dtype="u1"), workers=[new], pure=False)
+    assert client.submit(lambda x: int(x.sum()), back, workers=[src], pure=False).result(timeout=120) == 32 << 20
+    s = client.run(dask_pmix.comm_stats, workers=[new])[new]
+    assert s["mpi"]["bytes_received"] >= 64 << 20 and s["mpi"]["bytes_sent"] >= 32 << 20, s
