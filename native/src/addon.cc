@@ -2,6 +2,7 @@
 #include <napi.h>
 
 #include "constants.h"
+#include "relay.h"
 #include "roundtrip.h"
 #include "server.h"
 #include "watchdog.h"
@@ -13,6 +14,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   dpmix::InitConstants(env, exports);
   dpmix::InitWatchdog(env, exports);
   dpmix::InitRoundTrip(env, exports);
+  dpmix::InitRelay(env, exports);
   return exports;
 }
 

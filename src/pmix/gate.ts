@@ -10,8 +10,9 @@
 //   listed (fixed upstream only in openpmix 80dd4e37c, 2026), and the next client of that
 //   namespace wedges the progress thread for good; refusing a tool crashes the server.
 // So the gate reads the whole handshake itself, with a deadline and a size bound, refuses what
-// libpmix would refuse (and what would hurt it) with a status the peer reads as its PMIx_Init
-// error, and hands libpmix only complete handshakes it will accept. Then it relays bytes.
+// libpmix would refuse (and what would hurt it) with a status the peer reads (libpmix 5.0.11's
+// PMIx_Init reports it as PMIX_ERR_UNREACH), and hands libpmix only complete handshakes it will
+// accept. Then the bytes are relayed off the JavaScript thread (handOver), or by the gate.
 import { connect, createServer, type Server, type Socket } from 'node:net';
 import { HEADER_BYTES, HandshakeError, handshakeLength, parseHandshake, type Handshake } from './handshake.js';
 
@@ -30,6 +31,12 @@ export interface GateOptions {
   /** Connections still sending their handshake; more are closed at once (default 256). */
   maxPending?: number;
   onRefused?(reason: string, peer: string): void;
+  /**
+   * Takes over an admitted peer's socket (by its fd, which the gate closes right after) and
+   * relays it to libpmix, `first` being the handshake; the local port of its connection to
+   * libpmix. Without it, or when it throws, the gate relays through its own sockets.
+   */
+  handOver?(fd: number, first: Buffer): number;
 }
 
 /** The status a refused peer reads when its handshake could not be read or understood. */
@@ -137,6 +144,16 @@ export class PmixGate {
   }
 
   private relay(peer: Socket, first: Buffer): void {
+    const fd = (peer as unknown as { _handle?: { fd?: number } })._handle?.fd;
+    if (this.opts.handOver && typeof fd === 'number' && fd >= 0) {
+      try {
+        this.opts.handOver(fd, first);
+        peer.destroy();
+        return;
+      } catch (err) {
+        this.opts.onRefused?.(`relayed by the gate itself: ${(err as Error).message}`, `${peer.remoteAddress}:${peer.remotePort}`);
+      }
+    }
     const inner = connect({ host: this.opts.target.host, port: this.opts.target.port, noDelay: true });
     this.relays.add(inner);
     const end = () => {

@@ -32,6 +32,11 @@ export interface NativeBinding {
   closeStrangers(port: number, keep: number[]): number;
   /** A value to libpmix's form and back, packed and unpacked by libpmix in between if asked (tests). */
   valueRoundTrip(value: Value, throughLibpmix?: boolean): Value;
+  /** Relays a duplicate of the peer socket `fd` to libpmix at 127.0.0.1:port after writing `first`; the local port. */
+  relayStart(fd: number, port: number, first: Buffer): number;
+  /** Local ports of the relays' connections to libpmix. */
+  relayPorts(): number[];
+  relayCloseAll(): void;
   /** _exit(code): for a shutdown that libpmix's finalize would not let end. */
   exitNow(code: number): never;
   constants: { keys: Record<string, string>; ints: Record<string, number>; headerVersion: string };

@@ -212,6 +212,8 @@ export class PmixServer {
           ...(this.opts.admitClient ? { client: this.opts.admitClient } : {}),
         }),
       ...(this.opts.onRefused ? { onRefused: this.opts.onRefused } : {}),
+      // Admitted connections are relayed by the addon's thread: no PMIx message waits on JavaScript.
+      handOver: (fd, first) => this.native.relayStart(fd, this.innerPort, first),
     });
     this.outerUri = `tcp4://${this.gate.host}:${this.gate.port}`;
   }
@@ -226,7 +228,7 @@ export class PmixServer {
       // A connection that reached libpmix's listener without the gate can hold its progress
       // thread in a blocking read: shut those down once it has stopped answering.
       if (p.waitingMs >= Math.min(every, 1000)) {
-        const closed = this.native.closeStrangers(this.innerPort, this.gate.relayPorts());
+        const closed = this.native.closeStrangers(this.innerPort, [...this.gate.relayPorts(), ...this.native.relayPorts()]);
         if (closed > 0) this.opts.onStrangers?.(closed);
       }
     }, every);
@@ -383,6 +385,7 @@ export class PmixServer {
     this.stopped = true;
     if (this.probe) clearInterval(this.probe);
     await this.gate?.close();
+    this.native.relayCloseAll();
     // A progress thread that already stopped answering will not stop for finalize either.
     const wait = this.progress().stalled ? Math.min(timeoutMs, 2000) : timeoutMs;
     let timer: NodeJS.Timeout | undefined;

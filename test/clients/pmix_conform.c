@@ -10,6 +10,7 @@
  *   pmix_conform log MESSAGE            PMIx_Log(PMIX_LOG_STDERR = MESSAGE)
  *   pmix_conform nodeid                 PMIx_Get(PMIX_NODEID) with a wildcard rank and with our own id
  *   pmix_conform resolve-peers          PMIx_Resolve_peers(NULL, NULL): the namespaces of the peers seen
+ *   pmix_conform fences N               N empty fences; prints the mean microseconds per fence
  *   pmix_conform late-fence             rank 0 exits 1 at once; the last rank starts late (the runner
  *                                       delays it) and reports whether it could join
  */
@@ -279,6 +280,15 @@ int main(int argc, char **argv) {
     else if (!strcmp(what, "log")) ret = do_log(arg);
     else if (!strcmp(what, "nodeid")) ret = nodeid();
     else if (!strcmp(what, "resolve-peers")) ret = resolve_peers();
+    else if (!strcmp(what, "fences")) {
+        int n = atoi(arg) > 0 ? atoi(arg) : 100;
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        for (int i = 0; i < n; i++) if (PMIX_SUCCESS != (rc = PMIx_Fence(NULL, 0, NULL, 0))) FAIL("fence", rc);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        printf("{\"rank\":%u,\"fences\":%d,\"us_per_fence\":%.1f}\n", me.rank, n,
+               ((t1.tv_sec - t0.tv_sec) * 1e6 + (t1.tv_nsec - t0.tv_nsec) / 1e3) / n);
+    }
     else if (!strcmp(what, "late-fence")) {
         if (me.rank == 0) _exit(1);
         rc = PMIx_Fence(NULL, 0, NULL, 0);

@@ -1,8 +1,9 @@
 // The gate in front of libpmix: handshakes as libpmix 5.0.11's client and tool write them, and
 // every kind of connection that used to reach libpmix's own reading of them.
-import { connect, type Socket } from 'node:net';
+import { connect, createServer, type Socket } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { admit, ClientRegistry } from '../../src/pmix/admission.js';
+import { PmixGate } from '../../src/pmix/gate.js';
 import { decodeInfoBlob } from '../../src/pmix/handshake-blob.js';
 import {
   encodeHandshake, HandshakeError, nativeCredential, nativeCredentialIds, parseHandshake, PeerFlag, type Handshake,
@@ -74,6 +75,34 @@ describe('admission', () => {
       .toEqual({ ok: false, status: Status.ERR_NO_PERMISSIONS, reason: 'capjob:0: job j1 is failed' });
     reg.removeNspace('capjob');
     expect(admit(h, reg, { tools: 'same-uid', self: { uid: 0, gid: 0 } })).toMatchObject({ ok: false, status: Status.ERR_NOT_FOUND });
+  });
+});
+
+describe('the gate\'s own relay (when the addon cannot take a socket over)', () => {
+  it('hands the target the handshake and whatever follows, and relays both ways', async () => {
+    // An echo server stands for libpmix.
+    const echo = createServer((c) => c.pipe(c));
+    await new Promise<void>((r) => echo.listen(0, '127.0.0.1', () => r()));
+    const gate = await PmixGate.listen({ host: '127.0.0.1', target: { host: '127.0.0.1', port: (echo.address() as { port: number }).port }, admit: () => ({ ok: true }) });
+    try {
+      const got = await new Promise<Buffer>((resolve, reject) => {
+        const chunks: Buffer[] = [];
+        const s = connect(gate.port, '127.0.0.1', () => s.write(Buffer.concat([CLIENT_HANDSHAKE, Buffer.from('after')])));
+        s.on('data', (d) => {
+          chunks.push(d);
+          if (Buffer.concat(chunks).length >= CLIENT_HANDSHAKE.length + 5) {
+            s.destroy();
+            resolve(Buffer.concat(chunks));
+          }
+        });
+        s.on('error', reject);
+      });
+      expect(got.equals(Buffer.concat([CLIENT_HANDSHAKE, Buffer.from('after')]))).toBe(true);
+      expect(gate.stats.admitted).toBe(1);
+    } finally {
+      await gate.close();
+      echo.close();
+    }
   });
 });
 
