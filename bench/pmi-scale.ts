@@ -15,8 +15,7 @@
 //   - the sidecar's RSS before and after.
 // Prints one JSON document; nothing is compared with hydra here (1,024 real ranks do not fit two
 // cores), so it has no guard ratios.
-import { spawn } from 'node:child_process';
-import { execFile } from 'node:child_process';
+import { execFile, spawn } from 'node:child_process';
 import { existsSync, mkdirSync, statSync } from 'node:fs';
 import { cpus, hostname, loadavg } from 'node:os';
 import { join } from 'node:path';
@@ -24,7 +23,7 @@ import { parseArgs, promisify } from 'node:util';
 import { defaultPolicy } from '../src/policy/index.js';
 import { ResourceManager } from '../src/rm/index.js';
 import { PmiBackend } from '../src/service/pmi-backend.js';
-import { BENCH_BIN, ROOT, median, round3 } from './lib/run.js';
+import { BENCH_BIN, ROOT, inOwnSession, median, round3 } from './lib/run.js';
 
 const SIM = join(BENCH_BIN, 'pmi-sim');
 
@@ -40,7 +39,7 @@ type SimResult = Record<string, unknown> & { ok: boolean; barrier_ms_median: num
 /** Runs the simulator as every rank of `ids` and resolves with its JSON line. */
 function simulate(target: string[], ids: string[], barriers: number, card: number, timeoutMs = 600_000): Promise<SimResult> {
   return new Promise((resolve, reject) => {
-    const c = spawn(SIM, [...target, String(barriers), String(card)], { stdio: ['pipe', 'pipe', 'pipe'] });
+    const c = spawn(SIM, [...target, String(barriers), String(card)], { stdio: ['pipe', 'pipe', 'pipe'], detached: true });
     let out = '';
     let err = '';
     c.stdout.setEncoding('utf8').on('data', (d: string) => (out += d));
@@ -69,6 +68,7 @@ async function main(): Promise<void> {
       barriers: { type: 'string', default: '30' },
       card: { type: 'string', default: '1022' },
       repeats: { type: 'string', default: '3' },
+      'in-session': { type: 'boolean', default: false },
     },
   });
   const n = Number(values.ranks);
@@ -139,7 +139,6 @@ async function main(): Promise<void> {
   process.exit(0);
 }
 
-main().catch((e: unknown) => {
-  console.error(e);
-  process.exit(1);
-});
+// The sidecar side in a session of its own (as the embedded sidecar); the simulated ranks in
+// another (as separate processes they would each have their own).
+inOwnSession(import.meta.url, main);

@@ -21,13 +21,13 @@
 //
 // Prints one JSON document: medians over repeats (of each run's median over ranks), and the
 // ratio ours / hydra (below 1: we are faster).
-import { execFile, spawn } from 'node:child_process';
+import { execFile } from 'node:child_process';
 import { existsSync, mkdirSync, statSync } from 'node:fs';
 import { cpus, hostname, loadavg } from 'node:os';
-import { dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { join } from 'node:path';
 import { parseArgs, promisify } from 'node:util';
 import { guardSection } from './lib/guard.js';
+import { BENCH_BIN, ROOT, baseEnv, collectLines as collect, inOwnSession, median, round3 as r3, type Line } from './lib/run.js';
 import { defaultPolicy } from '../src/policy/index.js';
 import { DEFAULT_MEMBER_ENV } from '../src/service/default-env.js';
 import { PmiBackend } from '../src/service/pmi-backend.js';
@@ -35,14 +35,7 @@ import { ResourceManager } from '../src/rm/index.js';
 
 const run = promisify(execFile);
 
-function root(): string {
-  let dir = dirname(fileURLToPath(import.meta.url));
-  while (!existsSync(join(dir, 'package.json')) || existsSync(join(dir, 'CMakeLists.txt'))) dir = dirname(dir);
-  return dir;
-}
-
-const ROOT = root();
-const BIN = join(ROOT, 'bench', '.work', 'bin');
+const BIN = BENCH_BIN;
 const WHEEL = join(ROOT, '.venv-mpich', 'bin');
 const FLAVOURS = {
   mpich4: { cc: 'mpicc.mpich', mpiexec: 'mpiexec.mpich', version: 'MPICH 4.0.2 (Debian)' },
@@ -64,54 +57,8 @@ async function build(): Promise<void> {
   }
 }
 
-type Line = Record<string, number | boolean | string>;
-
-/** Starts processes and collects the JSON lines they print; rejects on a bad exit or timeout. */
-function collect(procs: { cmd: string; args: string[]; env: Record<string, string> }[], timeoutMs = 120_000): Promise<Line[]> {
-  return new Promise((resolve, reject) => {
-    const lines: Line[] = [];
-    let left = procs.length;
-    let failed = false;
-    const children = procs.map(({ cmd, args, env }) => {
-      const c = spawn(cmd, args, { env, stdio: ['ignore', 'pipe', 'pipe'] });
-      let out = '';
-      let err = '';
-      c.stdout.setEncoding('utf8').on('data', (d: string) => {
-        out += d;
-        let nl;
-        while ((nl = out.indexOf('\n')) >= 0) {
-          const l = out.slice(0, nl).trim();
-          out = out.slice(nl + 1);
-          if (l.startsWith('{')) lines.push(JSON.parse(l) as Line);
-        }
-      });
-      c.stderr.setEncoding('utf8').on('data', (d: string) => (err += d));
-      c.on('close', (code, sig) => {
-        if ((code !== 0 || sig) && !failed) {
-          failed = true;
-          clearTimeout(timer);
-          for (const x of children) x.kill('SIGKILL');
-          reject(new Error(`${cmd} exited ${code ?? sig}: ${err.slice(-1500)}`));
-        }
-        if (--left === 0 && !failed) {
-          clearTimeout(timer);
-          resolve(lines);
-        }
-      });
-      return c;
-    });
-    const timer = setTimeout(() => {
-      failed = true;
-      for (const c of children) c.kill('SIGKILL');
-      reject(new Error(`timed out after ${timeoutMs} ms`));
-    }, timeoutMs);
-  });
-}
-
 /** Binds a rank's PMI connection with its credential and runs the rank on it (PMI_FD), as a worker does. */
 const PMI_EXEC = join(BIN, 'pmi_exec');
-
-const baseEnv = (): Record<string, string> => ({ PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: process.env.HOME ?? '/tmp' });
 
 const shq = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`;
 
@@ -133,11 +80,6 @@ function viaShell(ranks: { cmd: string; args: string[]; env: Record<string, stri
   return [{ cmd: '/bin/sh', args: ['-c', `${script}\nwait`], env: baseEnv() }];
 }
 
-const median = (xs: number[]) => {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length ? s[Math.floor(s.length / 2)]! : NaN;
-};
-const r3 = (x: number) => Math.round(x * 1000) / 1000;
 
 class Ours {
   private nextWorker = 0;
@@ -250,7 +192,7 @@ function targetsMet(results: { ranks: number; pmi_latency: { ratio: Record<strin
 
 async function main(): Promise<void> {
   const { values } = parseArgs({
-    options: { sizes: { type: 'string' }, iterations: { type: 'string' }, repeats: { type: 'string' }, quick: { type: 'boolean', default: false } },
+    options: { sizes: { type: 'string' }, iterations: { type: 'string' }, repeats: { type: 'string' }, quick: { type: 'boolean', default: false }, 'in-session': { type: 'boolean', default: false } },
   });
   const quick = values.quick!;
   const sizes = (values.sizes ?? (quick ? '2,4' : '2,4,8,16')).split(',').map(Number);
@@ -311,7 +253,5 @@ async function main(): Promise<void> {
   }, null, 2));
 }
 
-main().catch((e: unknown) => {
-  console.error(e);
-  process.exit(1);
-});
+// The server side in a session of its own, as hydra's proxy and the embedded sidecar.
+inOwnSession(import.meta.url, main);

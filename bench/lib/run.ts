@@ -87,3 +87,28 @@ export async function inFlight(n: number, k: number, op: (i: number) => Promise<
     for (let i = next++; i < n; i = next++) await op(i);
   }));
 }
+
+/**
+ * Runs `main` in a session of its own: re-runs this script (`url`, import.meta.url) detached
+ * (setsid), passing its arguments and output through. With autogroup scheduling a session is a
+ * CPU share; hydra's proxy calls setsid, and the embedded sidecar starts with
+ * start_new_session, so a benchmark's server side runs alike, and one started from a busy
+ * session (a test run) does not share that session's one share.
+ */
+export function inOwnSession(url: string, main: () => Promise<void>): void {
+  const run = () =>
+    main().catch((e: unknown) => {
+      console.error(e);
+      process.exit(1);
+    });
+  if (process.argv.includes('--in-session')) {
+    void run();
+    return;
+  }
+  const child = spawn(process.execPath, [...process.execArgv, fileURLToPath(url), ...process.argv.slice(2), '--in-session'], {
+    detached: true,
+    stdio: 'inherit',
+  });
+  for (const sig of ['SIGINT', 'SIGTERM'] as const) process.on(sig, () => child.kill(sig));
+  child.on('exit', (code, sig) => process.exit(code ?? (sig ? 1 : 0)));
+}
