@@ -14,12 +14,12 @@ import { bin } from '../helpers/build-clients.js';
 import { restClient, until } from '../helpers/http.js';
 import { ROOT } from '../helpers/paths.js';
 import { describeRanks, startRank, type RankProcess } from '../helpers/ranks.js';
+import { openmpiJob, type JobWithEnvs } from '../helpers/sidecar-jobs.js';
 
 const HOST = hostname();
 let sidecar: Sidecar;
 let workdir: string;
 let api: ReturnType<typeof restClient>;
-let next = 0;
 const logged: Record<string, unknown>[] = [];
 
 beforeAll(async () => {
@@ -40,21 +40,8 @@ afterAll(async () => {
   if (workdir) rmSync(workdir, { recursive: true, force: true });
 });
 
-interface Job { id: string; namespace: string; envs: Record<string, string>[] }
-
-async function job(n: number): Promise<Job> {
-  const ids: string[] = [];
-  for (let i = 0; i < n; i++) {
-    const id = `tcp://10.7.7.7:${next++}`;
-    expect((await api('POST', '/v1/workers', { id, host: HOST })).status).toBe(201);
-    ids.push(id);
-  }
-  const r = await api('POST', '/v1/jobs', { impl: 'openmpi', members: ids });
-  expect(r.status, JSON.stringify(r.body)).toBe(201);
-  const envs: Record<string, string>[] = [];
-  for (const id of ids) envs.push((await api('GET', `/v1/jobs/${r.body.id}/env/${encodeURIComponent(id)}`)).body.env);
-  return { id: r.body.id, namespace: r.body.namespace, envs };
-}
+type Job = JobWithEnvs;
+const job = (n: number) => openmpiJob(api, n, HOST);
 
 const conform = (env: Record<string, string>, ...args: string[]) => startRank(bin('pmix_conform'), args, env, 60_000);
 

@@ -14,6 +14,7 @@ import { bin } from '../helpers/build-clients.js';
 import { restClient, until } from '../helpers/http.js';
 import { ROOT } from '../helpers/paths.js';
 import { cleanEnv, describeRanks, startRank } from '../helpers/ranks.js';
+import { openmpiJob } from '../helpers/sidecar-jobs.js';
 
 const HOST = hostname();
 const NOBODY = 65534;
@@ -39,7 +40,6 @@ describe('the PMIx listener against connections that jammed it', () => {
   let sidecar: Sidecar;
   let workdir: string;
   let api: ReturnType<typeof restClient>;
-  let next = 0;
 
   beforeAll(async () => {
     sidecar = await Sidecar.start({
@@ -53,19 +53,7 @@ describe('the PMIx listener against connections that jammed it', () => {
     if (workdir) rmSync(workdir, { recursive: true, force: true });
   });
 
-  async function job(n: number): Promise<{ id: string; namespace: string; envs: Record<string, string>[] }> {
-    const ids: string[] = [];
-    for (let i = 0; i < n; i++) {
-      const id = `tcp://10.9.9.9:${next++}`;
-      expect((await api('POST', '/v1/workers', { id, host: HOST })).status).toBe(201);
-      ids.push(id);
-    }
-    const r = await api('POST', '/v1/jobs', { impl: 'openmpi', members: ids });
-    expect(r.status, JSON.stringify(r.body)).toBe(201);
-    const envs: Record<string, string>[] = [];
-    for (const id of ids) envs.push((await api('GET', `/v1/jobs/${r.body.id}/env/${encodeURIComponent(id)}`)).body.env);
-    return { id: r.body.id, namespace: r.body.namespace, envs };
-  }
+  const job = (n: number) => openmpiJob(api, n, HOST);
 
   async function runOpenMpiJob(n: number): Promise<void> {
     const j = await job(n);

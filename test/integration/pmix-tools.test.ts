@@ -10,12 +10,12 @@ import { Sidecar } from '../../src/service/sidecar.js';
 import { bin } from '../helpers/build-clients.js';
 import { restClient } from '../helpers/http.js';
 import { cleanEnv, describeRanks, startRank } from '../helpers/ranks.js';
+import { openmpiJob } from '../helpers/sidecar-jobs.js';
 
 const HOST = hostname();
 let sidecar: Sidecar;
 let workdir: string;
 let api: ReturnType<typeof restClient>;
-let next = 0;
 /** PMIX_SERVER_URI41 as every member gets it. */
 let uri: string;
 
@@ -31,12 +31,7 @@ afterAll(async () => {
 
 const tool = (...args: string[]) => startRank(bin('pmix_tool'), [uri, ...args], {}, 30_000);
 
-async function memberEnv(): Promise<Record<string, string>> {
-  const id = `tcp://10.8.8.8:${next++}`;
-  expect((await api('POST', '/v1/workers', { id, host: HOST })).status).toBe(201);
-  const job = (await api('POST', '/v1/jobs', { impl: 'openmpi', members: [id] })).body;
-  return (await api('GET', `/v1/jobs/${job.id}/env/${encodeURIComponent(id)}`)).body.env;
-}
+const memberEnv = async () => (await openmpiJob(api, 1, HOST)).envs[0]!;
 
 /** A one-rank job runs to its end: the server still serves. */
 async function serves(): Promise<void> {
