@@ -12,7 +12,7 @@
 // and with `--pmixmca gds hash`, the datastore our server uses.
 //
 // Prints one JSON document; `guard.ratios` (PRRTE's time / ours, above 1: we are faster) is what
-// the perf guard compares. --quick: N = 2 and 4, 50 iterations, 3 repeats, PRRTE's defaults only.
+// the perf guard compares. --quick: N = 2 and 4, 50 iterations, 5 repeats, PRRTE's defaults only.
 import { execFile } from 'node:child_process';
 import { cpus, hostname, loadavg } from 'node:os';
 import { join } from 'node:path';
@@ -65,7 +65,7 @@ async function main(): Promise<void> {
   const loadAtStart = loadavg().map(round3);
   const sizes = (values.sizes ?? (quick ? '2,4' : '2,4,8,16')).split(',').map(Number);
   const iters = Number(values.iterations ?? (quick ? 50 : 200));
-  const repeats = Number(values.repeats ?? (quick ? 3 : 5));
+  const repeats = Number(values.repeats ?? 5);
   await buildPmixClient();
   const sidecar = await SidecarProcess.start(['--no-pmi', '--max-jobs', '64']);
   const next = { worker: 0 };

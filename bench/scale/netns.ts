@@ -73,7 +73,12 @@ async function sidecarRun(s: SidecarProcess, n: number, iters: number, place: (i
   return { ...summary(lines, n, wall), sidecar_cpu_s: round3(cpu), sidecar_cpu_us_per_rank_fence: round3((cpu * 1e6) / fences) };
 }
 
-export async function netnsFence({ ranks, hosts, iterations }: { ranks: number; hosts: number; iterations: number }) {
+/** Per field, the median over repeats (runs is never empty). */
+function medians<T extends Record<string, number | undefined>>(runs: T[]): T {
+  return Object.fromEntries(Object.keys(runs[0]!).map((k) => [k, round3(median(runs.map((r) => r[k] as number)))])) as T;
+}
+
+export async function netnsFence({ ranks, hosts, iterations, repeats }: { ranks: number; hosts: number; iterations: number; repeats: number }) {
   await buildPmixClient();
   const net = network(hosts);
   removeNetwork(net);
@@ -82,36 +87,42 @@ export async function netnsFence({ ranks, hosts, iterations }: { ranks: number; 
   try {
     // The sidecar listens for PMIx clients on the bridge (remote connections over TCP).
     const s = await SidecarProcess.start(['--no-pmi', '--pmix-if', net.serverIp]);
-    let acrossHosts;
-    let onHost;
+    const across = [];
+    const onHost = [];
+    const prrte = [];
     try {
-      acrossHosts = await sidecarRun(s, ranks, iterations, (i) => made[i % hosts]!, 'netns');
-      onHost = await sidecarRun(s, ranks, iterations, () => ({ host: 'node-0', ip: net.serverIp }), 'host');
+      // The three alternate, so that the shared machine's load hits all alike.
+      for (let r = 0; r < repeats; r++) {
+        across.push(await sidecarRun(s, ranks, iterations, (i) => made[i % hosts]!, `netns${r}`));
+        onHost.push(await sidecarRun(s, ranks, iterations, () => ({ host: 'node-0', ip: net.serverIp }), `host${r}`));
+        const t0 = performance.now();
+        const lines = await collectLines([{
+          cmd: join(VENV, 'bin', 'prterun'),
+          args: ['--allow-run-as-root', '--map-by', ':OVERSUBSCRIBE', '-n', String(ranks), PMIX_CLIENT, String(iterations), FIELDS],
+          env: baseEnv(),
+        }], 300_000);
+        prrte.push(summary(lines, ranks, (performance.now() - t0) / 1000));
+      }
     } finally {
       await s.stop();
     }
-    const t0 = performance.now();
-    const lines = await collectLines([{
-      cmd: join(VENV, 'bin', 'prterun'),
-      args: ['--allow-run-as-root', '--map-by', ':OVERSUBSCRIBE', '-n', String(ranks), PMIX_CLIENT, String(iterations), FIELDS],
-      env: baseEnv(),
-    }], 300_000);
-    const prrte = summary(lines, ranks, (performance.now() - t0) / 1000);
+    const a = medians(across);
+    const p = medians(prrte);
     return {
       hosts,
       ranks,
       iterations,
-      sidecar_across_hosts: acrossHosts,
-      sidecar_one_host: onHost,
-      prrte_one_host: prrte,
-      ratio_to_prrte: {
-        fence_us: round3(acrossHosts.fence_us! / prrte.fence_us!),
-        fence_data_us: round3(acrossHosts.fence_data_us! / prrte.fence_data_us!),
-      },
+      repeats,
+      sidecar_across_hosts: a,
+      sidecar_one_host: medians(onHost),
+      prrte_one_host: p,
+      ratio_to_prrte: { fence_us: round3(a.fence_us! / p.fence_us!), fence_data_us: round3(a.fence_data_us! / p.fence_data_us!) },
+      runs: { sidecar_across_hosts: across, sidecar_one_host: onHost, prrte_one_host: prrte },
       notes: [
         `sidecar_across_hosts: ${ranks} clients, round-robin over ${hosts} network namespaces on a bridge, each connected to the sidecar over TCP (--pmix-if on the bridge); rank env from GET /v1/jobs/{id}/env/{worker}`,
         'sidecar_one_host: the same clients in the root namespace (the sidecar still serves them over TCP); prrte_one_host: prterun -n N on the host (PRRTE cannot span these namespaces without a remote launcher)',
         'fence_us / fence_data_us: medians (iterations, then ranks) of PMIx_Fence without data / Put 64 B + Commit + Fence(collect), timed inside the clients; init: PMIx_Init; start_to_exit_s: from starting the processes to the last exit',
+        'each figure is the median over the repeats (the three configurations alternate); runs holds every repeat',
         'all processes share 2 cores: a fence waits for every one of them to be scheduled',
         'sidecar_cpu_s: CPU time (all threads) the sidecar used while the clients ran, including their connect and finalize; sidecar_cpu_us_per_rank_fence divides it by ranks x fences (an upper bound on the server cost of one rank in one fence)',
       ],
