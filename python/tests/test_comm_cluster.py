@@ -45,7 +45,10 @@ def _wait_in_pool(client, n, timeout=120):
 def start(protocol, n=4, pool_plugin=True):
     cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, protocol=protocol,
                            host="127.0.0.1", dashboard_address=":0", worker_dashboard_address=":0",
-                           memory_limit="3GiB")
+                           memory_limit="3GiB",
+                           # Other tests on this machine add and remove network interfaces: Open MPI's
+                           # TCP transport must not pick one that vanishes (one host here anyway).
+                           env={"OMPI_MCA_btl_tcp_if_include": "lo"})
     client = Client(cluster)
     if pool_plugin:
         client.register_plugin(SidecarPlugin())
@@ -56,9 +59,6 @@ def start(protocol, n=4, pool_plugin=True):
 
 @pytest.fixture(scope="module")
 def mpi_cluster():
-    # Other tests on this machine add and remove network interfaces; Open MPI's TCP transport
-    # must not pick one that vanishes (the workers of a LocalCluster share one host anyway).
-    os.environ.setdefault("OMPI_MCA_btl_tcp_if_include", "lo")
     cluster, client = start("tcp+mpi://")
     yield cluster, client
     client.close()

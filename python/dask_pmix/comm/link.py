@@ -72,6 +72,13 @@ def _watch_pool_close(pool) -> None:
     on_close = getattr(pool, "on_close", None)
     if on_close is not None:
         on_close(_leave_pool)
+        return
+    close = getattr(pool, "close", None)   # a pool module without the hook: run before its close()
+    if close is not None:
+        def close_after_comm(*args, **kwargs):
+            _leave_pool()
+            return close(*args, **kwargs)
+        pool.close = close_after_comm
 
 
 def _leave_pool() -> None:
