@@ -347,6 +347,13 @@ def main() -> None:
     if upstream is not None:
         out["upstream"] = asyncio.run(run_all(addr, upstream))
     out["stats"] = comm_stats()
+    from dask_pmix.comm import engine
+
+    eng = engine._engine
+    before = eng.polls if eng else 0
+    time.sleep(1.0)  # every connection is closed: the progress thread must not wake at all
+    out["idle_polls_per_s"] = (eng.polls if eng else 0) - before
+    out["engine_in_flight"] = eng.in_flight() if eng else 0
     print("RESULT " + json.dumps(out), flush=True)
     link.leave_launcher_world(world)
 

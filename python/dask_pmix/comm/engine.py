@@ -7,10 +7,12 @@ per frame; and progress goes on while the worker's event loop is busy (deseriali
 the GIL of a task), which a loop-driven poller cannot do. mpi4py releases the GIL inside MPI calls.
 
 How it avoids spinning a core (dask/distributed#4142 review): with nothing posted it blocks on an
-Event (no wake-ups at all); with operations in flight it tests them continuously for a short
-window after the last completion (a fragment-pipelined transport such as the TCP BTL needs both
-ends to keep progressing), then sleeps between polls with a doubling backoff capped at 1 ms, and
-at 20 ms once nothing has moved for seconds (a send whose receiver went away).
+Event (no wake-ups at all). With operations in flight it tests them continuously for 2 ms after
+the last post or completion (longer spinning took CPU from the workers' tasks on a busy host),
+then sleeps between polls with a doubling backoff capped at 1 ms, and at 20 ms once nothing has
+been posted for a minute (a send whose receiver went away). Completions alone do not say a
+transfer is moving: a 512 MiB frame can take seconds without one, and a transport that moves
+fragments only when polled (the TCP BTL) must keep being polled by both ends.
 """
 
 from __future__ import annotations
@@ -25,10 +27,10 @@ import numpy as np
 
 logger = logging.getLogger(__name__)
 
-SPIN_SECONDS = 0.05        # poll without sleeping this long after the last completion
+SPIN_SECONDS = 0.002       # poll without sleeping this long after the last post or completion
 BACKOFF_MIN = 20e-6
 BACKOFF_MAX = 1e-3
-STALE_SECONDS = 2.0        # nothing completed for this long: poll slowly
+STALE_SECONDS = 60.0       # nothing posted for this long: what is left is probably orphaned, poll slowly
 BACKOFF_STALE = 20e-3
 DRAIN_PERIOD = 20e-3       # how often closed connections' tags are probed for stray messages
 
@@ -127,11 +129,11 @@ class Engine:
                     self._thread.start()
 
     def _run(self) -> None:
-        last_progress = time.monotonic()
+        last_progress = last_post = time.monotonic()
         backoff = BACKOFF_MIN
         while not self._stop:
             if self._take_inbox():
-                last_progress = time.monotonic()
+                last_progress = last_post = time.monotonic()
                 backoff = BACKOFF_MIN
             if self._drains and time.monotonic() >= self._next_drain:
                 self._probe_drains()
@@ -140,10 +142,10 @@ class Engine:
                     last_progress = time.monotonic()
                     backoff = BACKOFF_MIN
                     continue
-                quiet = time.monotonic() - last_progress
-                if quiet < SPIN_SECONDS:
+                now = time.monotonic()
+                if now - last_progress < SPIN_SECONDS:
                     continue
-                cap = BACKOFF_STALE if quiet > STALE_SECONDS else BACKOFF_MAX
+                cap = BACKOFF_STALE if now - last_post > STALE_SECONDS else BACKOFF_MAX
                 backoff = min(backoff * 2, cap)
                 self._wake.wait(backoff)
             elif self._drains:
