@@ -27,7 +27,9 @@ export function cleanEnv(extra: Record<string, string>): Record<string, string> 
 }
 
 export function startRank(cmd: string, args: string[], env: Record<string, string>, timeoutMs = 60_000): RankProcess {
-  const child = spawn(cmd, args, { env: cleanEnv(env), stdio: ['ignore', 'pipe', 'pipe'] });
+  // The rank dies with the test process (setpriv execs it, so the pid is the rank's): a test run
+  // that is killed must not leave MPI ranks spinning on the CPU the next tests need.
+  const child = spawn('/usr/bin/setpriv', ['--pdeathsig', 'KILL', '--', cmd, ...args], { env: cleanEnv(env), stdio: ['ignore', 'pipe', 'pipe'] });
   const lines: Record<string, unknown>[] = [];
   const waiters: { pred: (l: Record<string, unknown>) => boolean; resolve: (l: Record<string, unknown>) => void }[] = [];
   let out = '';
