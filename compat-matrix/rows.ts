@@ -22,6 +22,8 @@ export interface Row {
   unavailable?: string;
   /** Join modes for `repeat` to try, the first being this row's default. */
   repeatModes: RepeatMode[];
+  /** Also run the in-process row: the agents' own sessions in the sidecar's pool (inprocess.ts). */
+  inprocess?: boolean;
   version: () => string;
   /** What is known upstream about a cell that fails here ("feature" or "feature/mode"). */
   known?: Record<string, string>;
@@ -34,7 +36,7 @@ export interface Row {
 const SPAWN_REFUSED =
   'the sidecar refuses spawn on purpose: a Dask cluster grows through its own deployment, and new processes are what run_mpi exists to avoid';
 
-export type RepeatMode = 'fork' | 'forkw' | 'reinit' | 'pool';
+export type RepeatMode = 'fork' | 'forkw' | 'reinit';
 
 export function rows(root: string): Row[] {
   const venv = join(root, '.venv');
@@ -49,7 +51,8 @@ export function rows(root: string): Row[] {
       baseEnv: {},
       extraEnv: {},
       sessions: true,
-      repeatModes: ['fork', 'pool', 'reinit'],
+      repeatModes: ['fork', 'reinit'],
+      inprocess: true,
       version: () => '5.0.11',
       known: {
         'pset-group':

@@ -15,6 +15,7 @@ import { abortFeature, memberDeath } from './features/failure.js';
 import { psetGroup } from './features/pset-group.js';
 import { psetNames } from './features/pset-names.js';
 import { publishLookup } from './features/publish-lookup.js';
+import { inprocessFailure, inprocessRepeat, inprocessWorld, joinPool } from './features/inprocess.js';
 import { repeat } from './features/repeat.js';
 import { sessionWorld } from './features/session-world.js';
 import { spawnFeature } from './features/spawn.js';
@@ -31,8 +32,10 @@ export interface RunOptions {
   features?: string[];
   /** Jobs per `repeat` run. */
   jobs?: number;
-  /** Join modes for `repeat`; defaults to each row's list. */
-  modes?: RepeatMode[];
+  /** Join modes for `repeat`; defaults to each row's list. 'inprocess' selects the in-process row. */
+  modes?: (RepeatMode | 'inprocess')[];
+  /** Jobs of the in-process row's `repeat` (default 200). */
+  inprocessJobs?: number;
   /** Where results go; MATRIX.md is regenerated next to it unless writeMatrix is false. */
   resultsDir?: string;
   writeMatrix?: boolean;
@@ -103,12 +106,41 @@ export async function runMatrix(opts: RunOptions): Promise<RowResult[]> {
         const modes = opts.modes ? row.repeatModes.filter((m) => opts.modes!.includes(m)) : row.repeatModes;
         for (const mode of modes) {
           log(`${row.id}: repeat (${mode}) ...`);
-          // Fresh processes per mode: a mode may leave MPI initialised (pool) or crash (reinit).
+          // Fresh processes per mode: a mode may crash them (reinit).
           const outcome = await guard(row, `repeat/${mode}`, () => withAgents(sidecar, row, agentBin, mode, (agents) => repeat(ctxFor(agents), mode, opts.jobs ?? 20)));
           log(`${row.id}: repeat (${mode}): ${outcome.status}${outcome.reason ? ` — ${outcome.reason}` : ''}`);
           if (mode === base.mode) base.features.repeat = outcome;
           else modeResults.push({ ...base, mode, features: { repeat: outcome } });
         }
+      }
+      const inprocessColumns = ['world', 'abort', 'member-death', 'repeat'].filter((c) => wanted.has(c));
+      if (row.inprocess && inprocessColumns.length && (!opts.modes || opts.modes.includes('inprocess'))) {
+        const result: RowResult = { ...base, mode: 'inprocess', features: {} };
+        await withAgents(sidecar, row, agentBin, 'inprocess', async (agents) => {
+          const ctx = ctxFor(agents);
+          let ranks: Map<string, number> | undefined;
+          let why = 'the agents could not join the pool';
+          try {
+            const joined = await joinPool(ctx, agents);
+            if (joined instanceof Map) ranks = joined;
+            else why = joined.reason ?? why;
+          } catch (err) {
+            why = `${why}: ${err instanceof Error ? err.message : String(err)}`;
+          }
+          for (const c of inprocessColumns) {
+            log(`${row.id}: ${c} (inprocess) ...`);
+            const r = ranks;
+            const outcome: Outcome = r
+              ? await guard(row, `${c}/inprocess`, () =>
+                  c === 'world' ? inprocessWorld(ctx, r)
+                    : c === 'repeat' ? inprocessRepeat(ctx, r, opts.inprocessJobs ?? 200)
+                      : inprocessFailure(ctx, r, c as 'abort' | 'member-death'))
+              : { status: 'fail', reason: why };
+            result.features[c] = outcome;
+            log(`${row.id}: ${c} (inprocess): ${outcome.status}${outcome.reason ? ` — ${outcome.reason}` : ''}`);
+          }
+        });
+        modeResults.push(result);
       }
       // A base row with no cells run (e.g. only another join mode was asked for) is not rewritten.
       for (const r of [...(Object.keys(base.features).length ? [base] : []), ...modeResults]) {
@@ -138,7 +170,7 @@ async function main(): Promise<void> {
     rows: values.impl,
     features: values.features?.split(','),
     jobs: values.jobs ? Number(values.jobs) : undefined,
-    modes: values.modes?.split(',') as RepeatMode[] | undefined,
+    modes: values.modes?.split(',') as (RepeatMode | 'inprocess')[] | undefined,
   });
   const known = new Map(rows(root).map((r) => [r.id, r.known ?? {}]));
   const failed = results.flatMap((r) =>

@@ -3,7 +3,7 @@
 //   fork   each job in a child forked from the long-lived process (MPI Sessions)
 //   forkw  the same with MPI_Init / MPI_Finalize (libraries without Sessions)
 //   reinit the long-lived process itself: Session_init ... Session_finalize, again and again
-//   pool   one namespace over all 4 processes, initialised once; a communicator per job
+//   (the in-process join mode, the agents' own sessions in the sidecar's pool, is inprocess.ts)
 import type { Agent } from '../agents.js';
 import type { RepeatMode } from '../rows.js';
 import { brief, createJob, envFields, memberEnvs, release, type Ctx, type Outcome } from './common.js';
@@ -40,47 +40,22 @@ export async function repeat(ctx: Ctx, mode: RepeatMode, jobs = 20): Promise<Out
   const plan = subsets(jobs, agents.length);
   const times: number[] = [];
   const t0 = performance.now();
-  if (mode === 'pool') {
-    const pool = await createJob(ctx, agents);
+  for (const [i, set] of plan.entries()) {
+    const members = set.map((k) => agents[k]!);
+    const tj = performance.now();
+    const job = await createJob(ctx, members);
     try {
-      const envs = await memberEnvs(ctx, pool);
-      const since = agents.map((a) => a.lines.length);
-      for (const a of agents) a.send(['pinit', ...envFields(envs.get(a.id)!)]);
-      const ready = await Promise.all(agents.map((a, i) => a.waitFor((l) => 'pool' in l, 60_000, since[i])));
-      if (ready.some((l) => l?.pool !== 'ready')) return { status: 'fail', reason: `pool: the pool namespace did not initialise: ${JSON.stringify(ready)}` };
-      const rankOf = new Map(pool.members.map((m) => [m.workerId, m.rank]));
-      for (const [i, set] of plan.entries()) {
-        const members = set.map((k) => agents[k]!);
-        const ranks = members.map((a) => rankOf.get(a.id)!).join(',');
-        const tj = performance.now();
-        const err = await oneJob(ctx, members, mode, `pool-${i}`, (a) => a.send(['pjob', `pool-${i}`, ranks]), members.length);
-        if (err) return { status: 'fail', seconds: (performance.now() - t0) / 1000, reason: `${err} (job ${i + 1} of ${jobs})` };
-        times.push((performance.now() - tj) / 1000);
-      }
+      const envs = await memberEnvs(ctx, job);
+      const err = await oneJob(ctx, members, mode, job.id, (a) => a.send([mode, job.id, ...envFields(envs.get(a.id)!)]), members.length);
+      if (err) return { status: 'fail', seconds: (performance.now() - t0) / 1000, reason: `${err} (job ${i + 1} of ${jobs})` };
     } finally {
-      await release(ctx, pool);
+      await release(ctx, job);
     }
-  } else {
-    for (const [i, set] of plan.entries()) {
-      const members = set.map((k) => agents[k]!);
-      const tj = performance.now();
-      const job = await createJob(ctx, members);
-      try {
-        const envs = await memberEnvs(ctx, job);
-        const err = await oneJob(ctx, members, mode, job.id, (a) => a.send([mode, job.id, ...envFields(envs.get(a.id)!)]), members.length);
-        if (err) return { status: 'fail', seconds: (performance.now() - t0) / 1000, reason: `${err} (job ${i + 1} of ${jobs})` };
-      } finally {
-        await release(ctx, job);
-      }
-      times.push((performance.now() - tj) / 1000);
-    }
+    times.push((performance.now() - tj) / 1000);
   }
-  // In pool mode a "job" is only a communicator over members of one long-lived sidecar job: no
-  // job is created or released per round, unlike the other modes, so the times are not comparable.
-  const what = mode === 'pool' ? 'communicator (no sidecar job created or released per round)' : 'job (create, run, release)';
   return {
     status: 'pass',
     seconds: (performance.now() - t0) / 1000,
-    reason: `${jobs}/${jobs} jobs of sizes 2-4, median ${(median(times) * 1000).toFixed(0)} ms per ${what}`,
+    reason: `${jobs}/${jobs} jobs of sizes 2-4, median ${(median(times) * 1000).toFixed(0)} ms per job (create, run, release)`,
   };
 }

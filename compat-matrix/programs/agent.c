@@ -10,7 +10,10 @@
  *                         or "-" for none); reports {"started":JOB,"pid":..} and, when it ends,
  *                         {"exited":JOB,"status":..,"signal":..}
  *   pinit  K=V ...        pool mode: set the env of the pool namespace and Session_init once
- *   pjob   JOB  R1,R2,..  pool mode: a communicator over these pool ranks, Allreduce, free
+ *   pjob   TAG  R1,R2,.. [WHAT]
+ *                         pool mode: a communicator over these pool ranks with this tag,
+ *                         Allreduce, free; WHAT: loop=N (N barriers 20 ms apart; reports
+ *                         {"looping":true} first) or abort (MPI_Abort on it, status 3)
  *   quit
  *
  * Every job prints one JSON line {"feature":"repeat","job":...,"ok":...}. */
@@ -118,7 +121,7 @@ static void exec_job(const char *job, const char *program, char *args_csv, char 
 static MPI_Session pool_session = MPI_SESSION_NULL;
 static MPI_Group pool_world;
 
-static void pool_job(const char *job, char *ranks_csv) {
+static void pool_job(const char *job, char *ranks_csv, const char *what) {
     double t0 = compat_now();
     int ranks[1024], n = 0, me = -1;
     for (char *tok = strtok(ranks_csv, ","); tok && n < 1024; tok = strtok(NULL, ",")) ranks[n++] = atoi(tok);
@@ -135,9 +138,26 @@ static void pool_job(const char *job, char *ranks_csv) {
         MPI_Comm_rank(comm, &rank);
         MPI_Comm_size(comm, &size);
         int ok = compat_allreduce_ok(comm, &sum);
+        if (ok && what && !strncmp(what, "loop=", 5)) {
+            printf("{\"feature\":\"%s\",\"job\":\"%s\",\"looping\":true,\"t\":%.6f}\n", F, job, compat_now());
+            fflush(stdout);
+            for (int i = atoi(what + 5); i > 0 && ok; i--) {
+                rc = MPI_Barrier(comm);
+                if (rc != MPI_SUCCESS) {
+                    compat_error(F, "MPI_Barrier", rc);
+                    ok = 0;
+                }
+                usleep(20000);
+            }
+        } else if (ok && what && !strcmp(what, "abort")) {
+            printf("{\"feature\":\"%s\",\"job\":\"%s\",\"aborting\":true,\"t\":%.6f}\n", F, job, compat_now());
+            fflush(stdout);
+            MPI_Abort(comm, 3);
+        }
         compat_report(F, rank, size, ok, "\"job\":\"%s\",\"sum\":%d,\"comm_s\":%.4f,\"pool_rank\":%d", job, sum,
                       t1 - t0, me);
-        MPI_Comm_free(&comm);
+        /* A communicator that saw a failure is kept (freeing it crashed later jobs, research H). */
+        if (ok) MPI_Comm_free(&comm);
     }
     MPI_Group_free(&sub);
     printf("{\"done\":\"%s\"}\n", job);
@@ -173,7 +193,7 @@ int main(void) {
             if (rc != MPI_SUCCESS) compat_error(F, "pool init", rc);
             printf("{\"pool\":\"%s\"}\n", rc == MPI_SUCCESS ? "ready" : "failed");
         } else if (!strcmp(fields[0], "pjob") && n >= 3) {
-            pool_job(fields[1], fields[2]);
+            pool_job(fields[1], fields[2], n >= 4 ? fields[3] : NULL);
 #endif
         } else {
             printf("{\"agent\":\"unknown command\"}\n");

@@ -1,11 +1,13 @@
-"""One rank of an MPI job inside a Dask worker.
+"""One rank of a fork-mode MPI job: a child process of a Dask worker.
 
-The worker process never initialises MPI itself: Open MPI 5.0 cannot initialise again in a
-process after finalizing (openpmix 5.0.11 frees its topology twice), and one worker takes part in
-many jobs. So each job runs in a child forked from the worker: it inherits the worker's memory
-(the data already there), sets the job's environment, joins through MPI Sessions, runs the
-function, sends the result back over a pipe and exits. A failed or hung rank is contained: the
-child is killed and the worker lives on.
+Fork mode is the isolated mode (and the fallback where in-process cannot serve, see
+inprocess.py): each job runs in a child of the worker that sets the job's environment, joins
+through MPI Sessions (or the world, for MPICH and Intel MPI), runs the function, sends the result
+back over a pipe and exits. A failed or hung rank is contained: the child is killed and the worker
+lives on. The child is forked from the worker (it inherits the worker's memory, the data already
+there) when the worker has no MPI library loaded; a worker in the in-process pool has, and a fork
+of it cannot start MPI again, so its rank is a fresh interpreter instead, given the function and
+its arguments over a pipe.
 """
 
 from __future__ import annotations
@@ -101,13 +103,13 @@ def _leave(code: int) -> None:
     os._exit(code)
 
 
-def _die_with_parent() -> None:
-    """The rank dies with the worker thread that forked it (a worker killed outright must not
+def _die_with_parent(parent: int | None = None) -> None:
+    """The rank dies with the worker thread that started it (a worker killed outright must not
     leave a rank spinning next to peers that are gone)."""
     import ctypes
 
     PR_SET_PDEATHSIG = 1
-    parent = os.getppid()
+    parent = os.getppid() if parent is None else parent
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent:  # the parent died before the call
         os._exit(1)
@@ -219,23 +221,69 @@ def run_rank(*, job_id: str, rank: int, worker: str, env: dict, fn: Callable, ar
         raise
 
 
+def _pool_loaded() -> bool:
+    from . import pool
+
+    return pool.loaded()
+
+
+def _spawn(fd: int, env: dict, tag: str, impl: str, fn: Callable, args: tuple, kwargs: dict) -> int:
+    """Starts the rank as a fresh interpreter (``python -m dask_pmix.member``): the worker has an
+    MPI library loaded (its pool session), which a forked child could not initialise again. The
+    rank gets the worker's environment from before the pool's variables were set, the job's
+    environment, the worker's sys.path, and the function and arguments over a pipe."""
+    import threading
+
+    import cloudpickle
+
+    from . import pool
+
+    payload = pickle.dumps(list(sys.path)) + cloudpickle.dumps((env, tag, impl, fn, args, kwargs), protocol=5)
+    r, w = os.pipe()
+    try:
+        pid = os.posix_spawn(sys.executable, [sys.executable, "-m", "dask_pmix.member", "3", "4", str(os.getpid())],
+                             pool.environ_before(),
+                             file_actions=[(os.POSIX_SPAWN_DUP2, fd, 3), (os.POSIX_SPAWN_DUP2, r, 4)])
+    finally:
+        os.close(r)
+
+    def feed() -> None:
+        try:
+            view = memoryview(payload)
+            while view:
+                view = view[os.write(w, view):]
+        except OSError:
+            pass  # the rank died before reading everything: its exit is what the caller sees
+        finally:
+            os.close(w)
+
+    threading.Thread(target=feed, name="dask-pmix-spawn-feed", daemon=True).start()
+    return pid
+
+
+def _spawned_main(fd: int, payload_fd: int, parent: int) -> None:
+    """The spawned rank: reads what _spawn sends, then runs as a forked rank would."""
+    _die_with_parent(parent)
+    with os.fdopen(payload_fd, "rb") as f:
+        sys.path[:] = pickle.load(f)
+        env, tag, impl, fn, args, kwargs = pickle.load(f)
+    _child(fd, env, tag, impl, fn, args, kwargs)
+
+
 def _run_rank(job_id, rank, worker, env, impl, fn, args, kwargs, job_state, timeout, poll_interval, finalize_grace):
     # The MPI library is loaded in the child only. Loaded in the worker, UCX (inside both MPICH's
     # and Open MPI's wheels) hooks dlopen/mmap behind a lock; a fork while another worker thread
-    # holds it leaves the child deadlocked in MPI_Session_init (seen with MPICH 5.0.2).
-    import sys
-
-    MPI = sys.modules.get("mpi4py.MPI")
-    if MPI is not None and MPI.Is_initialized():
-        raise MPIJobError("MPI is already initialised in this worker process; dask-pmix forks a fresh "
-                          "rank per job and needs the worker itself to stay uninitialised",
-                          job_id=job_id, rank=rank, worker=worker)
+    # holds it leaves the child deadlocked in MPI_Session_init (seen with MPICH 5.0.2). A worker
+    # that has it loaded (the pool's session) starts a fresh interpreter instead of forking.
     tag = f"dask-pmix:{job_id}"
     r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the rank
-        os.close(r)
-        _child(w, env, tag, impl, fn, args, kwargs or {})
+    if _pool_loaded():
+        pid = _spawn(w, env, tag, impl, fn, args, kwargs or {})
+    else:
+        pid = os.fork()
+        if pid == 0:  # the rank
+            os.close(r)
+            _child(w, env, tag, impl, fn, args, kwargs or {})
     os.close(w)
     reader = _Reader()
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -293,3 +341,7 @@ def _run_rank(job_id, rank, worker, env, impl, fn, args, kwargs, job_state, time
         reason = f"{value['type']}: {value['message']}"
         raise MPIJobError(reason, job_id=job_id, rank=rank, worker=worker, origin="rank") from exc
     raise MPIJobError(_exit_description(exit_status or 0), job_id=job_id, rank=rank, worker=worker, origin="rank")
+
+
+if __name__ == "__main__":
+    _spawned_main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))

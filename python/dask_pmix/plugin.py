@@ -5,6 +5,7 @@ scheduler's loopback only)."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
 import re
@@ -39,10 +40,12 @@ class SidecarPlugin(SchedulerPlugin):
     idempotent = True
 
     def __init__(self, url: str | None = None, token: str | None = None, *, sidecar_args: list[str] | None = None,
-                 sidecar_log: str | None = None):
+                 sidecar_log: str | None = None, pool: bool = True):
         # Read here (the client's settings) and again in start() (the scheduler's) when unset.
         self.url = url or config.get("sidecar.url")
         self.token = token or config.get("sidecar.token")
+        # Install the worker plugin that puts each worker process into the in-process MPI pool.
+        self.pool = pool
         self.sidecar_args = list(sidecar_args or [])
         self.sidecar_log = sidecar_log
         self.embedded: EmbeddedSidecar | None = None
@@ -59,16 +62,19 @@ class SidecarPlugin(SchedulerPlugin):
         self._unreachable_since: float | None = None
         self._dropping: set[str] = set()  # jobs being ended because a rank's task was dropped
         self._background: set[asyncio.Future] = set()
+        # In-process members wait at the sidecar until all are there: one thread each while they
+        # wait, apart from the default executor so that they never starve the other calls.
+        self._waits: concurrent.futures.ThreadPoolExecutor | None = None
 
     # The plugin is pickled on its way to the scheduler: send the configuration only.
-    _CONFIG = ("url", "token", "sidecar_args", "sidecar_log")
+    _CONFIG = ("url", "token", "sidecar_args", "sidecar_log", "pool")
 
     def __getstate__(self) -> dict:
         return {k: self.__dict__[k] for k in self._CONFIG}
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(**{k: state[k] for k in ("url", "token")}, sidecar_args=state["sidecar_args"],
-                      sidecar_log=state["sidecar_log"])
+                      sidecar_log=state["sidecar_log"], pool=state.get("pool", True))
 
     # -- life cycle -----------------------------------------------------------------------------
     async def start(self, scheduler) -> None:
@@ -88,10 +94,22 @@ class SidecarPlugin(SchedulerPlugin):
             "dask_pmix_job": self.job,
             "dask_pmix_release_job": self.release_job,
             "dask_pmix_member_lost": self.member_lost,
+            "dask_pmix_join_pool": self.join_pool,
+            "dask_pmix_leave_pool": self.leave_pool,
+            "dask_pmix_join_job": self.join_job,
+            "dask_pmix_leave_job": self.leave_job,
+            "dask_pmix_restart_worker": self.restart_worker,
         })
         http.install(scheduler)  # the dashboard page, /dask-pmix/
+        self._waits = concurrent.futures.ThreadPoolExecutor(max_workers=1024, thread_name_prefix="dask-pmix-wait")
         for address in list(scheduler.workers):
             self._register_soon(address)
+        if self.pool:
+            from distributed.protocol.pickle import dumps
+
+            from .worker import PoolPlugin
+
+            await scheduler.register_worker_plugin(None, dumps(PoolPlugin()), name=PoolPlugin.name, idempotent=True)
         self._events_thread = threading.Thread(target=self._follow_events, name="dask-pmix-events", daemon=True)
         self._events_thread.start()
 
@@ -115,6 +133,8 @@ class SidecarPlugin(SchedulerPlugin):
         self._stop.set()
         if self._background:
             await asyncio.wait(list(self._background), timeout=5)
+        if self._waits is not None:
+            self._waits.shutdown(wait=False, cancel_futures=True)
         if self.embedded is not None:
             await asyncio.to_thread(self.embedded.stop)
             self.embedded = None
@@ -227,12 +247,14 @@ class SidecarPlugin(SchedulerPlugin):
     async def create_job(self, workers: list[str] | None = None, n: int | None = None, pset: str | None = None,
                          impl: str = "openmpi", owner: str | None = None, timeout: float | None = None,
                          wiring_timeout: float | None = None, labels: dict | None = None,
-                         placement: str | None = None) -> dict:
+                         placement: str | None = None, mode: str | None = None) -> dict:
         unusable = _membership_mistake(self.scheduler, workers, n)
         if unusable:
             return {"error": unusable, "status": 422}
         await self._registered(workers)
         request: dict[str, Any] = {"impl": impl}
+        if mode:
+            request["mode"] = mode
         if pset:
             request["pset"] = pset
         elif workers:
@@ -265,7 +287,8 @@ class SidecarPlugin(SchedulerPlugin):
             return {"error": str(e), "status": e.status}
         envs = {}
         try:
-            for member in members:
+            # In-process members need no environment: they are in the pool already.
+            for member in members if job.get("mode") == "fork" else []:
                 envs[member] = (await asyncio.to_thread(self.rest.member_env, job["id"], member))["env"]
         except SidecarError as e:
             # Nobody will run this job: give its members back now, not after the wiring timeout.
@@ -331,6 +354,60 @@ class SidecarPlugin(SchedulerPlugin):
             return await asyncio.to_thread(self.rest.member_lost, job_id, worker, reason)
         except SidecarError as e:
             return {"id": job_id, "error": str(e)}
+
+    # -- the in-process pool (relayed for the workers; see worker.py and inprocess.py) ----------
+    async def join_pool(self, worker: str, host: str = "", pid: int = 0, uid: int | None = None,
+                        gid: int | None = None) -> dict:
+        """A worker process joins the pool, saying who it is (its own host, pid, uid, gid)."""
+        await self._registered([worker])
+        identity: dict[str, Any] = {"pid": int(pid)}
+        if host:
+            identity["host"] = host
+        if uid is not None:
+            identity["uid"] = int(uid)
+        if gid is not None:
+            identity["gid"] = int(gid)
+        try:
+            return await asyncio.to_thread(self.rest.join_pool, worker, identity)
+        except SidecarError as e:
+            return {"error": str(e), "status": e.status}
+
+    async def leave_pool(self, worker: str, reason: str) -> dict:
+        await self._registered([worker])
+        try:
+            return await asyncio.to_thread(self.rest.leave_pool, worker, reason)
+        except SidecarError as e:
+            return {"error": str(e), "status": e.status}
+
+    async def join_job(self, job_id: str, worker: str, wait: float = 10.0) -> dict:
+        """An in-process member is there; answers when every member is, or after `wait` s."""
+        try:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._waits, self.rest.join_job, job_id, worker, float(wait))
+        except SidecarError as e:
+            return {"error": e.message, "status": e.status}
+
+    async def leave_job(self, job_id: str, worker: str, ok: bool, reason: str = "",
+                        failed_ranks: list | None = None) -> dict:
+        try:
+            return await asyncio.to_thread(self.rest.leave_job, job_id, worker, bool(ok), reason, failed_ranks or [])
+        except SidecarError as e:
+            return {"error": str(e), "status": e.status}
+
+    async def restart_worker(self, worker: str, reason: str) -> dict:
+        """A worker whose in-process member is stuck after its job failed asks to be restarted
+        through its nanny (a worker without one is closed)."""
+        logger.warning("dask-pmix: restarting worker %s: %s", worker, reason)
+
+        async def restart() -> None:
+            try:
+                await self.scheduler.restart_workers([worker], timeout=60, wait_for_workers=False, on_error="return",
+                                                     stimulus_id=f"dask-pmix-restart-{time.time()}")
+            except Exception:  # noqa: BLE001
+                logger.exception("dask-pmix: restarting worker %s failed", worker)
+
+        asyncio.ensure_future(restart())
+        return {"restarting": worker}
 
     def _forget(self, job_id: str) -> None:
         with self._lock:

@@ -100,6 +100,24 @@ class SidecarClient:
             return e.status != 401
         return True
 
+    def join_job(self, job_id: str, worker_id: str, wait: float) -> dict:
+        """In-process jobs: the member is there; answers when all are (ready) or after `wait` s."""
+        return self._request("POST", f"/v1/jobs/{quote(job_id)}/members/{quote(worker_id)}/join",
+                             {"waitSeconds": wait}, timeout=wait + self.timeout)
+
+    def leave_job(self, job_id: str, worker_id: str, ok: bool, reason: str = "",
+                  failed_ranks: list[int] | None = None) -> dict:
+        return self._request("POST", f"/v1/jobs/{quote(job_id)}/members/{quote(worker_id)}/leave",
+                             {"ok": ok, "reason": reason[:4096], "failedRanks": [int(r) for r in failed_ranks or []]})
+
+    # -- the in-process pool --------------------------------------------------------------------
+    def join_pool(self, worker_id: str, identity: dict) -> dict:
+        """The worker process joins the pool, saying who it is; answers its rank and environment."""
+        return self._request("POST", f"/v1/workers/{quote(worker_id)}/pool", identity, timeout=self.timeout + 30)
+
+    def leave_pool(self, worker_id: str, reason: str) -> dict:
+        return self._request("POST", f"/v1/workers/{quote(worker_id)}/pool/leave", {"reason": reason})
+
     # -- events ---------------------------------------------------------------------------------
     def events(self, timeout: float | None = None) -> Iterator[dict]:
         """Yields events from the server-sent event stream until it closes."""

@@ -13,11 +13,11 @@ from dask_pmix.rest import SidecarClient
 IMPL = os.environ.get("DASK_PMIX_TEST_IMPL", "openmpi")
 
 
-def start_cluster(n_workers: int = 4, **kwargs):
+def start_cluster(n_workers: int = 4, sidecar_args: list[str] | None = None, **kwargs):
     cluster = LocalCluster(n_workers=n_workers, threads_per_worker=2, processes=True, dashboard_address=":0",
                            worker_dashboard_address=":0", **kwargs)
     client = Client(cluster)
-    client.register_plugin(SidecarPlugin())
+    client.register_plugin(SidecarPlugin(sidecar_args=sidecar_args))
     info = wait_for_plugin(client)
     return cluster, client, SidecarClient(info["url"])
 

@@ -7,6 +7,7 @@ import os
 import signal
 import threading
 import time
+from datetime import datetime
 
 import numpy as np
 import pytest
@@ -189,12 +190,18 @@ def test_retire_and_adaptive_keep_members_and_a_killed_member_fails_the_job(impl
             time.sleep(0.1)
         victim = members[1]
         pid = client.run(os.getpid, workers=[victim])[victim]
-        t_kill = time.monotonic()
+        t_kill, kill_wall = time.monotonic(), time.time()
         os.kill(pid, signal.SIGKILL)
         job.join(30)
         assert "error" in outcome, outcome
-        print(f"killed member -> MPIJobError in {time.monotonic() - t_kill:.2f} s")
-        assert time.monotonic() - t_kill < 5.0
+        ended = max(datetime.fromisoformat(j["endedAt"].replace("Z", "+00:00")).timestamp()
+                    for j in sidecar.jobs() if j["endedAt"])
+        print(f"killed member -> job failed after {ended - kill_wall:.2f} s, MPIJobError in "
+              f"{time.monotonic() - t_kill:.2f} s")
+        # The sidecar fails the job within 2 s; the client hears of it through Dask (a generous
+        # bound: a loaded CI machine).
+        assert ended - kill_wall < 2.0
+        assert time.monotonic() - t_kill < 10.0
         assert outcome["error"].worker == victim
         # The killed worker's rank process goes with it instead of spinning on as an orphan.
         victim_rank = members.index(victim)

@@ -71,6 +71,13 @@ export class Metrics {
       ...gauge('dask_pmix_psets', 'Defined process sets', [[{}, s.psets]]),
       ...gauge('dask_pmix_jobs', 'Known jobs, by state', Object.entries(s.jobs).map(([state, n]) => [{ state }, n])),
       ...gauge('dask_pmix_published_names', 'Entries in the name service', [[{}, s.names]]),
+      ...gauge('dask_pmix_jobs_by_mode', 'Known jobs, by the mode they run in', Object.entries(s.modes).map(([mode, n]) => [{ mode }, n])),
+      ...(s.pool
+        ? [
+            ...gauge('dask_pmix_pool_epochs', 'Open epochs (namespaces) of the in-process pool', [[{}, s.pool.epochs]]),
+            ...gauge('dask_pmix_pool_ranks', 'Ranks of the open pool epochs, by state', Object.entries(s.pool.ranks).map(([state, n]) => [{ state }, n])),
+          ]
+        : []),
       `# HELP dask_pmix_jobs_created_total Jobs created since start`, `# TYPE dask_pmix_jobs_created_total counter`,
       `dask_pmix_jobs_created_total ${this.rm.jobsCreated}`,
       `# HELP dask_pmix_context_ids_allocated_total PMIx group context ids handed out`, `# TYPE dask_pmix_context_ids_allocated_total counter`,

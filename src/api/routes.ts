@@ -196,7 +196,7 @@ export function v1Routes(app: FastifyInstance, ctx: RouteContext): void {
     },
   }, async (req) => toJson.joinJob(await rm.joinJob(req.params.id, req.params.workerId, (req.body?.waitSeconds ?? 10) * 1000)));
 
-  app.post<P<{ id: string; workerId: string }> & Body<{ ok: boolean; reason?: string }>>('/v1/jobs/:id/members/:workerId/leave', {
+  app.post<P<{ id: string; workerId: string }> & Body<{ ok: boolean; reason?: string; failedRanks?: number[] }>>('/v1/jobs/:id/members/:workerId/leave', {
     ...guarded,
     schema: { security: BEARER,
       summary: 'In-process jobs: the member is done (ok), or failed (the job fails)',
@@ -205,5 +205,5 @@ export function v1Routes(app: FastifyInstance, ctx: RouteContext): void {
       body: requests.leaveJob,
       response: { 200: responses.job, ...errors(400, 401, 404, 409) },
     },
-  }, async (req) => toJson.job(rm.leaveJob(req.params.id, req.params.workerId, req.body.ok, req.body.reason || 'its function failed')));
+  }, async (req) => toJson.job(rm.leaveJob(req.params.id, req.params.workerId, req.body.ok, req.body.reason || 'its function failed', req.body.failedRanks ?? [])));
 }

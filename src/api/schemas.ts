@@ -110,7 +110,7 @@ export const requests = {
   joinPool: schemaOf('JoinPoolRequest', REQ, { host: { minLength: 1, maxLength: 255 }, pid: { minimum: 0 } }),
   leavePool: schemaOf('LeavePoolRequest', REQ, { reason: { maxLength: 1024 } }),
   joinJob: schemaOf('JoinJobRequest', REQ, { waitSeconds: { minimum: 0, maximum: 60 } }),
-  leaveJob: schemaOf('LeaveJobRequest', REQ, { reason: { maxLength: 4096 } }, ['ok']),
+  leaveJob: schemaOf('LeaveJobRequest', REQ, { reason: { maxLength: 4096 }, failedRanks: { maxItems: 100_000 } }, ['ok']),
 };
 
 /** Response schemas (for the OpenAPI document and fast serialization). */

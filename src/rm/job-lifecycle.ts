@@ -422,7 +422,9 @@ export class JobLifecycle {
    * communicators a job builds for itself) change nothing.
    */
   groupConstructed(namespace: string, group: string, ranks: readonly number[]): void {
-    const rt = this.byTag.get(group);
+    // Open MPI names the PMIx group of MPI_Comm_create_from_group(tag) "<tag>-[[job,vpid],rank].<n>".
+    const cut = group.lastIndexOf('-[[');
+    const rt = this.byTag.get(group) ?? (cut > 0 ? this.byTag.get(group.slice(0, cut)) : undefined);
     if (!rt || rt.job.namespace !== namespace) return;
     const want = rt.job.members.map((m) => m.poolRank).sort((a, b) => a! - b!).join(',');
     const got = [...ranks].sort((a, b) => a - b).join(',');
@@ -434,11 +436,22 @@ export class JobLifecycle {
     this.started(rt, 'the communicator was built');
   }
 
-  /** A member of an in-process job is done: its function returned (ok) or failed (reason). */
-  leave(jobId: string, workerId: string, ok: boolean, reason: string): Readonly<Job> {
+  /**
+   * A member of an in-process job is done: its function returned (ok) or failed (reason). A
+   * member whose MPI library saw other members fail (failedRanks) often says so before the
+   * server notices their death: the failed ones are blamed, not it.
+   */
+  leave(jobId: string, workerId: string, ok: boolean, reason: string, failedRanks: readonly number[] = []): Readonly<Job> {
     const { rt, m } = this.inprocessMember(jobId, workerId);
-    if (ok) this.finalize(rt, m);
-    else this.loseMember(rt, m, reason);
+    if (ok) {
+      this.finalize(rt, m);
+      return rt.job;
+    }
+    for (const r of failedRanks) {
+      const peer = rt.job.members[r];
+      if (peer && peer !== m) this.loseMember(rt, peer, `rank ${m.rank} (worker ${m.workerId}) saw its process fail: ${reason}`);
+    }
+    this.loseMember(rt, m, reason);
     return rt.job;
   }
 

@@ -17,7 +17,7 @@ import type { Policy } from './policy.js';
 import { Pool, type PoolBackend } from './pool.js';
 import { ProcessSets } from './process-sets.js';
 import {
-  IMPLS, type Impl, type Job, type JobMember, type JobSpec, type JobState, type PoolSeat, type ProcessSet, type PsetSpec,
+  IMPLS, type Impl, type Job, type JobMember, type JobMode, type JobSpec, type JobState, type PoolSeat, type ProcessSet, type PsetSpec,
   type RankRef, type Worker, type WorkerSpec,
 } from './types.js';
 import { WorkerPool } from './worker-pool.js';
@@ -206,6 +206,11 @@ export class ResourceManager {
     return this.pool?.isPoolNamespace(namespace) ?? false;
   }
 
+  /** Why a connection as this pool rank must be refused, or undefined to admit it. */
+  poolRefusal(namespace: string, rank: number): string | undefined {
+    return this.requirePool().refusal(namespace, rank);
+  }
+
   /** A pool rank's MPI library reached the PMIx server. */
   poolClientConnected(namespace: string, rank: number): void {
     this.requirePool().connected(namespace, rank);
@@ -346,9 +351,12 @@ export class ResourceManager {
     return this.jobs.join(jobId, workerId, waitMs);
   }
 
-  /** In-process jobs: the member on `workerId` is done, with its function's outcome. */
-  leaveJob(jobId: string, workerId: string, ok: boolean, reason: string): Readonly<Job> {
-    return this.jobs.leave(jobId, workerId, ok, reason);
+  /**
+   * In-process jobs: the member on `workerId` is done, with its function's outcome; a member that
+   * failed because its MPI library saw other members fail names them (failedRanks, job ranks).
+   */
+  leaveJob(jobId: string, workerId: string, ok: boolean, reason: string, failedRanks: readonly number[] = []): Readonly<Job> {
+    return this.jobs.leave(jobId, workerId, ok, reason, failedRanks);
   }
 
   // ---- the protocol side: what PMIx and PMI servers report and ask -------------------------
@@ -415,12 +423,14 @@ export class ResourceManager {
 
   /** Counts for /metrics. */
   stats(): {
-    workers: Record<string, number>; jobs: Record<JobState, number>; psets: number; names: number;
+    workers: Record<string, number>; jobs: Record<JobState, number>; modes: Record<JobMode, number>; psets: number; names: number;
     pool?: { epochs: number; ranks: Record<string, number> };
   } {
     const workers: Record<string, number> = { available: 0, frozen: 0 };
     for (const w of this.workers.list()) workers[w.state] = (workers[w.state] ?? 0) + 1;
-    const out = { workers, jobs: this.jobs.countByState(), psets: this.psets.size, names: this.names.size };
+    const modes: Record<JobMode, number> = { inprocess: 0, fork: 0 };
+    for (const j of this.jobs.list()) modes[j.mode]++;
+    const out = { workers, jobs: this.jobs.countByState(), modes, psets: this.psets.size, names: this.names.size };
     return this.pool ? { ...out, pool: this.pool.stats() } : out;
   }
 }

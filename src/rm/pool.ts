@@ -263,6 +263,19 @@ export class Pool {
 
   // ---- the protocol side ----------------------------------------------------------------------
 
+  /** Why a connection as this rank must be refused: only a worker that is joining may connect. */
+  refusal(namespace: string, rank: number): string | undefined {
+    const e = this.epochs.get(namespace);
+    if (!e) return `no pool with namespace '${namespace}'`;
+    const id = e.owners.get(rank);
+    const w = id ? this.o.workers.get(id) : undefined;
+    if (!w?.pool || w.pool.namespace !== namespace || w.pool.rank !== rank) return `pool rank ${rank} belongs to no registered worker`;
+    if (w.pool.state === 'retired') return `pool rank ${rank} was retired: ${w.pool.reason ?? ''}`;
+    if (w.pool.state === 'ready') return `pool rank ${rank} is connected already`;
+    if (w.pool.state === 'assigned') return `worker '${w.id}' has not asked to join the pool`;
+    return undefined;
+  }
+
   /** A pool rank's MPI library reached the PMIx server; returns its worker. */
   connected(namespace: string, rank: number): Worker {
     const { e, w } = this.seatOf(namespace, rank);

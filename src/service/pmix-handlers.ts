@@ -156,7 +156,10 @@ export function pmixHandlers({ rm, clients, log }: PmixHandlerOptions): UpcallHa
       for (const p of procs) {
         clients?.lost(p.nspace, p.rank);
         if (rm.isPoolNamespace(p.nspace)) {
-          // A pool rank's connection drops only when its worker process dies.
+          // A pool rank's connection drops only when its worker process dies. Only libpmix's own
+          // word counts: with fault tolerance on, a pool rank that sees a peer fail notifies
+          // PROC_TERM_WO_SYNC itself, as the source, naming the peer.
+          if (status !== Status.ERR_LOST_CONNECTION) continue;
           log?.('warn', 'a worker process in the pool died', { nspace: p.nspace, rank: p.rank, status });
           try {
             rm.poolClientGone(p.nspace, p.rank, 'its worker process died (its connection to the PMIx server dropped)');
@@ -266,6 +269,7 @@ export function pmixHandlers({ rm, clients, log }: PmixHandlerOptions): UpcallHa
     },
 
     async group({ op, group, procs, directives }) {
+      log?.('debug', 'group upcall', { op, group, procs: procs.length });
       // libpmix answers a destruct itself (5.0.11 bug workaround in the binding); we only hear of it.
       if (op !== 'construct') return [];
       return answer(async () => {

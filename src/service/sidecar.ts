@@ -95,8 +95,10 @@ export class Sidecar {
       tmpdir: opts.tmpdir,
       handlers: pmixHandlers({ rm, clients, log: (level, msg, fields) => log[level](fields ?? {}, msg) }),
       // A rank of a job that has ended is refused before libpmix sees it (it would otherwise be
-      // accepted and then have to be refused from the connected upcall).
+      // accepted and then have to be refused from the connected upcall); so is a pool rank that
+      // no worker is joining with (retired, or already connected).
       admitClient: (proc) => {
+        if (rm.isPoolNamespace(proc.nspace)) return rm.poolRefusal(proc.nspace, proc.rank);
         const job = rm.jobByNamespace(proc.nspace);
         return job && !isActive(job.state) ? `job ${job.id} is ${job.state}` : undefined;
       },

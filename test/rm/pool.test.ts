@@ -97,6 +97,18 @@ describe('the pool: ranks and epochs', () => {
     await expect(rm.joinPool('b', {})).rejects.toThrow(/left the pool/);
   });
 
+  it('only a worker that is joining may connect as its rank', async () => {
+    const a = rm.registerWorker({ id: 'a', host: 'h' }).pool!;
+    expect(rm.poolRefusal(a.namespace, a.rank)).toMatch(/has not asked to join/);
+    expect(rm.poolRefusal(a.namespace, 7)).toMatch(/belongs to no registered worker/);
+    await rm.joinPool('a', {});
+    expect(rm.poolRefusal(a.namespace, a.rank)).toBeUndefined();
+    rm.poolClientConnected(a.namespace, a.rank);
+    expect(rm.poolRefusal(a.namespace, a.rank)).toMatch(/connected already/);
+    rm.poolClientGone(a.namespace, a.rank, 'its worker process died');
+    expect(rm.poolRefusal(a.namespace, a.rank)).toMatch(/was retired: its worker process died/);
+  });
+
   it('a rank whose connection drops is retired; its worker no longer qualifies', async () => {
     const r = await readyWorker('a');
     const ns = rm.getWorker('a').pool!.namespace;
@@ -123,7 +135,7 @@ describe('in-process jobs', () => {
     // The communicator of another tag (one the job builds itself) changes nothing.
     rm.poolGroupConstructed(job.namespace, 'something-else', [ranks[0]!, ranks[2]!]);
     expect(rm.getJob(job.id).state).toBe('wiring');
-    rm.poolGroupConstructed(job.namespace, job.tag, [ranks[0]!, ranks[2]!]);
+    rm.poolGroupConstructed(job.namespace, `${job.tag}-[[57598,0],0].2`, [ranks[0]!, ranks[2]!]);
     expect(rm.getJob(job.id).state).toBe('running');
     rm.leaveJob(job.id, 'a', true, '');
     rm.leaveJob(job.id, 'c', true, '');
@@ -201,6 +213,18 @@ describe('in-process jobs', () => {
     await expect(joinA).rejects.toThrow(/ValueError: bad input/);
     await expect(rm.joinJob(job.id, 'b', 10)).rejects.toMatchObject({ kind: 'aborted' });
     expect(rm.getJob(job.id).error).toMatch(/worker a\) was lost: ValueError: bad input/);
+  });
+
+  it('a member that saw others fail before the server noticed names them: they are blamed, not it', async () => {
+    await readyWorker('a');
+    await readyWorker('b');
+    await readyWorker('c');
+    const job = await rm.createJob({ impl: 'openmpi', mode: 'inprocess', members: ['a', 'b', 'c'] });
+    rm.leaveJob(job.id, 'a', false, 'MPI_ERR_PROC_FAILED', [2]);
+    const j = rm.getJob(job.id);
+    expect(j.state).toBe('failed');
+    expect(j.members.map((m) => [m.state, m.endedJob ?? false])).toEqual([['lost', false], ['assigned', false], ['lost', true]]);
+    expect(j.error).toMatch(/rank 2 \(worker c\) was lost: rank 0 \(worker a\) saw its process fail/);
   });
 
   it('the wiring timeout fails a job whose communicator is never built; the grace releases a member that never leaves', async () => {

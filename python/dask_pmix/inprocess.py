@@ -1,0 +1,237 @@
+"""One member of an in-process MPI job: the worker process itself, in a task thread.
+
+The member waits at the sidecar until every member is there (so that none enters
+MPI_Comm_create_from_group, which cannot be interrupted, while another may never come), builds the
+job's communicator from its pool (dask_pmix.pool), runs ``fn(comm, ...)`` on the data the worker
+holds, frees the communicator and tells the sidecar it is done.
+
+Failures (measured with the Open MPI 5.0.11 wheel, fault tolerance on):
+- A member that dies: the sidecar fails the job at once and tells the survivors which process
+  failed; their MPI calls return MPI_ERR_PROC_FAILED (usually before the sidecar notices: they
+  name the failed ranks, MPIX_Comm_get_failed, so that the dead member is blamed) and they go
+  back to Dask work.
+- A member whose function raises revokes the communicator (ULFM), so that the others, waiting for
+  it in a collective, get MPI_ERR_REVOKED instead of hanging.
+- When the job fails while the function still runs (a timeout, a DELETE, a failure elsewhere), the
+  watcher revokes the communicator; a member still stuck some seconds later (in MPI, or in code
+  that ignores MPI) has its worker restarted through its nanny: no worker stays frozen.
+- A communicator that saw a failure is not freed (kept until the session ends): freeing it and
+  reusing its slot while revoke messages are in flight crashed later jobs in ompi_comm_revoke_local.
+  No revoke follows an MPI failure either: the failed process is known to all already, and the
+  extra revoke traffic made survivors crash in the next job more often.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from . import pool as pool_mod
+from .errors import MPIJobError
+
+logger = logging.getLogger("dask_pmix")
+
+FAILED_STATES = ("failed", "aborted")
+
+
+@dataclass
+class SidecarCalls:
+    """The sidecar, as a member sees it (through the scheduler); callable from a task thread."""
+    join: Callable[[float], dict]           # wait seconds -> {"ready", "job"} or {"error"}
+    leave: Callable[[bool, str, list], Any]  # ok, reason, job ranks seen failed
+    state: Callable[[], dict]               # the job: {"state", "error", ...}
+    restart: Callable[[str], Any]           # reason: restart this worker through its nanny
+
+
+@dataclass
+class _Watch:
+    job_id: str
+    calls: SidecarCalls
+    comm: Any = None
+    failed_at: float | None = None
+    revoked: bool = False
+    restarted: bool = False
+    since: float = field(default_factory=time.monotonic)
+    # Held while the communicator is revoked or given up: never revoke one that is being freed.
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    done: bool = False
+
+
+class Watcher:
+    """One thread per worker process that looks after its running in-process members."""
+
+    def __init__(self, poll: float = 0.2, grace: float = 3.0):
+        self.poll = poll
+        self.grace = grace
+        self._lock = threading.Lock()
+        self._watches: dict[str, _Watch] = {}
+        self._thread: threading.Thread | None = None
+
+    def watch(self, job_id: str, calls: SidecarCalls) -> _Watch:
+        w = _Watch(job_id, calls)
+        with self._lock:
+            self._watches[job_id] = w
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="dask-pmix-job-watcher", daemon=True)
+                self._thread.start()
+        return w
+
+    def unwatch(self, job_id: str) -> None:
+        with self._lock:
+            self._watches.pop(job_id, None)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self.poll)
+            with self._lock:
+                watches = list(self._watches.values())
+            for w in watches:
+                try:
+                    self._check(w)
+                except Exception:  # noqa: BLE001 - the watcher must outlive any one job
+                    logger.exception("dask-pmix: watching job %s failed", w.job_id)
+
+    def _check(self, w: _Watch) -> None:
+        now = time.monotonic()
+        if now - w.since < self.poll:
+            return
+        if w.failed_at is None:
+            state = w.calls.state()
+            if state.get("state") not in FAILED_STATES:
+                return
+            w.failed_at = now
+            logger.info("dask-pmix: job %s %s while this member runs: %s", w.job_id, state.get("state"),
+                        state.get("error"))
+        with w.lock:
+            if not w.revoked and not w.done and w.comm is not None:
+                w.revoked = True
+                revoke(w.comm)
+        if not w.restarted and now - w.failed_at > self.grace:
+            w.restarted = True
+            reason = (f"its member of job {w.job_id} was still running {self.grace:.0f} s after the job failed"
+                      + (" (inside MPI_Comm_create_from_group)" if w.comm is None else ""))
+            logger.warning("dask-pmix: restarting this worker: %s", reason)
+            w.calls.restart(reason)
+
+
+_watcher = Watcher()
+
+
+def revoke(comm) -> None:
+    """Revokes the communicator (ULFM): pending and later operations on it fail everywhere."""
+    try:
+        if not comm.Is_revoked():
+            comm.Revoke()
+    except Exception as exc:  # noqa: BLE001
+        logger.debug("dask-pmix: revoking a communicator failed: %r", exc)
+
+
+# Communicators that saw a failure, kept instead of freed (see the module docstring); bounded.
+_kept: list = []
+_KEEP = 256
+
+
+def _give_up(comm, failed: bool) -> None:
+    if failed:
+        _kept.append(comm)
+        if len(_kept) > _KEEP:
+            _free(_kept.pop(0))
+        return
+    _free(comm)
+
+
+def _free(comm) -> None:
+    try:
+        comm.Free()
+    except Exception as exc:  # noqa: BLE001 - a revoked or broken communicator may refuse
+        logger.debug("dask-pmix: freeing a communicator failed: %r", exc)
+
+
+def _failed_ranks(comm) -> list[int]:
+    """The ranks of ``comm`` its MPI library knows to have failed (ULFM)."""
+    try:
+        MPI = pool_mod.current().MPI
+        failed = comm.Get_failed()
+        try:
+            ranks = MPI.Group.Translate_ranks(failed, list(range(failed.Get_size())), comm.Get_group())
+        finally:
+            failed.Free()
+        return [r for r in ranks if r is not None and r >= 0]
+    except Exception:  # noqa: BLE001
+        return []
+
+
+def _is_mpi_error(exc: BaseException) -> bool:
+    return hasattr(exc, "Get_error_class")
+
+
+def _describe(exc: BaseException) -> str:
+    if hasattr(exc, "Get_error_string"):  # mpi4py's MPI.Exception: say which MPI error it is
+        try:
+            return f"MPI error: {exc.Get_error_string()}"
+        except Exception:  # noqa: BLE001
+            pass
+    return f"{type(exc).__name__}: {exc}"
+
+
+def run_member(*, job: dict, rank: int, worker: str, fn: Callable, args: tuple, kwargs: dict, calls: SidecarCalls,
+               wiring_timeout: float) -> Any:
+    """Runs ``fn(comm, *args, **kwargs)`` as ``rank`` of the in-process ``job`` in this thread."""
+    job_id = job["id"]
+
+    def fail(reason: str, cause: BaseException | None = None, failed: list | None = None) -> MPIJobError:
+        try:
+            calls.leave(False, reason, failed or [])
+        except Exception:  # noqa: BLE001 - the sidecar fails the job anyway, later
+            pass
+        err = MPIJobError(reason, job_id=job_id, rank=rank, worker=worker, origin="rank")
+        err.__cause__ = cause
+        return err
+
+    deadline = time.monotonic() + wiring_timeout
+    p = pool_mod.current(wait=wiring_timeout)
+    if p is None:
+        raise fail(f"this worker is not in the MPI pool: {pool_mod.status()['reason']}")
+    if p.namespace != job["namespace"]:
+        raise fail(f"this worker is in pool {p.namespace}, the job in {job['namespace']}")
+    ranks = [m["poolRank"] for m in sorted(job["members"], key=lambda m: m["rank"])]
+
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise fail(f"the other members did not come within {wiring_timeout:.0f} s")
+        answer = calls.join(min(10.0, left))
+        if "error" in answer:
+            raise MPIJobError(answer["error"], job_id=job_id, rank=rank, worker=worker)
+        if answer.get("ready"):
+            break
+
+    w = _watcher.watch(job_id, calls)
+    try:
+        try:
+            comm = p.comm(ranks, job["tag"])
+        except Exception as exc:  # noqa: BLE001
+            raise fail(f"building the job's communicator failed: {_describe(exc)}", exc) from None
+        w.comm = comm
+        try:
+            value = fn(comm, *args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001
+            with w.lock:
+                w.done = True
+                mpi = _is_mpi_error(exc)
+                failed = _failed_ranks(comm) if mpi else []
+                if not mpi:
+                    # The others may wait on this member in a collective: revoking ends that.
+                    revoke(comm)
+                _give_up(comm, failed=True)
+            raise fail(_describe(exc), exc, failed) from None
+        with w.lock:
+            w.done = True
+            _give_up(comm, failed=w.revoked)
+    finally:
+        _watcher.unwatch(job_id)
+    calls.leave(True, "", [])
+    return value

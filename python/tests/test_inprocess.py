@@ -1,0 +1,278 @@
+"""In-process MPI jobs (Open MPI): the worker processes themselves, each with one MPI session for
+its lifetime in the sidecar's pool, run fn(comm) in a task thread on the data they hold."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from datetime import datetime
+
+import numpy as np
+import pytest
+from distributed import wait
+
+from dask_pmix import MPIJobError, run_mpi
+
+from .conftest import IMPL, start_cluster
+
+pytestmark = pytest.mark.skipif(IMPL != "openmpi", reason="the in-process pool is Open MPI's")
+
+
+def allreduce_ranks(comm, offset=0):
+    total = np.zeros(1, dtype="i8")
+    comm.Allreduce(np.array([comm.rank + offset], dtype="i8"), total)
+    return {"rank": comm.rank, "size": comm.size, "total": int(total[0]), "pid": os.getpid()}
+
+
+def workers_of(client):
+    return sorted(client.scheduler_info()["workers"])
+
+
+def wait_pool_ready(sidecar, n: int, timeout: float = 120.0) -> list[dict]:
+    """The workers, once n of them have their pool rank connected (sessions start in the background)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        ready = [w for w in sidecar.workers() if (w.get("pool") or {}).get("state") == "ready"]
+        if len(ready) >= n:
+            return ready
+        assert time.monotonic() < deadline, f"pool not ready: {[(w['id'], w.get('pool')) for w in sidecar.workers()]}"
+        time.sleep(0.1)
+
+
+def last_job(sidecar) -> dict:
+    return max(sidecar.jobs(), key=lambda j: j["createdAt"])
+
+
+@pytest.fixture(scope="module")
+def pool_cluster():
+    cluster, client, sidecar = start_cluster(4)
+    wait_pool_ready(sidecar, 4)
+    yield cluster, client, sidecar
+    client.close()
+    cluster.close()
+
+
+def test_fn_runs_in_the_worker_process_and_the_job_records_inprocess(pool_cluster):
+    _, client, sidecar = pool_cluster
+    pids = client.run(os.getpid)
+    members = workers_of(client)[:3]
+    results = run_mpi(client, allreduce_ranks, 10, workers=members)
+    assert [r["total"] for r in results] == [33] * 3
+    assert [r["pid"] for r in results] == [pids[w] for w in members]
+    job = last_job(sidecar)
+    assert job["mode"] == "inprocess" and job["state"] == "completed" and job["startedAt"]
+    ranks = {w["id"]: w["pool"]["rank"] for w in sidecar.workers()}
+    assert [m["poolRank"] for m in job["members"]] == [ranks[w] for w in members]
+    # GET /v1/workers: each worker's pool and rank, and the pid its own process reported.
+    for w in sidecar.workers():
+        assert w["pool"]["state"] == "ready" and w["pid"] == pids[w["id"]]
+
+
+def test_a_large_array_held_by_the_worker_is_used_without_a_copy(pool_cluster):
+    _, client, _ = pool_cluster
+    holder = workers_of(client)[0]
+    other = workers_of(client)[1]
+    big = client.submit(np.ones, 4_000_000, workers=[holder], pure=False)  # 32 MB, made on the worker
+    wait(big)
+
+    def address_in_worker(dask_worker, key):
+        return dask_worker.data[key].__array_interface__["data"][0]
+
+    held = client.run(address_in_worker, key=big.key, workers=[holder])[holder]
+
+    def use(comm, *, local):
+        arr = local[0] if local else np.zeros(1)
+        s = np.zeros(1)
+        comm.Allreduce(np.array([arr.sum()]), s)
+        return (arr.__array_interface__["data"][0] if local else None), float(s[0])
+
+    results = run_mpi(client, use, workers=[holder, other], local=[big])
+    assert results[0] == (held, 4_000_000.0)
+    assert results[1][1] == 4_000_000.0
+
+
+def test_a_hundred_consecutive_jobs_of_sizes_two_to_four(pool_cluster):
+    _, client, sidecar = pool_cluster
+    workers = workers_of(client)
+    before = {j["id"] for j in sidecar.jobs()}
+    times = []
+    for i in range(100):
+        size = 2 + i % 3
+        members = [workers[(i + k) % 4] for k in range(size)]
+        t0 = time.perf_counter()
+        results = run_mpi(client, allreduce_ranks, i, workers=members)
+        times.append(time.perf_counter() - t0)
+        assert [r["total"] for r in results] == [size * (size - 1) // 2 + size * i] * size, i
+    jobs = [j for j in sidecar.jobs() if j["id"] not in before]
+    assert len(jobs) == 100 and {j["mode"] for j in jobs} == {"inprocess"} and {j["state"] for j in jobs} == {"completed"}
+    print(f"100 in-process jobs: median {sorted(times)[50] * 1e3:.1f} ms per run_mpi")
+    assert {w["state"] for w in sidecar.workers()} == {"available"}
+
+
+def test_a_failing_rank_fails_the_job_and_the_others_go_back_to_work(pool_cluster):
+    _, client, sidecar = pool_cluster
+
+    def fails_on_one(comm):
+        if comm.rank == 1:
+            raise ValueError("bad input on rank 1")
+        comm.Barrier()  # rank 1 never comes: the revoke gets the others out
+        return comm.rank
+
+    with pytest.raises(MPIJobError) as err:
+        run_mpi(client, fails_on_one, n=3)
+    assert err.value.rank == 1 and "bad input on rank 1" in str(err.value)
+    assert last_job(sidecar)["mode"] == "inprocess"
+    # The same worker processes (none restarted) serve the next job.
+    pids = client.run(os.getpid)
+    assert [r["pid"] for r in run_mpi(client, allreduce_ranks, n=4)] == [pids[w] for w in workers_of(client)]
+    assert {w["state"] for w in sidecar.workers()} == {"available"}
+
+
+def test_a_timeout_fails_the_job_and_a_member_stuck_outside_mpi_is_restarted(pool_cluster):
+    _, client, sidecar = pool_cluster
+    workers = workers_of(client)
+    old_pids = client.run(os.getpid)
+
+    def stuck(comm):
+        if comm.rank == 0:
+            time.sleep(60)  # ignores MPI: only a restart ends it
+        comm.Barrier()
+        return comm.rank
+
+    t0 = time.monotonic()
+    with pytest.raises(MPIJobError, match="timeout"):
+        run_mpi(client, stuck, workers=workers[:2], timeout=2)
+    assert time.monotonic() - t0 < 20
+    # Rank 1 left its revoked Barrier; rank 0's worker is restarted through its nanny.
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        now = workers_of(client)
+        if len(now) == 4 and workers[0] not in now:
+            break
+        time.sleep(0.2)
+    now = workers_of(client)
+    assert workers[0] not in now and workers[1] in now and len(now) == 4, now
+    assert client.run(os.getpid, workers=[workers[1]])[workers[1]] == old_pids[workers[1]]
+    wait_pool_ready(sidecar, 4)
+    assert {w["state"] for w in sidecar.workers()} == {"available"}
+    results = run_mpi(client, allreduce_ranks, workers=workers_of(client))
+    assert [r["total"] for r in results] == [6] * 4
+    assert last_job(sidecar)["mode"] == "inprocess"
+
+
+def test_workers_come_and_go_and_a_late_joiner_runs_in_process():
+    cluster, client, sidecar = start_cluster(3)
+    try:
+        wait_pool_ready(sidecar, 3)
+        first = workers_of(client)
+        assert [r["total"] for r in run_mpi(client, allreduce_ranks, workers=first)] == [3] * 3
+        cluster.scale(4)
+        client.wait_for_workers(4, timeout=60)
+        wait_pool_ready(sidecar, 4)
+        late = [w for w in workers_of(client) if w not in first]
+        assert len(late) == 1
+        results = run_mpi(client, allreduce_ranks, workers=[late[0], first[0]])
+        assert [r["total"] for r in results] == [1, 1]
+        assert last_job(sidecar)["mode"] == "inprocess"
+        seat = {w["id"]: w["pool"] for w in sidecar.workers()}
+        assert seat[late[0]]["rank"] > max(seat[w]["rank"] for w in first)
+        client.retire_workers([first[1]])
+        deadline = time.monotonic() + 30
+        while first[1] in workers_of(client) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        rest = workers_of(client)
+        assert first[1] not in rest and len(rest) == 3
+        assert [r["total"] for r in run_mpi(client, allreduce_ranks, workers=rest)] == [3] * 3
+        assert last_job(sidecar)["mode"] == "inprocess"
+    finally:
+        client.close()
+        cluster.close()
+
+
+def test_a_member_killed_between_jobs_and_during_a_job():
+    cluster, client, sidecar = start_cluster(4)
+    try:
+        wait_pool_ready(sidecar, 4)
+        workers = workers_of(client)
+        pids = client.run(os.getpid)
+        # Between jobs: the dead worker's rank is retired; the survivors run the next job.
+        os.kill(pids[workers[3]], signal.SIGKILL)
+        results = run_mpi(client, allreduce_ranks, workers=workers[:3])
+        assert [r["total"] for r in results] == [3] * 3
+        assert last_job(sidecar)["mode"] == "inprocess"
+
+        # During a job: it fails within 2 s naming the dead member; the others go back to work.
+        def long_barriers(comm):
+            for _ in range(600):
+                comm.Barrier()
+                time.sleep(0.02)
+            return comm.rank
+
+        outcome: dict = {}
+
+        def run() -> None:
+            try:
+                outcome["results"] = run_mpi(client, long_barriers, workers=workers[:3])
+            except MPIJobError as e:
+                outcome["error"] = e
+                outcome["at"] = time.monotonic()
+
+        t = threading.Thread(target=run)
+        t.start()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(j["state"] == "running" for j in sidecar.jobs()):
+            time.sleep(0.05)
+        time.sleep(0.5)
+        t_kill, kill_wall = time.monotonic(), time.time()
+        os.kill(pids[workers[1]], signal.SIGKILL)
+        t.join(60)
+        assert "error" in outcome, outcome
+        job = last_job(sidecar)
+        assert job["state"] == "failed" and job["mode"] == "inprocess"
+        ended = datetime.fromisoformat(job["endedAt"].replace("Z", "+00:00")).timestamp()
+        print(f"member killed mid-job -> job failed after {ended - kill_wall:.2f} s, "
+              f"MPIJobError after {outcome['at'] - t_kill:.2f} s")
+        # The sidecar fails the job within 2 s; the client hears of it through Dask (generous
+        # bound: a loaded CI machine).
+        assert ended - kill_wall < 2.0
+        assert outcome["at"] - t_kill < 10.0
+        assert outcome["error"].worker == workers[1]
+        # The survivors (or, if MPI left one broken, its restarted worker) serve the next job.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (len(workers_of(client)) < 4 or any(
+                w["state"] == "frozen" for w in sidecar.workers())):
+            time.sleep(0.2)
+        wait_pool_ready(sidecar, 4)
+        survivors = [w for w in workers_of(client) if w not in (workers[1], workers[3])]
+        results = run_mpi(client, allreduce_ranks, workers=survivors[:2])
+        assert [r["total"] for r in results] == [1, 1]
+        assert last_job(sidecar)["mode"] == "inprocess"
+    finally:
+        client.close()
+        cluster.close()
+
+
+def test_members_in_different_epochs_run_in_fork_mode_with_the_reason():
+    # Three ranks per epoch: the fourth worker starts the next epoch. A fork-mode rank of a worker
+    # in the pool is a fresh interpreter (a fork of a process with MPI loaded cannot start MPI).
+    cluster, client, sidecar = start_cluster(4, sidecar_args=["--pool-size", "3"])
+    try:
+        wait_pool_ready(sidecar, 4)
+        seats = {w["id"]: w["pool"] for w in sidecar.workers()}
+        assert sorted(s["epoch"] for s in seats.values()) == [0, 0, 0, 1]
+        newest = max(seats, key=lambda w: seats[w]["epoch"])
+        oldest = min(seats, key=lambda w: seats[w]["epoch"])
+        results = run_mpi(client, allreduce_ranks, workers=[oldest, newest])
+        assert [r["total"] for r in results] == [1, 1]
+        job = last_job(sidecar)
+        assert job["mode"] == "fork" and "different pool epochs" in job["modeReason"]
+        pids = client.run(os.getpid)
+        assert results[0]["pid"] != pids[oldest]
+        same = [w for w in seats if seats[w]["epoch"] == 0][:2]
+        assert [r["pid"] for r in run_mpi(client, allreduce_ranks, workers=same)] == [pids[w] for w in same]
+        assert last_job(sidecar)["mode"] == "inprocess"
+    finally:
+        client.close()
+        cluster.close()
