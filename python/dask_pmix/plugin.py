@@ -173,6 +173,10 @@ class SidecarPlugin(SchedulerPlugin):
         otherwise wait for it until the wiring or job timeout."""
         if finish not in ("released", "forgotten") or start in ("memory", "erred", "released", "forgotten"):
             return
+        if str(kwargs.get("stimulus_id", "")).startswith(("handle-worker-cleanup", "remove-worker")):
+            # Its worker is gone, not the task dropped: the sidecar fails the job itself, naming
+            # the member (deleting the job now would lose who ended it).
+            return
         match = RANK_KEY.match(key) if isinstance(key, str) else None
         if match is None or self._closed or self.rest is None:
             return

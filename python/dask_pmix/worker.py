@@ -18,8 +18,10 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 from urllib.parse import urlparse
 
+from distributed.comm.core import CommClosedError
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from . import pool
@@ -70,6 +72,11 @@ def pool_capable(version: str) -> str | None:
     return None
 
 
+# The worker of this process that owns the process's one MPI session (workers may share a process).
+_claim = threading.Lock()
+_claimed_by: str | None = None
+
+
 class PoolPlugin(WorkerPlugin):
     """Joins the worker process to the sidecar's in-process MPI pool (see the module docstring)."""
 
@@ -91,6 +98,21 @@ class PoolPlugin(WorkerPlugin):
             logger.warning("dask-pmix: finalizing the MPI session did not finish in time")
 
     async def _join(self, worker) -> None:
+        global _claimed_by
+        with _claim:
+            other = _claimed_by
+            if other is None:
+                _claimed_by = worker.address
+        if other is not None:
+            # One MPI session per process: a second worker in this process (workers started in
+            # one Python process) stays out of the pool.
+            reason = f"worker {other} in the same process holds its MPI session"
+            logger.info("dask-pmix: this worker stays out of the MPI pool: %s", reason)
+            try:
+                await worker.scheduler.dask_pmix_leave_pool(worker=worker.address, reason=reason)
+            except Exception as e:  # noqa: BLE001
+                logger.debug("dask-pmix: could not tell the sidecar: %r", e)
+            return
         try:
             reason = None
             try:
@@ -119,5 +141,9 @@ class PoolPlugin(WorkerPlugin):
                             answer["pool"]["namespace"])
         except asyncio.CancelledError:
             raise
-        except Exception:  # noqa: BLE001 - the worker goes on without the pool
-            logger.exception("dask-pmix: joining the MPI pool failed")
+        except Exception as e:  # noqa: BLE001 - the worker goes on without the pool
+            if worker.status.name not in ("init", "starting", "running", "paused") or isinstance(e, (CommClosedError, OSError)):
+                # The scheduler or this worker is closing: nothing to report.
+                logger.debug("dask-pmix: joining the MPI pool stopped: %r", e)
+            else:
+                logger.exception("dask-pmix: joining the MPI pool failed")

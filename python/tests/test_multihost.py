@@ -101,6 +101,8 @@ def two_hosts():
 
 
 def test_run_mpi_spans_hosts_and_shares_memory_within_each(two_hosts):
+    # Fork mode: each rank is registered on its worker's real host. (In-process ranks each sit on
+    # a node of their own in the pool, so they share memory with nobody: see the next test.)
     client, workers = two_hosts
 
     def locality(comm):  # defined here: the workers cannot import this test module
@@ -111,7 +113,7 @@ def test_run_mpi_spans_hosts_and_shares_memory_within_each(two_hosts):
         local.Free()
         return out
 
-    results = run_mpi(client, locality, workers=workers, impl=IMPL)
+    results = run_mpi(client, locality, workers=workers, impl=IMPL, mode="fork")
     assert [r["local_size"] for r in results] == [2, 2, 2, 2]
     assert [r["sum"] for r in results] == [10, 10, 10, 10]
     # and again, on a subset that takes one worker from each host
@@ -119,5 +121,30 @@ def test_run_mpi_spans_hosts_and_shares_memory_within_each(two_hosts):
     for w in workers:
         by_host.setdefault(w.split("//")[1].rsplit(":", 1)[0], []).append(w)
     subset = [ws[0] for ws in by_host.values()]
-    results = run_mpi(client, locality, workers=subset, impl=IMPL)
+    results = run_mpi(client, locality, workers=subset, impl=IMPL, mode="fork")
     assert [r["local_size"] for r in results] == [1, 1]
+
+
+def test_in_process_jobs_span_hosts(two_hosts):
+    # The workers' own processes, each with its session in the pool (over the bridge), run the job.
+    client, workers = two_hosts
+    if IMPL != "openmpi":
+        pytest.skip("the in-process pool is Open MPI's")
+    from dask_pmix.rest import SidecarClient
+
+    sidecar = SidecarClient(wait_for_plugin(client)["url"])
+    deadline = time.monotonic() + 120
+    while sum((w.get("pool") or {}).get("state") == "ready" for w in sidecar.workers()) < len(workers):
+        assert time.monotonic() < deadline, [w.get("pool") for w in sidecar.workers()]
+        time.sleep(0.2)
+
+    def where(comm):
+        return {"pid": os.getpid(), "sum": comm.allreduce(comm.rank + 1)}
+
+    pids = client.run(os.getpid)
+    for _ in range(3):
+        results = run_mpi(client, where, workers=workers)
+        assert [r["sum"] for r in results] == [10] * 4
+        assert [r["pid"] for r in results] == [pids[w] for w in workers]
+    job = max(sidecar.jobs(), key=lambda j: j["createdAt"])
+    assert job["mode"] == "inprocess"
