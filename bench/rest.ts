@@ -12,6 +12,7 @@
 //
 // Prints one JSON document on stdout. Every loop is bounded and targets 127.0.0.1 only.
 import { spawn } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import { cpus, hostname } from 'node:os';
 import { dirname, join } from 'node:path';
@@ -34,10 +35,12 @@ function stats(samples: number[]): Stats {
   return { n: s.length, p50_ms: r(q(0.5)), p90_ms: r(q(0.9)), p99_ms: r(q(0.99)), max_ms: r(s.at(-1) ?? 0), mean_ms: r(s.reduce((a, b) => a + b, 0) / (s.length || 1)) };
 }
 
+const TOKEN = randomBytes(24).toString('base64url');
+
 async function call(base: string, method: string, path: string, body?: unknown): Promise<{ status: number; json: any }> {
   const res = await fetch(base + path, {
     method,
-    headers: body === undefined ? {} : { 'content-type': 'application/json' },
+    headers: { authorization: `Bearer ${TOKEN}`, ...(body === undefined ? {} : { 'content-type': 'application/json' }) },
     ...(body === undefined ? {} : { body: JSON.stringify(body) }),
   });
   const text = await res.text();
@@ -73,7 +76,10 @@ async function main(): Promise<void> {
   const N = Math.min(100_000, Number(values.iterations ?? (values.quick ? 200 : 1000)));
   const C = Math.max(1, Math.min(64, Number(values.concurrency)));
   const M = Math.max(1, Math.min(64, Number(values.members)));
-  const child = spawn(join(root(), 'bin', 'dask-pmix'), ['serve', '--port', '0', '--log-level', 'error', '--max-jobs', '1000', '--no-pmi'], { stdio: ['ignore', 'pipe', 'inherit'], env: { ...process.env, DASK_PMIX_NO_SETUP: '1' } });
+  const child = spawn(join(root(), 'bin', 'dask-pmix'), ['serve', '--port', '0', '--log-level', 'error', '--max-jobs', '1000', '--no-pmi'], {
+    stdio: ['ignore', 'pipe', 'inherit'],
+    env: { ...process.env, DASK_PMIX_NO_SETUP: '1', DASK_PMIX_TOKEN: TOKEN },
+  });
   try {
     const base = await new Promise<string>((resolve, reject) => {
       let out = '';
@@ -87,7 +93,7 @@ async function main(): Promise<void> {
     });
     const host = hostname();
     const workers = Array.from({ length: M * C }, (_, i) => `tcp://bench:${i}`);
-    for (const id of workers) await must(base, 'POST', '/v1/workers', { id, host }, 201);
+    for (const id of workers) await must(base, 'POST', '/v1/workers', { id, host, pid: process.pid, uid: process.getuid!(), gid: process.getgid!() }, 201);
     // Warm up the code paths and the connection pool.
     for (let i = 0; i < 50; i++) {
       await must(base, 'POST', '/v1/psets', { name: `warm${i}`, members: [workers[0]] }, 201);

@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
                       worker_dashboard_address=None) as cluster, Client(cluster) as client:
         client.register_plugin(SidecarPlugin())
         info = wait_for_plugin(client)
-        sidecar = SidecarClient(info["url"])
+        sidecar = SidecarClient(info["url"], info.get("token"))
         health = sidecar.health()
         print(f"sidecar {info['url']}: dask-pmix {health.get('version')} with PMIx {health.get('pmixVersion')}"
               f" ({'embedded' if info['embedded'] else 'external'})", flush=True)

@@ -9,6 +9,9 @@ import concurrent.futures
 import logging
 import os
 import re
+import secrets
+import shutil
+import tempfile
 import threading
 import time
 from typing import Any
@@ -27,6 +30,9 @@ ACTIVE_STATES = ("pending", "wiring", "running")
 RANK_KEY = re.compile(r"^dask-pmix-(.+)-rank-(\d+)$")
 # A sidecar that has not answered for this long is taken for gone, and its running jobs fail.
 SIDECAR_GONE_AFTER = 1.5
+# How often the plugin looks for a dead embedded sidecar, and waits before reopening the stream.
+SUPERVISE_INTERVAL = 0.5
+EVENTS_RECONNECT_DELAY = 0.5
 
 
 class SidecarPlugin(SchedulerPlugin):
@@ -65,6 +71,8 @@ class SidecarPlugin(SchedulerPlugin):
         # In-process members wait at the sidecar until all are there: one thread each while they
         # wait, apart from the default executor so that they never starve the other calls.
         self._waits: concurrent.futures.ThreadPoolExecutor | None = None
+        self._supervisor: asyncio.Future | None = None
+        self._state_dir: str | None = None
 
     # The plugin is pickled on its way to the scheduler: send the configuration only.
     _CONFIG = ("url", "token", "sidecar_args", "sidecar_log", "pool")
@@ -82,10 +90,16 @@ class SidecarPlugin(SchedulerPlugin):
         self.url = self.url or config.get("sidecar.url")
         self.token = self.token or config.get("sidecar.token")
         if not self.url:
+            # The sidecar this plugin starts is never open: without a configured token it gets a
+            # fresh one (made here, on the scheduler, so it never travels in the pickled plugin).
+            self.token = self.token or secrets.token_urlsafe(32)
             args = list(self.sidecar_args) or [*config.get("sidecar.args", []), *_serve_args_for(scheduler.address)]
+            self._state_dir = tempfile.mkdtemp(prefix="dask-pmix-state-")
             self.embedded = EmbeddedSidecar(token=self.token, extra_args=args,
-                                            log_path=self.sidecar_log or config.get("sidecar.log"))
+                                            log_path=self.sidecar_log or config.get("sidecar.log"),
+                                            state_dir=self._state_dir)
             self.url = await asyncio.to_thread(self.embedded.start)
+            self._supervisor = asyncio.ensure_future(self._supervise())
         self.rest = SidecarClient(self.url, self.token, timeout=config.seconds("timeouts.request") or 30.0)
         await asyncio.to_thread(self._check_sidecar)
         scheduler.handlers.update({
@@ -135,9 +149,37 @@ class SidecarPlugin(SchedulerPlugin):
             await asyncio.wait(list(self._background), timeout=5)
         if self._waits is not None:
             self._waits.shutdown(wait=False, cancel_futures=True)
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            self._supervisor = None
         if self.embedded is not None:
             await asyncio.to_thread(self.embedded.stop)
             self.embedded = None
+        if self._state_dir:
+            shutil.rmtree(self._state_dir, ignore_errors=True)
+            self._state_dir = None
+
+    async def _supervise(self) -> None:
+        """Restarts an embedded sidecar that died (reaping it), and registers the live workers
+        with the new one; its state directory gives it back the psets and the job history."""
+        while not self._stop.is_set():
+            await asyncio.sleep(SUPERVISE_INTERVAL)
+            embedded = self.embedded
+            if embedded is None or self._stop.is_set():
+                return
+            status = embedded.exited()
+            if status is None:
+                continue
+            logger.warning("dask-pmix: the embedded sidecar exited with %s; restarting it", status)
+            try:
+                await asyncio.to_thread(embedded.restart)
+            except SidecarError as e:
+                logger.error("dask-pmix: could not restart the sidecar: %s", e)
+                continue
+            for address in list(self.scheduler.workers):
+                self._register_soon(address)
+            logger.warning("dask-pmix: the sidecar is back (restart %d); %d workers registered again",
+                           embedded.restarts, len(self.scheduler.workers))
 
     # -- membership -----------------------------------------------------------------------------
     def add_worker(self, scheduler, worker: str) -> None:
@@ -246,7 +288,9 @@ class SidecarPlugin(SchedulerPlugin):
 
     # -- handlers (called by clients and workers through the scheduler) -------------------------
     async def info(self) -> dict:
-        return {"url": self.url, "embedded": self.embedded is not None}
+        # The token goes to Dask clients of this scheduler: they may run code on the scheduler
+        # anyway (run_on_scheduler), so they learn nothing they could not read from this object.
+        return {"url": self.url, "token": self.token, "embedded": self.embedded is not None}
 
     async def create_job(self, workers: list[str] | None = None, n: int | None = None, pset: str | None = None,
                          impl: str = "openmpi", owner: str | None = None, timeout: float | None = None,
@@ -420,24 +464,53 @@ class SidecarPlugin(SchedulerPlugin):
 
     # -- the sidecar's event stream: jobs created by others freeze their members too ------------
     def _follow_events(self) -> None:
+        """Keeps the frozen sets in step with the sidecar. A broken stream is reopened with the
+        last event's id (Last-Event-ID), so the sidecar replays what was missed; when it cannot
+        (its history moved on, or it is a restarted sidecar) it says `resync`, and the frozen
+        sets are read afresh from its job list."""
+        last_id: str | None = None
         while not self._stop.is_set():
             try:
-                for event in self.rest.events():
-                    if self._stop.is_set():
-                        return
-                    changed = event.get("jobStateChanged")
-                    if not changed:
-                        continue
-                    job = changed.get("job") or {}
-                    job_id = changed.get("jobId") or job.get("id")
-                    if changed.get("to") in ACTIVE_STATES:
-                        with self._lock:
-                            self._frozen[job_id] = {m["workerId"] for m in job.get("members", [])}
-                    else:
-                        self._forget(job_id)
-            except Exception:  # the stream broke or the sidecar restarted: reconnect
-                if self._stop.wait(1.0):
-                    return
+                with self.rest.event_stream(last_id) as source:
+                    if last_id is None:
+                        self._resync()  # the stream is open: nothing after this listing is missed
+                    for sse in source.iter_sse():
+                        if self._stop.is_set():
+                            return
+                        if sse.event == "resync":
+                            self._resync()
+                            continue
+                        if sse.event == "overflow":
+                            break  # this reader fell behind: reopen from the last event
+                        if sse.id:
+                            last_id = sse.id
+                        if sse.event == "jobStateChanged":
+                            self._job_changed(sse.json().get("jobStateChanged") or {})
+            except SidecarError as e:
+                if e.status == 400:
+                    last_id = None  # an id this sidecar cannot place: start afresh
+            except Exception:  # noqa: BLE001 - a bad event must not end the thread
+                logger.exception("dask-pmix: the event stream failed")
+            if self._stop.wait(EVENTS_RECONNECT_DELAY):
+                return
+
+    def _job_changed(self, changed: dict) -> None:
+        job = changed.get("job") or {}
+        job_id = changed.get("jobId") or job.get("id")
+        if not job_id:
+            return
+        if changed.get("to") in ACTIVE_STATES:
+            with self._lock:
+                self._frozen[job_id] = {m["workerId"] for m in job.get("members", [])}
+        else:
+            self._forget(job_id)
+
+    def _resync(self) -> None:
+        active = {j["id"]: {m["workerId"] for m in j.get("members", [])}
+                  for j in self.rest.jobs() if j.get("state") in ACTIVE_STATES}
+        with self._lock:
+            self._frozen = active
+            self._owners = {job: owner for job, owner in self._owners.items() if job in active}
 
 
 def _membership_mistake(scheduler, workers: list[str] | None, n: int | None) -> str | None:

@@ -1,47 +1,51 @@
-"""A small synchronous client for the sidecar's REST API (standard library only)."""
+"""A small synchronous client for the sidecar's REST API (httpx), and its event stream (httpx-sse)."""
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.parse
-import urllib.request
+import contextlib
 from typing import Any, Iterator
+
+import httpx
+from httpx_sse import EventSource, connect_sse
 
 from .errors import SidecarError
 
+# The sidecar sends a heartbeat every 15 s: a stream silent for longer than this is dead.
+EVENT_READ_TIMEOUT = 45.0
+
 
 def quote(segment: str) -> str:
-    return urllib.parse.quote(segment, safe="")
+    from urllib.parse import quote as q
+
+    return q(segment, safe="")
 
 
 class SidecarClient:
+    """One connection pool per client; safe to call from several threads at once."""
+
     def __init__(self, url: str, token: str | None = None, timeout: float = 30.0):
         self.url = url.rstrip("/")
         self.token = token
         self.timeout = timeout
+        headers = {"Accept": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+
+    def close(self) -> None:
+        self._http.close()
 
     def _request(self, method: str, path: str, body: Any = None, timeout: float | None = None) -> Any:
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data=data, method=method)
-        req.add_header("Accept", "application/json")
-        if data is not None:
-            req.add_header("Content-Type", "application/json")
-        if self.token:
-            req.add_header("Authorization", f"Bearer {self.token}")
         try:
-            with urllib.request.urlopen(req, timeout=timeout or self.timeout) as resp:
-                raw = resp.read()
-        except urllib.error.HTTPError as e:
-            raw = e.read()
-            try:
-                message = json.loads(raw).get("message") or raw.decode(errors="replace")
-            except ValueError:
-                message = raw.decode(errors="replace")
-            raise SidecarError(e.code, message, method, path) from None
-        except (urllib.error.URLError, OSError) as e:
+            resp = self._http.request(method, path, json=body, timeout=timeout or self.timeout)
+        except httpx.TimeoutException as e:
+            raise SidecarError(0, f"the sidecar at {self.url} did not answer within {timeout or self.timeout:.0f} s "
+                                  f"({type(e).__name__})", method, path) from None
+        except httpx.HTTPError as e:
             raise SidecarError(0, f"cannot reach the sidecar at {self.url}: {e}", method, path) from None
-        return json.loads(raw) if raw else None
+        if resp.is_error:
+            raise SidecarError(resp.status_code, _message(resp), method, path)
+        return resp.json() if resp.content else None
 
     # -- health ---------------------------------------------------------------------------------
     def health(self, timeout: float | None = None) -> dict:
@@ -119,23 +123,38 @@ class SidecarClient:
         return self._request("POST", f"/v1/workers/{quote(worker_id)}/pool/leave", {"reason": reason})
 
     # -- events ---------------------------------------------------------------------------------
-    def events(self, timeout: float | None = None) -> Iterator[dict]:
-        """Yields events from the server-sent event stream until it closes."""
-        req = urllib.request.Request(self.url + "/v1/events", headers={"Accept": "text/event-stream"})
-        if self.token:
-            req.add_header("Authorization", f"Bearer {self.token}")
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            data: list[str] = []
-            for raw in resp:
-                line = raw.decode().rstrip("\r\n")
-                if line.startswith("data:"):
-                    data.append(line[5:].lstrip())
-                elif not line and data:
-                    try:
-                        yield json.loads("\n".join(data))
-                    except ValueError:
-                        pass
-                    data = []
+    @contextlib.contextmanager
+    def event_stream(self, last_event_id: str | None = None) -> Iterator[EventSource]:
+        """Opens GET /v1/events; on entry the server is subscribed (the response has begun).
+        With `last_event_id`, it first replays what it still holds after that event, or sends a
+        `resync` event when it no longer holds everything after it."""
+        headers = {"Accept": "text/event-stream"}
+        if last_event_id:
+            headers["Last-Event-ID"] = last_event_id
+        timeout = httpx.Timeout(self.timeout, read=EVENT_READ_TIMEOUT)
+        try:
+            with connect_sse(self._http, "GET", "/v1/events", headers=headers, timeout=timeout) as source:
+                if source.response.is_error:
+                    source.response.read()
+                    raise SidecarError(source.response.status_code, _message(source.response), "GET", "/v1/events")
+                yield source
+        except httpx.HTTPError as e:
+            raise SidecarError(0, f"the event stream from {self.url} broke: {e}", "GET", "/v1/events") from None
+
+    def events(self, last_event_id: str | None = None) -> Iterator[dict]:
+        """Yields the events' JSON until the stream ends (no resync handling: see event_stream)."""
+        with self.event_stream(last_event_id) as source:
+            for sse in source.iter_sse():
+                if sse.data:
+                    yield sse.json()
+
+
+def _message(resp: httpx.Response) -> str:
+    try:
+        body = resp.json()
+    except ValueError:
+        return resp.text
+    return (body.get("message") if isinstance(body, dict) else None) or resp.text
 
 
 def _items(body: Any, key: str) -> list[dict]:

@@ -19,7 +19,7 @@ def start_cluster(n_workers: int = 4, sidecar_args: list[str] | None = None, **k
     client = Client(cluster)
     client.register_plugin(SidecarPlugin(sidecar_args=sidecar_args))
     info = wait_for_plugin(client)
-    return cluster, client, SidecarClient(info["url"])
+    return cluster, client, SidecarClient(info["url"], info.get("token"))
 
 
 @pytest.fixture(scope="module")

@@ -1,15 +1,17 @@
 // JSON Schemas for the REST API, derived from proto/dask_pmix.proto so that the model of record
 // is the one place a field is defined. Request schemas refuse unknown fields and add the few
-// constraints proto3 cannot say (required fields, lengths, ranges).
-import { join } from 'node:path';
+// constraints proto3 cannot say (required fields, lengths, ranges, limits). The .proto reaches
+// the running sidecar as the descriptor generated at build time (src/proto), so an installed
+// sidecar needs no source tree.
 import protobuf from 'protobufjs';
-import { projectRoot } from '../pmix/native.js';
+import descriptor from '../proto/dask_pmix.descriptor.js';
+import { REQUEST_LIMITS } from './limits.js';
 
 export type JsonSchema = Record<string, unknown>;
 
 let root: protobuf.Root | undefined;
 function protoRoot(): protobuf.Root {
-  root ??= protobuf.loadSync(join(projectRoot(), 'proto', 'dask_pmix.proto'));
+  root ??= protobuf.Root.fromJSON(descriptor);
   return root;
 }
 
@@ -77,37 +79,63 @@ export function schemaOf(name: string, opts: Options, refine: Record<string, Jso
   return s;
 }
 
-const ID = { minLength: 1, maxLength: 256 };
+const L = REQUEST_LIMITS;
+const ID = { minLength: 1, maxLength: L.idLength };
+/** A host name or address: a comma, space or other separator would break PMIx node lists and PMI maps. */
+const HOST = { minLength: 1, maxLength: L.hostLength, pattern: '^[A-Za-z0-9._:%-]+$' };
 const REQ = { request: true };
 const RES = { request: false };
 
-const selectorRefine = { count: { minimum: 1, maximum: 100_000 } };
+const ids = (max: number) => ({ type: 'array', items: { type: 'string', ...ID }, minItems: 1, maxItems: max, uniqueItems: true });
+const tags = { maxItems: L.tags, items: { type: 'string', minLength: 1, maxLength: L.tagLength } };
+const resources = { maxProperties: L.resources, propertyNames: { minLength: 1, maxLength: L.resourceKeyLength } };
+const selectorRefine = {
+  count: { minimum: 1, maximum: 100_000 },
+  tags,
+  resources,
+  hosts: { maxItems: L.selectorHosts, items: { type: 'string', ...HOST } },
+};
+const selector = () => schemaOf('Selector', REQ, selectorRefine, ['count']);
 
 /** Request body schemas. */
 export const requests = {
-  registerWorker: schemaOf('RegisterWorkerRequest', REQ, { id: ID, host: { minLength: 1, maxLength: 255 }, pid: { minimum: 0 } }, ['id', 'host']),
+  registerWorker: schemaOf('RegisterWorkerRequest', REQ, {
+    id: ID,
+    address: { maxLength: L.idLength },
+    host: HOST,
+    // The worker reports the process its ranks run as; the PMIx server admits only that user.
+    pid: { minimum: 1 },
+    tags,
+    resources,
+  }, ['id', 'host', 'pid', 'uid', 'gid']),
   definePset: (() => {
-    const s = schemaOf('DefinePsetRequest', REQ, { name: { minLength: 1, maxLength: 128 }, members: { minItems: 1, uniqueItems: true } }, ['name']);
-    (s.properties as Record<string, JsonSchema>).selector = schemaOf('Selector', REQ, selectorRefine, ['count']);
+    const s = schemaOf('DefinePsetRequest', REQ, { name: { minLength: 1, maxLength: 128 }, members: ids(L.members) }, ['name']);
+    (s.properties as Record<string, JsonSchema>).selector = selector();
     return s;
   })(),
   redefinePset: (() => {
-    const s = schemaOf('DefinePsetRequest', REQ, { members: { minItems: 1, uniqueItems: true } });
-    (s.properties as Record<string, JsonSchema>).selector = schemaOf('Selector', REQ, selectorRefine, ['count']);
+    const s = schemaOf('DefinePsetRequest', REQ, { name: { minLength: 1, maxLength: 128 }, members: ids(L.members) });
+    (s.properties as Record<string, JsonSchema>).selector = selector();
     return s;
   })(),
   createJob: (() => {
     const s = schemaOf('CreateJobRequest', REQ, {
-      members: { minItems: 1, uniqueItems: true },
+      pset: { maxLength: 128 },
+      members: ids(L.members),
       wiringTimeoutSeconds: { minimum: 0, maximum: 86_400 },
       timeoutSeconds: { minimum: 0, maximum: 31_536_000 },
       owner: { maxLength: 512 },
+      labels: {
+        maxProperties: L.labels,
+        propertyNames: { minLength: 1, maxLength: L.labelKeyLength },
+        additionalProperties: { type: 'string', maxLength: L.labelValueLength },
+      },
     }, ['impl']);
-    (s.properties as Record<string, JsonSchema>).selector = schemaOf('Selector', REQ, selectorRefine, ['count']);
+    (s.properties as Record<string, JsonSchema>).selector = selector();
     return s;
   })(),
   reportMemberLost: schemaOf('ReportMemberLostRequest', REQ, { reason: { maxLength: 1024 } }),
-  joinPool: schemaOf('JoinPoolRequest', REQ, { host: { minLength: 1, maxLength: 255 }, pid: { minimum: 0 } }),
+  joinPool: schemaOf('JoinPoolRequest', REQ, { host: HOST, pid: { minimum: 0 } }),
   leavePool: schemaOf('LeavePoolRequest', REQ, { reason: { maxLength: 1024 } }),
   joinJob: schemaOf('JoinJobRequest', REQ, { waitSeconds: { minimum: 0, maximum: 60 } }),
   leaveJob: schemaOf('LeaveJobRequest', REQ, { reason: { maxLength: 4096 }, failedRanks: { maxItems: 100_000 } }, ['ok']),

@@ -1,22 +1,31 @@
-// The REST API: fastify with a JSON Schema on every route, bearer auth on the routes that change
-// state, Prometheus metrics, an OpenAPI document and its browsable docs.
+// The REST API: fastify with a JSON Schema on every route, each family of routes an
+// encapsulated plugin under /v1, bearer auth, Prometheus metrics, an OpenAPI document and its
+// browsable docs.
 import swagger from '@fastify/swagger';
 import swaggerUi from '@fastify/swagger-ui';
 import Fastify, { type FastifyBaseLogger, type FastifyInstance } from 'fastify';
 import type pino from 'pino';
 import type { ResourceManager } from '../rm/manager.js';
-import { bearerCheck } from './auth.js';
+import { makeAuth } from './auth.js';
 import { dashboardRoute } from './dashboard.js';
 import { installErrorHandler } from './errors.js';
-import { eventRoutes } from './events.js';
+import { installJsonBody } from './json-body.js';
+import { DEFAULT_STREAM_LIMITS, REQUEST_LIMITS, type StreamLimits } from './limits.js';
 import { Metrics } from './metrics.js';
-import { v1Routes } from './routes.js';
+import { eventRoutes } from './routes/events.js';
+import { healthRoutes } from './routes/health.js';
+import { jobRoutes } from './routes/jobs.js';
+import { psetRoutes } from './routes/psets.js';
+import { workerRoutes } from './routes/workers.js';
 
 export interface ApiOptions {
   rm: ResourceManager;
   metrics?: Metrics;
-  /** When set, mutating routes need `Authorization: Bearer <token>`. */
+  /** When set, routes that change state (and, unless `openReads`, reads) need `Authorization: Bearer <token>`. */
   token?: string;
+  /** Reads of workers, psets, jobs and events without the token. */
+  openReads?: boolean;
+  streams?: Partial<StreamLimits>;
   version: string;
   pmixVersion: string;
   /** Whether the embedded PMIx server still progresses (health reports it). */
@@ -40,10 +49,12 @@ export async function buildApi(opts: ApiOptions): Promise<Api> {
       : { logger: false }),
     // Unknown fields are an error (400), not silently dropped.
     ajv: { customOptions: { removeAdditional: false, coerceTypes: 'array', allErrors: false } },
-    bodyLimit: 1024 * 1024,
+    bodyLimit: REQUEST_LIMITS.bodyBytes,
   });
   const metrics = opts.metrics ?? new Metrics(opts.rm);
+  const auth = makeAuth({ ...(opts.token ? { token: opts.token } : {}), ...(opts.openReads ? { openReads: true } : {}) });
   installErrorHandler(app);
+  installJsonBody(app);
 
   await app.register(swagger, {
     openapi: {
@@ -67,12 +78,18 @@ export async function buildApi(opts: ApiOptions): Promise<Api> {
   });
 
   app.get('/metrics', { schema: { summary: 'Prometheus metrics', tags: ['service'] } }, async (_req, reply) =>
-    reply.type('text/plain; version=0.0.4').send(metrics.render()),
+    reply.type(metrics.contentType).send(await metrics.render()),
   );
 
   const streams = new Set<() => void>();
-  v1Routes(app, { rm: opts.rm, auth: bearerCheck(opts.token), version: opts.version, pmixVersion: opts.pmixVersion, startedAt: Date.now(), ...(opts.pmixProgress ? { pmixProgress: opts.pmixProgress } : {}) });
-  eventRoutes(app, opts.rm, streams);
+  const common = { rm: opts.rm, auth };
+  await app.register(async (v1) => {
+    await v1.register(healthRoutes, { ...common, version: opts.version, pmixVersion: opts.pmixVersion, startedAt: Date.now(), ...(opts.pmixProgress ? { pmixProgress: opts.pmixProgress } : {}) });
+    await v1.register(workerRoutes, common);
+    await v1.register(psetRoutes, common);
+    await v1.register(jobRoutes, common);
+    await v1.register(eventRoutes, { ...common, metrics, open: streams, limits: { ...DEFAULT_STREAM_LIMITS, ...opts.streams } });
+  }, { prefix: '/v1' });
   dashboardRoute(app);
   await app.ready();
   return { app, metrics, closeStreams: () => { for (const c of [...streams]) c(); } };

@@ -1,6 +1,7 @@
 // `dask-pmix serve`: runs the sidecar until SIGTERM or SIGINT, then refuses new jobs, aborts the
 // running ones with notice to their members, finalizes PMIx and exits 0.
-import { mkdtempSync, rmSync } from 'node:fs';
+import { randomBytes } from 'node:crypto';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { isIP } from 'node:net';
 import { networkInterfaces, tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -12,8 +13,17 @@ const HELP = `usage: dask-pmix serve [options]
 
   --host HOST              REST bind address              [DASK_PMIX_HOST, default 127.0.0.1]
   --port PORT              REST port (0: any free one)    [DASK_PMIX_PORT, default 8790]
-  --token TOKEN            require Authorization: Bearer TOKEN on mutating routes
-                                                          [DASK_PMIX_TOKEN]
+  --token-file FILE        the bearer token every route but health, metrics and docs needs
+                           (its first line)               [DASK_PMIX_TOKEN_FILE]
+                           DASK_PMIX_TOKEN in the environment gives it directly. Without
+                           either, a token is generated and written to STATE_DIR/token (or the
+                           PMIx tmpdir) with mode 0600.
+  --token TOKEN            the same, on the command line (visible in ps: prefer the file)
+  --no-auth                no token at all: anyone who reaches the port may register workers,
+                           create jobs and read member environments
+  --open-reads             reads of workers, psets, jobs and events need no token
+  --state-dir DIR          where process sets and job history persist (SQLite), and where a
+                           restarted sidecar finds what its predecessor left  [DASK_PMIX_STATE_DIR]
   --pmix-tmpdir DIR        libpmix rendezvous directory   [DASK_PMIX_TMPDIR, default a new temp dir]
   --log-level LEVEL        trace|debug|info|warn|error|silent  [DASK_PMIX_LOG_LEVEL, default info]
   --wiring-timeout SECS    default time for all members to connect  [default 60]
@@ -56,6 +66,25 @@ export function interfaceFor(choice: string): string {
   throw new Error(`--pmix-if ${choice}: no interface of this host has that address`);
 }
 
+/**
+ * The token: given on the command line, in a file, or in the environment; otherwise generated
+ * and written to `dir`/token (mode 0600), where the operator (and nobody else) can read it.
+ */
+function resolveToken(arg: string | undefined, file: string | undefined, fromEnv: string | undefined, dir: string, log: pino.Logger): string {
+  if (arg) return arg;
+  if (file) {
+    const t = readFileSync(file, 'utf8').split('\n')[0]!.trim();
+    if (!t) throw new Error(`--token-file ${file} is empty`);
+    return t;
+  }
+  if (fromEnv) return fromEnv;
+  const t = randomBytes(32).toString('base64url');
+  const path = join(dir, 'token');
+  writeFileSync(path, `${t}\n`, { mode: 0o600 });
+  log.info({ tokenFile: path }, 'generated a bearer token');
+  return t;
+}
+
 // Read when the module loads, before a slow start-up could let the parent exit unnoticed.
 const STARTED_BY = process.ppid;
 
@@ -66,6 +95,10 @@ export async function serve(argv: string[]): Promise<number> {
       host: { type: 'string' },
       port: { type: 'string' },
       token: { type: 'string' },
+      'token-file': { type: 'string' },
+      'no-auth': { type: 'boolean' },
+      'open-reads': { type: 'boolean' },
+      'state-dir': { type: 'string' },
       'pmix-tmpdir': { type: 'string' },
       'log-level': { type: 'string' },
       'wiring-timeout': { type: 'string' },
@@ -111,10 +144,12 @@ export async function serve(argv: string[]): Promise<number> {
   const grace = num('release-grace', values['release-grace']);
   const poolSize = num('pool-size', values['pool-size'] ?? env.DASK_PMIX_POOL_SIZE, 1024)!;
   if (!Number.isInteger(poolSize)) throw new Error(`--pool-size must be a whole number, not '${poolSize}'`);
-  const token = values.token ?? env.DASK_PMIX_TOKEN;
+  const stateDir = values['state-dir'] ?? env.DASK_PMIX_STATE_DIR;
+  if (stateDir) mkdirSync(stateDir, { recursive: true, mode: 0o700 });
 
   const given = values['pmix-tmpdir'] ?? env.DASK_PMIX_TMPDIR;
   const pmixTmpdir = given ?? mkdtempSync(join(tmpdir(), 'dask-pmix-'));
+  const token = values['no-auth'] ? undefined : resolveToken(values.token, values['token-file'] ?? env.DASK_PMIX_TOKEN_FILE, env.DASK_PMIX_TOKEN, stateDir ?? pmixTmpdir, log);
   // A directory we made is ours to remove; one we were given is not.
   const cleanup = () => { if (!given) rmSync(pmixTmpdir, { recursive: true, force: true }); };
   const { Sidecar } = await import('../service/sidecar.js');
@@ -127,6 +162,8 @@ export async function serve(argv: string[]): Promise<number> {
       logger: log,
       version: projectVersion(),
       ...(token ? { token } : {}),
+      ...(values['open-reads'] ? { openReads: true } : {}),
+      ...(stateDir ? { stateDir } : {}),
       ...(wiring !== undefined ? { wiringTimeoutSeconds: wiring } : {}),
       ...(maxJobs !== undefined ? { maxActiveJobs: maxJobs } : {}),
       ...(grace !== undefined ? { releaseGraceMs: grace * 1000 } : {}),

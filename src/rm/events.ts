@@ -48,6 +48,20 @@ export class EventLog {
     return () => this.listeners.delete(listener);
   }
 
+  /**
+   * Numbers the next event `seq + 1`. A sidecar that restarts starts above every number its
+   * previous run can have used, so a reader's Last-Event-ID never names an unrelated event.
+   */
+  startAfter(seq: number): void {
+    if (this.history.length) throw new Error('the event log has already begun');
+    this.seq = seq;
+  }
+
+  /** The oldest sequence number still held (lastSeq + 1 when none is). */
+  get oldestSeq(): number {
+    return this.history[0]?.seq ?? this.seq + 1;
+  }
+
   /** Events after `seq` that are still in the history, oldest first. */
   since(seq: number): SequencedEvent[] {
     return this.history.filter((e) => e.seq > seq);

@@ -19,7 +19,12 @@ export interface SidecarOptions {
   /** REST bind address (default 127.0.0.1) and port (default 8790; 0 picks one). */
   host?: string;
   port?: number;
+  /** Without a token every route is open (`serve` always has one unless --no-auth). */
   token?: string;
+  /** Reads of workers, psets, jobs and events without the token. */
+  openReads?: boolean;
+  /** Where process sets and job history persist; none: memory only. */
+  stateDir?: string;
   /** libpmix rendezvous and job session files. */
   tmpdir: string;
   logger?: pino.Logger;
@@ -79,6 +84,10 @@ export class Sidecar {
       onCollective: (name, seconds, outcome) => metrics?.collectiveSeconds.observe({ name: name.replace(/:.*/, ''), outcome }, seconds),
       onError: (what, err) => log.warn({ err, what }, 'the core survived an error'),
     });
+    // Event numbers start above any an earlier run of this sidecar can have used (microseconds
+    // since the epoch: a run emits far fewer events than that), so a reader that reconnects with
+    // the Last-Event-ID of an earlier run is told to resync rather than handed unrelated events.
+    rm.events.startAfter(Date.now() * 1000);
     metrics = new Metrics(rm);
     rm.events.subscribe((e) => {
       const ev = e.event;
@@ -145,6 +154,7 @@ export class Sidecar {
         rm,
         metrics,
         ...(opts.token ? { token: opts.token } : {}),
+        ...(opts.openReads ? { openReads: true } : {}),
         version: opts.version ?? '0.0.0',
         pmixVersion: PmixServer.libraryVersion(),
         pmixProgress: () => pmix.progress(),

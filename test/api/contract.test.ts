@@ -2,7 +2,7 @@
 // (400 schema, 401 auth, 404 unknown id, 409 conflict, 422 unresolvable, 503 stopping), and that a
 // failed request changes nothing.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { apiFixture, type ApiFixture } from './fixture.js';
+import { apiFixture, TOKEN, worker, type ApiFixture } from './fixture.js';
 
 let fx: ApiFixture;
 beforeAll(async () => {
@@ -10,7 +10,7 @@ beforeAll(async () => {
 });
 afterAll(() => fx.close());
 
-const w = (id: string, host = 'h1', extra: Record<string, unknown> = {}) => ({ id, host, ...extra });
+const w = (id: string, host = 'h1', extra: Record<string, unknown> = {}) => worker(id, host, extra);
 const enc = encodeURIComponent;
 
 function expectError(r: { status: number; body: any }, status: number, message?: RegExp) {
@@ -35,7 +35,8 @@ describe('health, docs and metrics', () => {
       expect(Object.keys(r.body.paths)).toContain(p);
     }
     expect(r.body.paths['/v1/jobs'].post.security).toEqual([{ bearer: [] }]);
-    expect(r.body.paths['/v1/jobs'].get.security).toBeUndefined();
+    expect(r.body.paths['/v1/jobs'].get.security).toEqual([{ bearer: [] }]);
+    expect(r.body.paths['/v1/health'].get.security).toBeUndefined();
     expect(r.body.paths['/v1/jobs'].post.requestBody.content['application/json'].schema.properties.impl.enum).toEqual(['openmpi', 'mpich', 'intelmpi']);
     const docs = await fetch(`${fx.url}/docs`);
     expect(docs.status).toBe(200);
@@ -43,7 +44,7 @@ describe('health, docs and metrics', () => {
   });
 
   it('GET /metrics in the Prometheus text format', async () => {
-    await fx.anon('GET', '/v1/workers');
+    await fx.call('GET', '/v1/workers');
     const res = await fetch(`${fx.url}/metrics`);
     expect(res.headers.get('content-type')).toMatch(/text\/plain/);
     const text = await res.text();
@@ -63,20 +64,24 @@ describe('workers', () => {
     expect(r.status).toBe(201);
     expect(r.body).toMatchObject({ id: 'tcp://10.0.0.1:1', address: 'tcp://10.0.0.1:1', host: 'h1', pid: 42, uid: 1000, gid: 1000, state: 'available', jobId: '', resources: { GPU: 1 }, tags: ['a'] });
     expect(r.body.registeredAt).toMatch(/^\d{4}-\d\d-\d\dT/);
-    expect((await fx.anon('GET', '/v1/workers')).body.workers.map((x: any) => x.id)).toContain('tcp://10.0.0.1:1');
-    expect((await fx.anon('GET', `/v1/workers/${enc('tcp://10.0.0.1:1')}`)).body.host).toBe('h1');
+    expect((await fx.call('GET', '/v1/workers')).body.workers.map((x: any) => x.id)).toContain('tcp://10.0.0.1:1');
+    expect((await fx.call('GET', `/v1/workers/${enc('tcp://10.0.0.1:1')}`)).body.host).toBe('h1');
     const d = await fx.call('DELETE', `/v1/workers/${enc('tcp://10.0.0.1:1')}?reason=retired`);
     expect(d.status).toBe(200);
     expect(d.body.state).toBe('gone');
-    expectError(await fx.anon('GET', `/v1/workers/${enc('tcp://10.0.0.1:1')}`), 404);
+    expectError(await fx.call('GET', `/v1/workers/${enc('tcp://10.0.0.1:1')}`), 404);
   });
 
   it('400 on schema violations, 401 without the token, 404 on unknown ids, 409 on duplicates', async () => {
-    expectError(await fx.call('POST', '/v1/workers', { id: 'x' }), 400, /host/);
-    expectError(await fx.call('POST', '/v1/workers', { id: '', host: 'h' }), 400);
-    expectError(await fx.call('POST', '/v1/workers', { id: 'x', host: 'h', bogus: 1 }), 400, /additional/);
-    expectError(await fx.call('POST', '/v1/workers', { id: 'x', host: 'h', pid: 'many' }), 400);
-    expectError(await fx.call('POST', '/v1/workers', { id: 'x', host: 'h', uid: -1 }), 400);
+    expectError(await fx.call('POST', '/v1/workers', { ...w('x'), host: undefined }), 400, /host/);
+    expectError(await fx.call('POST', '/v1/workers', w('')), 400);
+    expectError(await fx.call('POST', '/v1/workers', w('x', 'h', { bogus: 1 })), 400, /additional/);
+    expectError(await fx.call('POST', '/v1/workers', w('x', 'h', { pid: 'many' })), 400);
+    expectError(await fx.call('POST', '/v1/workers', w('x', 'h', { uid: -1 })), 400);
+    // The process its ranks run as is part of a registration: PMIx admits only that user.
+    for (const missing of ['pid', 'uid', 'gid']) {
+      expectError(await fx.call('POST', '/v1/workers', { ...w('x'), [missing]: undefined }), 400, new RegExp(missing));
+    }
     expectError(await fx.call('POST', '/v1/workers', '{not json'), 400);
     expectError(await fx.call('POST', '/v1/workers'), 400);
     expectError(await fx.anon('POST', '/v1/workers', w('x')), 401, /Bearer/);
@@ -85,8 +90,48 @@ describe('workers', () => {
     expectError(await fx.call('DELETE', '/v1/workers/nope'), 404);
     expect((await fx.call('POST', '/v1/workers', w('dup'))).status).toBe(201);
     expectError(await fx.call('POST', '/v1/workers', w('dup', 'h2')), 409, /already registered/);
-    expect((await fx.anon('GET', '/v1/workers/dup')).body.host).toBe('h1');
-    expect((await fx.anon('GET', '/v1/workers')).body.workers.map((x: any) => x.id)).not.toContain('x');
+    expect((await fx.call('GET', '/v1/workers/dup')).body.host).toBe('h1');
+    expect((await fx.call('GET', '/v1/workers')).body.workers.map((x: any) => x.id)).not.toContain('x');
+  });
+});
+
+describe('input that would corrupt state', () => {
+  it('refuses a host that PMIx node lists or PMI maps cannot carry', async () => {
+    for (const host of ['a,b', 'a b', 'h;1', 'x=y', '']) {
+      expectError(await fx.call('POST', '/v1/workers', w('comma', host)), 400, /host/);
+    }
+    expectError(await fx.call('GET', '/v1/workers/comma'), 404);
+    for (const host of ['node-1.example.org', '10.0.0.7', 'fe80::1%eth0', 'Host_2']) {
+      const r = await fx.call('POST', '/v1/workers', w(`ok-${host}`, host));
+      expect(r.status, JSON.stringify(r.body)).toBe(201);
+      await fx.call('DELETE', `/v1/workers/${enc(`ok-${host}`)}`);
+    }
+  });
+
+  it('refuses ids that are not valid UTF-8 instead of turning them into U+FFFD', async () => {
+    const raw = (bytes: Buffer) => fetch(`${fx.url}/v1/workers`, {
+      method: 'POST', body: bytes, headers: { 'content-type': 'application/json', authorization: `Bearer ${TOKEN}` },
+    }).then(async (r) => ({ status: r.status, body: await r.json() }));
+    const json = (id: string) => Buffer.from(JSON.stringify(w(id)).replace('"ID"', id));
+    // 0xff, and 0xc3 0x28 (a lead byte without its continuation), where the id would be.
+    for (const bad of [Buffer.from([0xff]), Buffer.from([0xc3, 0x28])]) {
+      const body = Buffer.concat([json('"ID"').subarray(0, 7), bad, json('"ID"').subarray(9)]);
+      expectError(await raw(body), 400, /UTF-8/);
+    }
+    // A lone surrogate escape cannot be stored or sent as UTF-8 either.
+    expectError(await raw(Buffer.from(JSON.stringify(w('ID')).replace('"ID"', '"x\\ud800"'))), 400, /surrogate/);
+    // A well-formed pair is fine.
+    expect((await raw(Buffer.from(JSON.stringify(w('ID')).replace('"ID"', '"x\\ud83d\\ude00"')))).status).toBe(201);
+    expect((await fx.call('GET', `/v1/workers/${enc('x😀')}`)).status).toBe(200);
+    expectError(await fx.call('GET', '/v1/workers/%FF'), 400);
+    await fx.call('DELETE', `/v1/workers/${enc('x😀')}`);
+  });
+
+  it('accepts a DELETE with Content-Type: application/json and no body', async () => {
+    await fx.call('POST', '/v1/workers', w('del-json'));
+    const r = await fetch(`${fx.url}/v1/workers/del-json`, { method: 'DELETE', headers: { 'content-type': 'application/json', authorization: `Bearer ${TOKEN}` } });
+    expect(r.status, await r.clone().text()).toBe(200);
+    expect((await r.json()).state).toBe('gone');
   });
 });
 
@@ -102,13 +147,13 @@ describe('process sets', () => {
     const s = await fx.call('POST', '/v1/psets', { name: 'sel', selector: { count: 2, placement: 'spread', tags: ['pset'] } });
     expect(s.status).toBe(201);
     expect(s.body).toMatchObject({ members: ['p1', 'p3'], selector: { count: 2, placement: 'spread', tags: ['pset'] } });
-    expect((await fx.anon('GET', '/v1/psets')).body.psets.map((p: any) => p.name)).toEqual(['ps', 'sel']);
-    expect((await fx.anon('GET', '/v1/psets/ps')).body.members).toEqual(['p2', 'p1']);
+    expect((await fx.call('GET', '/v1/psets')).body.psets.map((p: any) => p.name)).toEqual(['ps', 'sel']);
+    expect((await fx.call('GET', '/v1/psets/ps')).body.members).toEqual(['p2', 'p1']);
     const u = await fx.call('PUT', '/v1/psets/ps', { members: ['p3'] });
     expect(u.status).toBe(200);
     expect(u.body.members).toEqual(['p3']);
     expect((await fx.call('DELETE', '/v1/psets/sel')).status).toBe(200);
-    expectError(await fx.anon('GET', '/v1/psets/sel'), 404);
+    expectError(await fx.call('GET', '/v1/psets/sel'), 404);
   });
 
   it('4xx: bad bodies, unknown names and members, unmet selectors, psets in use', async () => {
@@ -132,12 +177,12 @@ describe('process sets', () => {
     expectError(await fx.anon('DELETE', '/v1/psets/ps'), 401);
     const job = await fx.call('POST', '/v1/jobs', { impl: 'openmpi', pset: 'ps' });
     expect(job.status).toBe(201);
-    expect((await fx.anon('GET', '/v1/psets/ps')).body.jobId).toBe(job.body.id);
+    expect((await fx.call('GET', '/v1/psets/ps')).body.jobId).toBe(job.body.id);
     expectError(await fx.call('PUT', '/v1/psets/ps', { members: ['p1'] }), 409, /used by active job/);
     expectError(await fx.call('DELETE', '/v1/psets/ps'), 409, /used by active job/);
     expect((await fx.call('DELETE', `/v1/jobs/${job.body.id}`)).status).toBe(200);
     expect((await fx.call('DELETE', '/v1/psets/ps')).status).toBe(200);
-    expect((await fx.anon('GET', '/v1/psets')).body.psets).toEqual([]);
+    expect((await fx.call('GET', '/v1/psets')).body.psets).toEqual([]);
   });
 });
 
@@ -158,11 +203,11 @@ describe('jobs', () => {
       ],
     });
     expect(job.namespace).toContain(job.id);
-    expect((await fx.anon('GET', '/v1/workers/j2')).body).toMatchObject({ state: 'frozen', jobId: job.id });
-    expect((await fx.anon('GET', '/v1/jobs')).body.jobs.map((j: any) => j.id)).toContain(job.id);
-    expect((await fx.anon('GET', '/v1/jobs?state=pending')).body.jobs.map((j: any) => j.id)).toEqual([job.id]);
-    expect((await fx.anon('GET', '/v1/jobs?state=running')).body.jobs).toEqual([]);
-    expect((await fx.anon('GET', `/v1/jobs/${job.id}`)).body.id).toBe(job.id);
+    expect((await fx.call('GET', '/v1/workers/j2')).body).toMatchObject({ state: 'frozen', jobId: job.id });
+    expect((await fx.call('GET', '/v1/jobs')).body.jobs.map((j: any) => j.id)).toContain(job.id);
+    expect((await fx.call('GET', '/v1/jobs?state=pending')).body.jobs.map((j: any) => j.id)).toEqual([job.id]);
+    expect((await fx.call('GET', '/v1/jobs?state=running')).body.jobs).toEqual([]);
+    expect((await fx.call('GET', `/v1/jobs/${job.id}`)).body.id).toBe(job.id);
     const env = await fx.call('GET', `/v1/jobs/${job.id}/env/j3`);
     expect(env.status).toBe(200);
     expect(env.body).toEqual({ jobId: job.id, workerId: 'j3', rank: 1, size: 2, impl: 'openmpi', env: { NS: job.namespace, RANK: '1' } });
@@ -170,8 +215,8 @@ describe('jobs', () => {
     expect(d.status).toBe(200);
     expect(d.body).toMatchObject({ state: 'aborted', error: 'deleted over REST' });
     expect(d.body.releasedAt).not.toBe('');
-    expectError(await fx.anon('GET', `/v1/jobs/${job.id}`), 404);
-    expect((await fx.anon('GET', '/v1/workers/j2')).body.state).toBe('available');
+    expectError(await fx.call('GET', `/v1/jobs/${job.id}`), 404);
+    expect((await fx.call('GET', '/v1/workers/j2')).body.state).toBe('available');
   });
 
   it('creates from a selector and honours placement', async () => {
@@ -194,7 +239,7 @@ describe('jobs', () => {
   });
 
   it('4xx: schema, auth, unknown ids, conflicts, unresolvable requests; nothing changes', async () => {
-    const before = JSON.stringify((await fx.anon('GET', '/v1/workers')).body);
+    const before = JSON.stringify((await fx.call('GET', '/v1/workers')).body);
     expectError(await fx.call('POST', '/v1/jobs', { members: ['j1'] }), 400, /impl/);
     expectError(await fx.call('POST', '/v1/jobs', { impl: 'lam', members: ['j1'] }), 400);
     expectError(await fx.call('POST', '/v1/jobs', { impl: 'IMPL_UNSPECIFIED', members: ['j1'] }), 400);
@@ -210,16 +255,52 @@ describe('jobs', () => {
     expectError(await fx.call('POST', '/v1/jobs', { impl: 'intelmpi', members: ['j1'] }), 422, /cannot serve intelmpi/);
     const held = (await fx.call('POST', '/v1/jobs', { impl: 'openmpi', members: ['j1'] })).body;
     expectError(await fx.call('POST', '/v1/jobs', { impl: 'openmpi', members: ['j2', 'j1'] }), 409, /already in job/);
-    expectError(await fx.anon('GET', '/v1/jobs/nope'), 404);
+    expectError(await fx.call('GET', '/v1/jobs/nope'), 404);
     expectError(await fx.call('DELETE', '/v1/jobs/nope'), 404);
     expectError(await fx.anon('DELETE', `/v1/jobs/${held.id}`), 401);
     expectError(await fx.call('GET', '/v1/jobs/nope/env/j1'), 404);
     expectError(await fx.call('GET', `/v1/jobs/${held.id}/env/j2`), 404, /not a member/);
     expectError(await fx.anon('GET', `/v1/jobs/${held.id}/env/j1`), 401);
-    expectError(await fx.anon('GET', '/v1/jobs?state=bogus'), 400);
+    expectError(await fx.call('GET', '/v1/jobs?state=bogus'), 400);
     await fx.call('DELETE', `/v1/jobs/${held.id}`);
-    expect(JSON.stringify((await fx.anon('GET', '/v1/workers')).body)).toBe(before);
-    expect((await fx.anon('GET', '/v1/jobs')).body.jobs.filter((j: any) => ['pending', 'wiring', 'running'].includes(j.state))).toEqual([]);
+    expect(JSON.stringify((await fx.call('GET', '/v1/workers')).body)).toBe(before);
+    expect((await fx.call('GET', '/v1/jobs')).body.jobs.filter((j: any) => ['pending', 'wiring', 'running'].includes(j.state))).toEqual([]);
+  });
+});
+
+describe('authentication', () => {
+  it('an outsider without the token can neither register a worker, read an env, nor read jobs, workers, psets or events', async () => {
+    await fx.call('POST', '/v1/workers', w('auth1'));
+    const job = (await fx.call('POST', '/v1/jobs', { impl: 'openmpi', members: ['auth1'] })).body;
+    for (const headers of [{}, { authorization: 'Bearer wrong-token!' }, { authorization: `Basic ${Buffer.from(`x:${TOKEN}`).toString('base64')}` }]) {
+      expectError(await fx.anon('POST', '/v1/workers', w('intruder'), headers), 401);
+      expectError(await fx.anon('GET', `/v1/jobs/${job.id}/env/auth1`, undefined, headers), 401);
+      for (const path of ['/v1/jobs', `/v1/jobs/${job.id}`, '/v1/workers', '/v1/workers/auth1', '/v1/psets', '/v1/events']) {
+        expectError(await fx.anon('GET', path, undefined, headers), 401);
+      }
+    }
+    expectError(await fx.call('GET', '/v1/workers/intruder'), 404);
+    expect((await fx.call('GET', `/v1/jobs/${job.id}/env/auth1`)).status).toBe(200);
+    await fx.call('DELETE', `/v1/jobs/${job.id}`);
+  });
+
+  it('refuses an outsider before reading its body', async () => {
+    const big = JSON.stringify(w('big', 'h1', { tags: Array.from({ length: 100_000 }, (_, i) => `t${i}`) }));
+    expectError(await fx.anon('POST', '/v1/workers', big), 401);
+  });
+
+  it('with open reads, reads need no token; writes and member environments still do', async () => {
+    const open = await apiFixture({ openReads: true });
+    try {
+      await open.call('POST', '/v1/workers', w('o1'));
+      const job = (await open.call('POST', '/v1/jobs', { impl: 'openmpi', members: ['o1'] })).body;
+      expect((await open.anon('GET', '/v1/workers')).status).toBe(200);
+      expect((await open.anon('GET', `/v1/jobs/${job.id}`)).status).toBe(200);
+      expectError(await open.anon('GET', `/v1/jobs/${job.id}/env/o1`), 401);
+      expectError(await open.anon('POST', '/v1/workers', w('o2')), 401);
+    } finally {
+      await open.close();
+    }
   });
 });
 

@@ -3,7 +3,7 @@ import protobuf from 'protobufjs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { dask_pmix } from '../../src/proto/dask_pmix.js';
 import { until } from '../helpers/http.js';
-import { apiFixture, type ApiFixture } from './fixture.js';
+import { apiFixture, worker, type ApiFixture } from './fixture.js';
 
 let fx: ApiFixture;
 beforeAll(async () => {
@@ -45,7 +45,7 @@ describe('GET /v1/events', () => {
     const s = stream('/v1/events', 'text/event-stream');
     const res = await s.ready;
     expect(res.headers.get('content-type')).toMatch(/text\/event-stream/);
-    await fx.call('POST', '/v1/workers', { id: 'e1', host: 'h' });
+    await fx.call('POST', '/v1/workers', worker('e1', 'h'));
     const job = (await fx.call('POST', '/v1/jobs', { impl: 'openmpi', members: ['e1'] })).body;
     fx.rm.memberConnected(job.namespace, 0);
     const evs = await until(() => { const e = sseEvents(s.data().toString()); return e.length >= 6 ? e : undefined; }, 5000, 'six events');
@@ -84,7 +84,7 @@ describe('GET /v1/events', () => {
     const s = stream('/v1/events', 'application/x-protobuf');
     const res = await s.ready;
     expect(res.headers.get('content-type')).toBe('application/x-protobuf');
-    await fx.call('POST', '/v1/workers', { id: 'pb1', host: 'h', tags: ['x'] });
+    await fx.call('POST', '/v1/workers', worker('pb1', 'h', { tags: ['x'] }));
     await fx.call('DELETE', '/v1/workers/pb1?reason=test');
     const frames = await until(() => {
       const reader = protobuf.Reader.create(s.data());

@@ -17,11 +17,16 @@ export interface ApiFixture {
 
 export const TOKEN = 'sekret-token';
 
-export async function apiFixture(opts: { token?: string; maxActiveJobs?: number } = {}): Promise<ApiFixture> {
+/** A registration body as the scheduler plugin sends it: the worker's pid, uid and gid included. */
+export function worker(id: string, host = 'h1', extra: Record<string, unknown> = {}): Record<string, unknown> {
+  return { id, host, pid: 4242, uid: process.getuid?.() ?? 1000, gid: process.getgid?.() ?? 1000, ...extra };
+}
+
+export async function apiFixture(opts: { token?: string; maxActiveJobs?: number; openReads?: boolean } = {}): Promise<ApiFixture> {
   const backend = new RecordingBackend(['openmpi', 'mpich']);
   const rm = new ResourceManager({ backends: [backend], policy: defaultPolicy({ maxActiveJobs: opts.maxActiveJobs ?? 64, releaseGraceMs: 100 }) });
   const token = opts.token === undefined ? TOKEN : opts.token || undefined;
-  const api = await buildApi({ rm, ...(token ? { token } : {}), version: 'test', pmixVersion: '5.0.11' });
+  const api = await buildApi({ rm, ...(token ? { token } : {}), ...(opts.openReads ? { openReads: true } : {}), version: 'test', pmixVersion: '5.0.11' });
   await api.app.listen({ host: '127.0.0.1', port: 0 });
   const addr = api.app.server.address();
   const url = `http://127.0.0.1:${typeof addr === 'object' && addr ? addr.port : 0}`;

@@ -2,7 +2,7 @@
 // 500 and the error shape, and keeps serving. Seeded, so a failure can be replayed
 // (DASK_PMIX_FUZZ_SEED=<seed>).
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { apiFixture, type ApiFixture } from './fixture.js';
+import { apiFixture, worker, type ApiFixture } from './fixture.js';
 
 const SEED = Number(process.env.DASK_PMIX_FUZZ_SEED ?? Date.now() % 1_000_000);
 let state = SEED;
@@ -44,7 +44,7 @@ const ROUTES: [string, () => string][] = [
 let fx: ApiFixture;
 beforeAll(async () => {
   fx = await apiFixture({ token: '' });
-  for (const id of ['f0', 'f1', 'f2']) await fx.call('POST', '/v1/workers', { id, host: 'h' });
+  for (const id of ['f0', 'f1', 'f2']) await fx.call('POST', '/v1/workers', worker(id, 'h'));
 });
 afterAll(() => fx.close());
 

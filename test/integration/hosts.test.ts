@@ -30,7 +30,7 @@ let nextWorker = 0;
 async function runOnHosts(impl: 'openmpi' | 'mpich', program: string, hosts: string[], extraEnv: Record<string, string>) {
   const ids = hosts.map(() => `tcp://10.0.0.${++nextWorker}:4000`);
   for (const [i, id] of ids.entries()) {
-    const r = await api('POST', '/v1/workers', { id, host: hosts[i], pid: process.pid });
+    const r = await api('POST', '/v1/workers', { id, host: hosts[i], pid: process.pid, uid: process.getuid!(), gid: process.getgid!() });
     expect(r.status, JSON.stringify(r.body)).toBe(201);
   }
   const created = await api('POST', '/v1/jobs', { impl, members: ids });

@@ -51,7 +51,7 @@ async function runAcrossHosts(impl: 'openmpi' | 'mpich', program: string, extraE
   const ids: string[] = [];
   for (const h of placement) {
     const id = `tcp://${h.ip}:${4000 + nextWorker++}`;
-    const r = await api('POST', '/v1/workers', { id, host: h.host, pid: 1 });
+    const r = await api('POST', '/v1/workers', { id, host: h.host, pid: 1, uid: process.getuid!(), gid: process.getgid!() });
     expect(r.status, JSON.stringify(r.body)).toBe(201);
     ids.push(id);
   }

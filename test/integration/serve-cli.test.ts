@@ -1,7 +1,8 @@
 // `bin/dask-pmix serve` as an operator runs it: flags and env, the token, and SIGTERM (refuse new
 // jobs, abort running ones with notice, finalize PMIx, exit 0).
-import { spawn } from 'node:child_process';
-import { hostname } from 'node:os';
+import { spawn, type ChildProcess } from 'node:child_process';
+import { mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { hostname, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { bin } from '../helpers/build-clients.js';
@@ -25,16 +26,18 @@ describe('dask-pmix serve', () => {
       const anon = restClient(url);
       const api = restClient(url, 'tok');
       expect((await anon('GET', '/v1/health')).body).toMatchObject({ status: 'ok', impls: expect.arrayContaining(['openmpi']) });
-      expect((await anon('POST', '/v1/workers', { id: 'w', host: hostname() })).status).toBe(401);
-      expect((await api('POST', '/v1/workers', { id: 'w', host: hostname() })).status).toBe(201);
+      const w = { id: 'w', host: hostname(), pid: process.pid, uid: process.getuid!(), gid: process.getgid!() };
+      expect((await anon('POST', '/v1/workers', w)).status).toBe(401);
+      expect((await api('POST', '/v1/workers', w)).status).toBe(201);
       const job = (await api('POST', '/v1/jobs', { impl: 'openmpi', members: ['w'] })).body;
       const env = (await api('GET', `/v1/jobs/${job.id}/env/w`)).body.env;
       const rank = startRank(bin('pmix_client'), ['hang'], env, 30_000);
       await rank.waitFor((l) => l.init === true);
-      await until(async () => (await anon('GET', `/v1/jobs/${job.id}`)).body.state === 'running', 10_000, 'running');
+      expect((await anon('GET', `/v1/jobs/${job.id}`)).status).toBe(401);
+      await until(async () => (await api('GET', `/v1/jobs/${job.id}`)).body.state === 'running', 10_000, 'running');
 
       // Watch the event stream across the shutdown.
-      const events = await fetch(`${url}/v1/events`);
+      const events = await fetch(`${url}/v1/events`, { headers: { authorization: 'Bearer tok' } });
       const reader = events.body!.getReader();
       let text = '';
       const drained = (async () => {
@@ -51,6 +54,41 @@ describe('dask-pmix serve', () => {
       rank.kill();
     } finally {
       child.kill('SIGKILL');
+    }
+  });
+
+  it('is never open by default: the token comes from a file (not argv), or is generated into the state dir', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'dask-pmix-auth-'));
+    const started: ChildProcess[] = [];
+    const serve = async (args: string[]) => {
+      const child = spawn(join(ROOT, 'bin', 'dask-pmix'), ['serve', '--port', '0', '--log-level', 'warn', '--no-pmi', ...args], {
+        env: { ...process.env, DASK_PMIX_NO_SETUP: '1', DASK_PMIX_TOKEN: '' }, stdio: ['ignore', 'pipe', 'pipe'],
+      });
+      started.push(child);
+      let out = '';
+      child.stdout!.on('data', (d: Buffer) => (out += d.toString()));
+      return { child, url: await until(() => /listening on (http:\/\/\S+)/.exec(out)?.[1], 20_000, 'the listening line') };
+    };
+    try {
+      writeFileSync(join(dir, 'given'), 'from-a-file\n', { mode: 0o600 });
+      const a = await serve(['--token-file', join(dir, 'given')]);
+      expect((await restClient(a.url)('GET', '/v1/workers')).status).toBe(401);
+      expect((await restClient(a.url, 'from-a-file')('GET', '/v1/workers')).status).toBe(200);
+      expect(readFileSync(`/proc/${a.child.pid}/cmdline`, 'utf8')).not.toContain('from-a-file');
+
+      const b = await serve(['--state-dir', join(dir, 'state')]);
+      const file = join(dir, 'state', 'token');
+      expect(statSync(file).mode & 0o777).toBe(0o600);
+      const generated = readFileSync(file, 'utf8').trim();
+      expect(generated.length).toBeGreaterThanOrEqual(32);
+      expect((await restClient(b.url)('POST', '/v1/psets', { name: 'x', members: ['y'] })).status).toBe(401);
+      expect((await restClient(b.url, generated)('GET', '/v1/psets')).status).toBe(200);
+
+      const c = await serve(['--no-auth']);
+      expect((await restClient(c.url)('GET', '/v1/psets')).status).toBe(200);
+    } finally {
+      for (const c of started) c.kill('SIGKILL');
+      rmSync(dir, { recursive: true, force: true });
     }
   });
 

@@ -36,7 +36,7 @@ async function workers(n: number): Promise<string[]> {
   const ids: string[] = [];
   for (let i = 0; i < n; i++) {
     const id = `tcp://127.0.0.1:${40000 + nextWorker++}`;
-    const r = await api('POST', '/v1/workers', { id, host: HOST, pid: process.pid });
+    const r = await api('POST', '/v1/workers', { id, host: HOST, pid: process.pid, uid: process.getuid!(), gid: process.getgid!() });
     expect(r.status, JSON.stringify(r.body)).toBe(201);
     ids.push(id);
   }

@@ -1,0 +1,100 @@
+// /v1/jobs: MPI jobs over sets of workers, each member's environment, and a member's loss as
+// its worker saw it.
+import type { FastifyPluginAsync } from 'fastify';
+import { requests, responses, type JsonSchema } from '../schemas.js';
+import { jobSpec, toJson } from '../wire.js';
+import { errors, params, type Body, type Params, type RouteOptions } from './context.js';
+
+export const jobRoutes: FastifyPluginAsync<RouteOptions> = async (app, { rm, auth }) => {
+  const write = { onRequest: auth.write };
+  const read = { onRequest: auth.read };
+
+  app.post<Body<Parameters<typeof jobSpec>[0]>>('/jobs', {
+    ...write,
+    schema: {
+      security: auth.security.write,
+      summary: 'Create an MPI job from a pset, an explicit member list or a selector',
+      tags: ['jobs'],
+      body: requests.createJob,
+      response: { 201: responses.job, ...errors(400, 401, 409, 422, 503) },
+    },
+  }, async (req, reply) => reply.code(201).send(toJson.job(await rm.createJob(jobSpec(req.body)))));
+
+  app.get<{ Querystring: { state?: string } }>('/jobs', {
+    ...read,
+    schema: {
+      security: auth.security.read,
+      summary: 'List jobs',
+      tags: ['jobs'],
+      querystring: { type: 'object', properties: { state: (responses.job.properties as Record<string, JsonSchema>).state! }, additionalProperties: false },
+      response: { 200: responses.jobList, ...errors(401) },
+    },
+  }, async (req) => ({ jobs: rm.listJobs().filter((j) => !req.query.state || j.state === req.query.state).map(toJson.job) }));
+
+  app.get<Params<{ id: string }>>('/jobs/:id', {
+    ...read,
+    schema: { security: auth.security.read, summary: 'Get a job', tags: ['jobs'], params: params('id'), response: { 200: responses.job, ...errors(401, 404) } },
+  }, async (req) => toJson.job(rm.getJob(req.params.id)));
+
+  app.delete<Params<{ id: string }>>('/jobs/:id', {
+    ...write,
+    schema: {
+      security: auth.security.write,
+      summary: 'Abort the job if active, release its members, forget it',
+      tags: ['jobs'],
+      params: params('id'),
+      response: { 200: responses.job, ...errors(401, 404) },
+    },
+  }, async (req) => toJson.job(await rm.deleteJob(req.params.id)));
+
+  // Always behind the token: the environment lets its holder join the job as that rank.
+  app.get<Params<{ id: string; workerId: string }>>('/jobs/:id/env/:workerId', {
+    ...write,
+    schema: {
+      security: auth.security.write,
+      summary: 'The complete environment a member must set to join the job as its rank',
+      tags: ['jobs'],
+      params: params('id', 'workerId'),
+      response: { 200: responses.memberEnv, ...errors(401, 404, 409) },
+    },
+  }, async (req) => {
+    const { job, member, env } = rm.memberEnv(req.params.id, req.params.workerId);
+    return toJson.memberEnv({ jobId: job.id, workerId: member.workerId, rank: member.rank, size: job.members.length, impl: job.impl, env });
+  });
+
+  app.post<Params<{ id: string; workerId: string }> & Body<{ reason?: string }>>('/jobs/:id/members/:workerId/lost', {
+    ...write,
+    schema: {
+      security: auth.security.write,
+      summary: "Report that a member's process died (as its worker saw it); the job fails",
+      tags: ['jobs'],
+      params: params('id', 'workerId'),
+      body: requests.reportMemberLost,
+      response: { 200: responses.job, ...errors(400, 401, 404) },
+    },
+  }, async (req) => toJson.job(rm.reportMemberLost(req.params.id, req.params.workerId, req.body?.reason || 'reported lost by its worker')));
+
+  app.post<Params<{ id: string; workerId: string }> & Body<{ waitSeconds?: number }>>('/jobs/:id/members/:workerId/join', {
+    ...write,
+    schema: {
+      security: auth.security.write,
+      summary: 'In-process jobs: the member is there; answers when every member is (ready) or after waitSeconds',
+      tags: ['jobs'],
+      params: params('id', 'workerId'),
+      body: requests.joinJob,
+      response: { 200: responses.joinJob, ...errors(400, 401, 404, 409) },
+    },
+  }, async (req) => toJson.joinJob(await rm.joinJob(req.params.id, req.params.workerId, (req.body?.waitSeconds ?? 10) * 1000)));
+
+  app.post<Params<{ id: string; workerId: string }> & Body<{ ok: boolean; reason?: string; failedRanks?: number[] }>>('/jobs/:id/members/:workerId/leave', {
+    ...write,
+    schema: {
+      security: auth.security.write,
+      summary: 'In-process jobs: the member is done (ok), or failed (the job fails)',
+      tags: ['jobs'],
+      params: params('id', 'workerId'),
+      body: requests.leaveJob,
+      response: { 200: responses.job, ...errors(400, 401, 404, 409) },
+    },
+  }, async (req) => toJson.job(rm.leaveJob(req.params.id, req.params.workerId, req.body.ok, req.body.reason || 'its function failed', req.body.failedRanks ?? [])));
+};
