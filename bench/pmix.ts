@@ -31,7 +31,7 @@ async function underSidecar(sidecar: SidecarProcess, n: number, iters: number, n
   const ids: string[] = [];
   for (let i = 0; i < n; i++) {
     const id = `tcp://bench-pmix:${next.worker++}`;
-    await sidecar.must('POST', '/v1/workers', { id, host: hostname() }, 201);
+    await sidecar.must('POST', '/v1/workers', { id, host: hostname(), pid: process.pid, uid: process.getuid!(), gid: process.getgid!() }, 201);
     ids.push(id);
   }
   const job = await sidecar.job('openmpi', ids);

@@ -1,6 +1,7 @@
 // A `dask-pmix serve` child process for the benchmarks, driven over REST as Dask's plugin drives
 // it: its own process, so that nothing the benchmark does runs on the sidecar's event loop.
 import { spawn, type ChildProcess } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { median, ROOT } from './run.js';
@@ -10,15 +11,16 @@ const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 export interface Reply { status: number; body: any }
 
 export class SidecarProcess {
-  private constructor(private readonly child: ChildProcess, readonly url: string) {}
+  private constructor(private readonly child: ChildProcess, readonly url: string, readonly token: string) {}
 
   /**
    * Starts `dask-pmix serve --port 0` with `args`; resolves once it listens. `nodeArgs` go to
    * Node.js itself (e.g. --cpu-prof, to see where the sidecar's time goes).
    */
   static async start(args: string[] = [], env: Record<string, string> = {}, nodeArgs: string[] = []): Promise<SidecarProcess> {
+    const token = randomBytes(24).toString('base64url');
     const child = spawn(process.execPath, [...nodeArgs, join(ROOT, 'dist', 'src', 'cli', 'main.js'), 'serve', '--port', '0', '--log-level', 'warn', ...args], {
-      env: { ...process.env, ...env },
+      env: { ...process.env, DASK_PMIX_TOKEN: token, ...env },
       stdio: ['ignore', 'pipe', 'inherit'],
     });
     const url = await new Promise<string>((resolve, reject) => {
@@ -38,7 +40,7 @@ export class SidecarProcess {
       });
     });
     child.stdout!.resume();
-    return new SidecarProcess(child, url);
+    return new SidecarProcess(child, url, token);
   }
 
   get pid(): number {
@@ -48,7 +50,7 @@ export class SidecarProcess {
   async call(method: string, path: string, body?: unknown): Promise<Reply> {
     const res = await fetch(this.url + path, {
       method,
-      headers: body === undefined ? {} : { 'content-type': 'application/json' },
+      headers: { authorization: `Bearer ${this.token}`, ...(body === undefined ? {} : { 'content-type': 'application/json' }) },
       ...(body === undefined ? {} : { body: JSON.stringify(body) }),
       signal: AbortSignal.timeout(60_000),
     });

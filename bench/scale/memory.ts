@@ -20,7 +20,7 @@ export async function memory({ workers, jobSizes, serveArgs = [] }: MemoryOption
       const t0 = performance.now();
       await inFlight(target - from, 8, async (i) => {
         const id = `tcp://10.0.${(from + i) >> 8}.${(from + i) & 255}:40000`;
-        await s.must('POST', '/v1/workers', { id, host: `node-${(from + i) % 64}`, pid: 1000 + from + i }, 201);
+        await s.must('POST', '/v1/workers', { id, host: `node-${(from + i) % 64}`, pid: 1000 + from + i, uid: process.getuid!(), gid: process.getgid!() }, 201);
         ids.push(id);
       });
       const seconds = (performance.now() - t0) / 1000;

@@ -50,7 +50,7 @@ async function sidecarRun(s: SidecarProcess, n: number, iters: number, place: (i
   for (let i = 0; i < n; i++) {
     const p = place(i);
     const id = `tcp://${p.ip}:${5000 + i}/${tag}`;
-    await s.must('POST', '/v1/workers', { id, host: p.host, pid: 1 }, 201);
+    await s.must('POST', '/v1/workers', { id, host: p.host, pid: 1, uid: process.getuid!(), gid: process.getgid!() }, 201);
     ids.push(id);
   }
   const job = await s.job('openmpi', ids);

@@ -33,7 +33,7 @@ export async function pool({ sizes, repeats }: { sizes: number[]; repeats: numbe
           const t1 = performance.now();
           await inFlight(size, 8, async (i) => {
             const id = `tcp://10.1.${i >> 8}.${i & 255}:40000`;
-            await s.must('POST', '/v1/workers', { id, host: hostname(), pid: 1000 + i }, 201);
+            await s.must('POST', '/v1/workers', { id, host: hostname(), pid: 1000 + i, uid: process.getuid!(), gid: process.getgid!() }, 201);
             const seat = await s.call('POST', `/v1/workers/${encodeURIComponent(id)}/pool`, { host: hostname(), pid: 1000 + i });
             if (seat.status >= 300) throw new Error(`pool seat for ${id}: ${seat.status} ${JSON.stringify(seat.body)}`);
           });

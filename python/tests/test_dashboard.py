@@ -105,8 +105,11 @@ def test_the_page_shows_pool_psets_jobs_and_events_live(tmp_path):
         browser(waitText=["#events", f"{workers[2]}: frozen → available"])
         assert set(column(browser(rows="#pool")["rows"], 2)) == {"available"}
 
-        # The standalone sidecar serves the same page at `/`.
+        # The standalone sidecar serves the same page at `/`; its reads want the token.
         assert browser(goto=sidecar.url + "/")["status"] == 200
+        browser(waitText=["#status", "not reachable"])
+        browser(fill=["#token", sidecar.token])
+        browser(click="#auth button")
         browser(waitText=["#jobs", job_id])
         assert sorted(column(browser(rows="#pool")["rows"], 0)) == workers
         browser(waitText=["#events", "jobStateChanged"])

@@ -24,6 +24,7 @@ export type EventListener = (e: SequencedEvent) => void;
 
 export class EventLog {
   private seq = 0;
+  private first = 1;
   private readonly history: SequencedEvent[] = [];
   private readonly listeners = new Set<EventListener>();
 
@@ -55,6 +56,12 @@ export class EventLog {
   startAfter(seq: number): void {
     if (this.history.length) throw new Error('the event log has already begun');
     this.seq = seq;
+    this.first = seq + 1;
+  }
+
+  /** The number of this log's first event. */
+  get firstSeq(): number {
+    return this.first;
   }
 
   /** The oldest sequence number still held (lastSeq + 1 when none is). */

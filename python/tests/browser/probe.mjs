@@ -5,6 +5,8 @@
 //   {"rows": selector}                             the table's body rows, as arrays of cell texts
 //   {"text": selector}                             the element's text
 //   {"screenshot": path}                           a full-page PNG
+//   {"fill": [selector, text]}                     types text into an input
+//   {"click": selector}                            clicks the element
 // Every wait is bounded; the browser closes when stdin does.
 import { createInterface } from 'node:readline';
 import { chromium } from 'playwright-core';
@@ -37,6 +39,14 @@ async function run(cmd) {
   if (cmd.text) return { text: await page.textContent(cmd.text, { timeout: 10_000 }) };
   if (cmd.screenshot) {
     await page.screenshot({ path: cmd.screenshot, fullPage: true });
+    return {};
+  }
+  if (cmd.fill) {
+    await page.fill(cmd.fill[0], cmd.fill[1], { timeout: 10_000 });
+    return {};
+  }
+  if (cmd.click) {
+    await page.click(cmd.click, { timeout: 10_000 });
     return {};
   }
   throw new Error(`unknown command ${JSON.stringify(cmd)}`);

@@ -1,9 +1,9 @@
 // GET /v1/events: the core's events as they happen. Server-sent events (through @fastify/sse,
 // which waits for the socket to drain) carrying the JSON mapping of dask_pmix.v1.Event by
 // default; with `Accept: application/x-protobuf`, a stream of length-delimited Event messages.
-// `?since=<seq>` or a Last-Event-ID header replays what the history still holds after it. When
-// the history no longer holds everything after it (or it names an earlier run of the sidecar),
-// the stream starts with a `resync` event: the reader must re-read the state it keeps.
+// `?since=<seq>` or a Last-Event-ID header replays what the history still holds after it (0: from
+// the start). When the history no longer holds everything after it (or it names an earlier run
+// of the sidecar), the stream starts with a `resync` event: the reader must re-read its state.
 // A reader that falls too far behind gets an `overflow` event and the stream ends.
 import sseModule, { type fastifySSE } from '@fastify/sse';
 import { once } from 'node:events';
@@ -69,7 +69,9 @@ export const eventRoutes: FastifyPluginAsync<EventRouteOptions> = async (app, { 
     if (subscribers >= limits.subscribers) {
       throw new HttpError(429, `too many open event streams (at most ${limits.subscribers})`);
     }
-    const gap = since !== undefined && since < rm.events.oldestSeq - 1;
+    // since=0 asks for everything: only a trimmed history is a gap. Any other number below the
+    // oldest held names an event that is gone, or one of an earlier run of the sidecar.
+    const gap = since !== undefined && (since === 0 ? rm.events.oldestSeq > rm.events.firstSeq : since < rm.events.oldestSeq - 1);
     // A reader that stopped reading altogether leaves the writer waiting for a drain that does
     // not come: a second after it overflows, its connection is cut.
     let done = false;
