@@ -95,8 +95,9 @@ class EmbeddedSidecar:
         """Starts a new process in place of one that died, on the same port with the same token."""
         if self.proc is not None and self.proc.poll() is None:
             raise SidecarError(0, "the sidecar is still running")
+        url = self.start(timeout)
         self.restarts += 1
-        return self.start(timeout)
+        return url
 
     def stop(self, timeout: float = 15.0) -> None:
         proc, self.proc = self.proc, None

@@ -1,6 +1,7 @@
 // The error contract: every failure is an ApiError {statusCode, error, message}. Schema
 // violations are 400, unknown ids 404, conflicts with the current state 409, references that
-// cannot be resolved or selectors that cannot be met 422, a stopping sidecar 503.
+// cannot be resolved or selectors that cannot be met 422, a configured bound reached 429, a
+// stopping sidecar 503.
 import type { FastifyError, FastifyInstance } from 'fastify';
 import { STATUS_CODES } from 'node:http';
 import { RmError, type RmErrorKind } from '../rm/errors.js';
@@ -11,6 +12,7 @@ const STATUS: Record<RmErrorKind, number> = {
   conflict: 409,
   unprocessable: 422,
   unavailable: 503,
+  limit: 429,
   timeout: 504,
   aborted: 409,
 };

@@ -28,6 +28,9 @@ const HELP = `usage: dask-pmix serve [options]
   --log-level LEVEL        trace|debug|info|warn|error|silent  [DASK_PMIX_LOG_LEVEL, default info]
   --wiring-timeout SECS    default time for all members to connect  [default 60]
   --max-jobs N             active jobs at once            [default 64]
+  --max-workers N          registered workers             [default 4096]
+  --max-psets N            defined process sets           [default 1024]
+  --max-names N            name-service entries (published names)  [default 4096]
   --release-grace SECS     how long members of a failed job may linger before it is released [10]
   --pool-size N            ranks per epoch of the in-process pool (Open MPI; 0: no pool)
                                                           [DASK_PMIX_POOL_SIZE, default 1024]
@@ -103,6 +106,9 @@ export async function serve(argv: string[]): Promise<number> {
       'log-level': { type: 'string' },
       'wiring-timeout': { type: 'string' },
       'max-jobs': { type: 'string' },
+      'max-workers': { type: 'string' },
+      'max-psets': { type: 'string' },
+      'max-names': { type: 'string' },
       'release-grace': { type: 'string' },
       'pool-size': { type: 'string' },
       remote: { type: 'boolean' },
@@ -162,6 +168,8 @@ export async function serve(argv: string[]): Promise<number> {
       logger: log,
       version: projectVersion(),
       ...(token ? { token } : {}),
+      limits: Object.fromEntries(([['workers', 'max-workers'], ['psets', 'max-psets'], ['names', 'max-names']] as const)
+        .filter(([, flag]) => values[flag] !== undefined).map(([k, flag]) => [k, num(flag, values[flag])!])),
       ...(values['open-reads'] ? { openReads: true } : {}),
       ...(stateDir ? { stateDir } : {}),
       ...(wiring !== undefined ? { wiringTimeoutSeconds: wiring } : {}),

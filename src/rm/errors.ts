@@ -7,6 +7,7 @@ export type RmErrorKind =
   | 'conflict' // the state forbids it now: duplicate, in use, already in a job
   | 'unprocessable' // refers to something that does not exist, or a selector that cannot be met
   | 'unavailable' // the sidecar is stopping or at capacity
+  | 'limit' // one more would pass a configured bound (workers, psets, names, waiting jobs)
   | 'timeout' // a collective, lookup or wiring deadline expired
   | 'aborted'; // the job ended (member lost, MPI_Abort, deleted) while this was pending
 

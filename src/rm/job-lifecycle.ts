@@ -51,6 +51,8 @@ export interface JobLifecycleOptions {
   namespaceOf?: (jobId: string) => string;
   onCollective?: CollectiveObserver;
   onError?: (what: string, err: unknown) => void;
+  /** A job left the history (DELETE, or trimmed): its persisted record goes too. */
+  onForgotten?: (job: Readonly<Job>) => void;
   /** The in-process pool, if the sidecar has one, and its protocol side. */
   pool: () => { pool: Pool; backend: PoolBackend } | undefined;
 }
@@ -137,7 +139,9 @@ export class JobLifecycle {
     const { workers, pset } = this.chooseMembers(spec);
     this.o.policy.admit({ activeJobs: this.active().length + this.creating, size: workers.length });
 
-    const id = this.o.newJobId?.() ?? `j${this.idPrefix}-${++this.jobCounter}`;
+    let id = this.o.newJobId?.() ?? `j${this.idPrefix}-${++this.jobCounter}`;
+    // Restored history may hold an id this run's counter would reuse.
+    while (!this.o.newJobId && this.jobs.has(id)) id = `j${this.idPrefix}-${++this.jobCounter}`;
     if (this.jobs.has(id)) throw new RmError('conflict', `job id '${id}' is taken`);
     let plan: PoolPlan | undefined;
     const inPool = this.o.pool()?.pool;
@@ -587,9 +591,37 @@ export class JobLifecycle {
   }
 
   private forget(rt: JobRuntime): void {
+    this.o.onForgotten?.(rt.job);
     this.jobs.delete(rt.job.id);
     if (this.byNamespace.get(rt.job.namespace) === rt) this.byNamespace.delete(rt.job.namespace);
     if (this.byTag.get(rt.job.tag) === rt) this.byTag.delete(rt.job.tag);
+  }
+
+  /**
+   * Takes back the record of a job from an earlier run of the sidecar, as history: released, and
+   * failed if it was still active (nothing serves its namespace any more).
+   */
+  restore(job: Job, reason: string): void {
+    if (this.jobs.has(job.id)) return;
+    const now = this.now();
+    if (isActive(job.state)) {
+      job.state = 'failed';
+      job.error = reason;
+      job.endedAt = now;
+      for (const m of job.members) {
+        if (m.state === 'assigned' || m.state === 'connected') Object.assign(m, { state: 'lost', reason });
+      }
+    }
+    job.releasedAt ||= now;
+    this.jobs.set(job.id, {
+      job,
+      backend: this.poolJobs,
+      collectives: new Collectives(job.members.length, this.o.clock, 0),
+      kv: new KvStore(this.o.clock),
+      timers: [],
+      releasing: Promise.resolve(),
+    });
+    this.trimHistory();
   }
 
   /** Waits until the job is released (for tests and shutdown). */

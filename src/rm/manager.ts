@@ -42,7 +42,20 @@ export interface RmOptions {
   onError?: (what: string, err: unknown) => void;
   /** The in-process pool: ranks per epoch (0: none) and its protocol side. */
   pool?: { size: number; backend: PoolBackend };
+  /** A job left the history (DELETE, or trimmed). */
+  onJobForgotten?: (job: Readonly<Job>) => void;
+  /** Bounds on what clients can make the core hold (RM_LIMITS has the defaults). */
+  limits?: Partial<RmLimits>;
 }
+
+export interface RmLimits {
+  workers: number;
+  psets: number;
+  /** Entries in the name service (MPI_Publish_name / PMI publish), over every job. */
+  names: number;
+}
+
+export const RM_LIMITS: RmLimits = { workers: 4096, psets: 1024, names: 4096 };
 
 /** What a worker process says of itself when it joins the pool. */
 export interface WorkerIdentity {
@@ -57,6 +70,7 @@ export class ResourceManager {
   readonly policy: Policy;
   readonly events: EventLog;
   readonly names: NameService;
+  readonly limits: RmLimits;
   readonly contextIds = new ContextIds();
   private readonly workers = new WorkerPool();
   private readonly psets = new ProcessSets();
@@ -69,7 +83,8 @@ export class ResourceManager {
     this.clock = opts.clock ?? realClock;
     this.policy = opts.policy;
     this.events = new EventLog(() => this.clock.now());
-    this.names = new NameService(this.clock);
+    this.limits = { ...RM_LIMITS, ...opts.limits };
+    this.names = new NameService(this.clock, undefined, this.limits.names);
     this.jobs = new JobLifecycle({
       clock: this.clock,
       policy: this.policy,
@@ -86,6 +101,7 @@ export class ResourceManager {
       ...(opts.namespaceOf ? { namespaceOf: opts.namespaceOf } : {}),
       ...(opts.onCollective ? { onCollective: opts.onCollective } : {}),
       ...(opts.onError ? { onError: opts.onError } : {}),
+      ...(opts.onJobForgotten ? { onForgotten: opts.onJobForgotten } : {}),
       pool: () => this.poolState,
     });
     for (const b of opts.backends ?? []) this.addBackend(b);
@@ -147,6 +163,9 @@ export class ResourceManager {
   registerWorker(spec: WorkerSpec): Readonly<Worker> {
     if (!spec.id) throw new RmError('bad_request', 'a worker needs an id');
     if (!spec.host) throw new RmError('bad_request', 'a worker needs a host');
+    if (this.workers.size >= this.limits.workers && !this.workers.get(spec.id)) {
+      throw new RmError('limit', `at most ${this.limits.workers} workers may be registered`);
+    }
     const w = this.workers.add(spec, this.now());
     this.pool?.seat(w);
     this.events.emit({ kind: 'workerJoined', worker: structuredClone(w) });
@@ -239,9 +258,21 @@ export class ResourceManager {
 
   // ---- process sets --------------------------------------------------------------------------
 
+  /**
+   * Takes back what an earlier run of the sidecar defined: process sets (their members register
+   * again as their workers do) and the job history (an active job there is failed here).
+   */
+  restore(state: { psets: ProcessSet[]; jobs: Job[] }, reason: string): void {
+    for (const p of state.psets) {
+      if (!this.psets.get(p.name)) this.psets.define(p.name, p.members, p.selector, p.createdAt);
+    }
+    for (const j of state.jobs) this.jobs.restore(j, reason);
+  }
+
   definePset(spec: PsetSpec): Readonly<ProcessSet> {
     ProcessSets.validateName(spec.name);
     if (this.psets.get(spec.name)) throw new RmError('conflict', `pset '${spec.name}' already exists`);
+    if (this.psets.size >= this.limits.psets) throw new RmError('limit', `at most ${this.limits.psets} psets may be defined`);
     const members = this.resolvePsetMembers(spec);
     const p = this.psets.define(spec.name, members, spec.selector, this.now());
     this.events.emit({ kind: 'psetDefined', pset: structuredClone(p) });
@@ -296,7 +327,8 @@ export class ResourceManager {
       for (const id of spec.members) {
         if (!this.workers.get(id)) throw new RmError('unprocessable', `no worker '${id}'`);
       }
-      return [...spec.members];
+      // The workers' own id strings: a pset costs a reference per member, whatever the request held.
+      return spec.members.map((id) => this.workers.get(id)!.id);
     }
     return this.policy.select(spec.selector!, this.workers.list().filter((w) => w.state === 'available')).map((w) => w.id);
   }

@@ -60,7 +60,7 @@ export class NameService<V = unknown> {
   private readonly data = new Map<string, Published<V>>();
   private waiters: Waiter<V>[] = [];
 
-  constructor(private readonly clock: Clock, private readonly maxWaitMs = 600_000) {}
+  constructor(private readonly clock: Clock, private readonly maxWaitMs = 600_000, private readonly maxEntries = Infinity) {}
 
   publish(by: Publisher, entries: { key: string; value: V }[], opts: PublishOptions = {}): void {
     const range = opts.range ?? 'session';
@@ -73,6 +73,9 @@ export class NameService<V = unknown> {
       if (this.data.has(scopeKey(range, by.namespace, e.key))) {
         throw new RmError('conflict', `'${e.key}' is already published in range ${range}`);
       }
+    }
+    if (this.data.size + entries.length > this.maxEntries) {
+      throw new RmError('limit', `the name service holds at most ${this.maxEntries} entries`);
     }
     for (const e of entries) {
       this.data.set(scopeKey(range, by.namespace, e.key), { key: e.key, value: e.value, publisher: { ...by }, range, persistence });

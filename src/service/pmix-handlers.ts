@@ -25,7 +25,8 @@ export function pmixStatusOf(err: unknown): number {
     case 'aborted': return Status.ERR_JOB_TERMINATED;
     case 'bad_request':
     case 'unprocessable': return Status.ERR_BAD_PARAM;
-    case 'unavailable': return Status.ERR_NOT_AVAILABLE;
+    case 'unavailable':
+    case 'limit': return Status.ERR_NOT_AVAILABLE;
   }
 }
 

@@ -8,9 +8,11 @@ import { defaultPolicy } from '../policy/index.js';
 import { PmixServer } from '../pmix/index.js';
 import { StatusName } from '../pmix/status.js';
 import { isActive, ResourceManager, type JobBackend } from '../rm/index.js';
+import type { RmLimits } from '../rm/manager.js';
 import { DEFAULT_MEMBER_ENV } from './default-env.js';
 import { PmiBackend } from './pmi-backend.js';
 import { PmixBackend } from './pmix-backend.js';
+import { persist } from './persistence.js';
 import { PmixClients } from './pmix-clients.js';
 import { pmixHandlers } from './pmix-handlers.js';
 import { PmixPool } from './pmix-pool.js';
@@ -25,6 +27,8 @@ export interface SidecarOptions {
   openReads?: boolean;
   /** Where process sets and job history persist; none: memory only. */
   stateDir?: string;
+  /** Bounds on workers, psets and name-service entries (RM_LIMITS has the defaults). */
+  limits?: Partial<RmLimits>;
   /** libpmix rendezvous and job session files. */
   tmpdir: string;
   logger?: pino.Logger;
@@ -70,6 +74,7 @@ export class Sidecar {
     readonly api: Api,
     readonly url: string,
     readonly log: pino.Logger,
+    private readonly closeStore?: () => void,
   ) {}
 
   static async start(opts: SidecarOptions): Promise<Sidecar> {
@@ -83,7 +88,16 @@ export class Sidecar {
       ...(opts.wiringTimeoutSeconds !== undefined ? { wiringTimeoutSeconds: opts.wiringTimeoutSeconds } : {}),
       onCollective: (name, seconds, outcome) => metrics?.collectiveSeconds.observe({ name: name.replace(/:.*/, ''), outcome }, seconds),
       onError: (what, err) => log.warn({ err, what }, 'the core survived an error'),
+      onJobForgotten: (job) => persisted?.store.deleteJob(job.id),
+      ...(opts.limits ? { limits: opts.limits } : {}),
     });
+    // Psets and job history from the state directory, before anything else can change them.
+    let persisted: ReturnType<typeof persist> | undefined;
+    if (opts.stateDir) {
+      persisted = persist(rm, opts.stateDir);
+      const r = persisted.restored;
+      if (r.psets || r.jobs) log.info({ stateDir: opts.stateDir, ...r }, 'restored the state of an earlier run');
+    }
     // Event numbers start above any an earlier run of this sidecar can have used (microseconds
     // since the epoch: a run emits far fewer events than that), so a reader that reconnects with
     // the Last-Event-ID of an earlier run is told to resync rather than handed unrelated events.
@@ -166,10 +180,11 @@ export class Sidecar {
       const port = typeof addr === 'object' && addr ? addr.port : opts.port ?? 8790;
       const url = `http://${host.includes(':') ? `[${host}]` : host}:${port}`;
       log.info({ url, tmpdir: opts.tmpdir, host: hostname(), impls: rm.impls, pmix: pmix.uri, libpmixPort: pmix.libpmixPort }, 'dask-pmix sidecar listening');
-      return new Sidecar(rm, pmix, clients, api, url, log);
+      return new Sidecar(rm, pmix, clients, api, url, log, persisted?.stop);
     } catch (err) {
       // e.g. the REST port is taken: close what was opened, so the process can exit.
       await rm.shutdown('the sidecar failed to start').catch(() => undefined);
+      persisted?.stop();
       await pmix.stop();
       throw err;
     }
@@ -188,6 +203,7 @@ export class Sidecar {
       const within = <T>(p: Promise<T>) => bounded(p, Math.max(0, deadline - Date.now()));
       const drained = await within(this.rm.shutdown(reason));
       this.log.debug({ drained: drained !== TIMED_OUT }, 'jobs released');
+      this.closeStore?.();
       this.api.closeStreams();
       await within(this.api.app.close());
       this.log.debug('REST closed');

@@ -103,18 +103,21 @@ async function streamSse(reply: FastifyReply, feed: EventFeed, gap: { since: num
   out.onClose(() => feed.close());
   out.sendHeaders(200);
   reply.raw.write(': dask-pmix events\n\n');
+  // A write waits for the socket to drain; a socket destroyed meanwhile never drains.
+  const gone = once(reply.raw, 'close').then(() => undefined);
+  const send = (m: { id?: string; event: string; data: string }) => Promise.race([out.send(m), gone]);
   try {
     if (gap) {
       const message = `events after ${gap.since} are no longer held (the oldest is ${gap.oldestSeq}): re-read the state`;
-      await out.send({ event: 'resync', data: JSON.stringify({ resync: { ...gap, message } }) });
+      await send({ event: 'resync', data: JSON.stringify({ resync: { ...gap, message } }) });
     }
-    for (let e = await feed.next(); e && out.isConnected; e = await feed.next()) {
+    for (let e = await feed.next(); e && out.isConnected && !reply.raw.destroyed; e = await feed.next()) {
       const j = asJson(e);
-      await out.send({ id: String(e.seq), event: j.kind, data: j.text });
+      await send({ id: String(e.seq), event: j.kind, data: j.text });
     }
-    if (feed.overflowed && out.isConnected) {
+    if (feed.overflowed && out.isConnected && !reply.raw.destroyed) {
       const message = `this reader fell more than the stream's queue behind; reconnect with Last-Event-ID ${feed.lastSeq}`;
-      await out.send({ event: 'overflow', data: JSON.stringify({ overflow: { lastSeq: feed.lastSeq, message } }) });
+      await send({ event: 'overflow', data: JSON.stringify({ overflow: { lastSeq: feed.lastSeq, message } }) });
     }
   } catch {
     // The reader went away mid-write.
