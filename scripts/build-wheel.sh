@@ -16,6 +16,11 @@ if [ ! -d "$MODULES/node_modules" ]; then
   cp "$ROOT/package.json" "$ROOT/package-lock.json" "$MODULES/"
   (cd "$MODULES" && npm ci --omit=dev --ignore-scripts --prefer-offline --no-audit --no-fund --loglevel=error >/dev/null)
   rm -rf "$MODULES/node_modules/.bin"
+  # Native modules' install scripts do not run here: take the binaries setup built.
+  for m in better-sqlite3; do
+    mkdir -p "$MODULES/node_modules/$m/build/Release"
+    cp "$ROOT/node_modules/$m/build/Release/"*.node "$MODULES/node_modules/$m/build/Release/"
+  done
 fi
 
 STAGE="$(mktemp -d)"

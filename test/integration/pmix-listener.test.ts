@@ -112,7 +112,7 @@ describe('the PMIx listener against connections that jammed it', () => {
 describe('a sidecar whose libpmix is wedged', () => {
   it('reports it in /v1/health and still ends on SIGTERM', async () => {
     const child = spawn(join(ROOT, 'bin', 'dask-pmix'), ['serve', '--port', '0', '--log-level', 'info', '--no-pmi'], {
-      env: { ...process.env },
+      env: { ...process.env, DASK_PMIX_TOKEN: 'tok' },
       stdio: ['ignore', 'pipe', 'pipe'],
     });
     let out = '';
@@ -126,8 +126,8 @@ describe('a sidecar whose libpmix is wedged', () => {
       const url = await until(() => /listening on (http:\/\/\S+)/.exec(out)?.[1], 30_000, `the listening line (stderr: ${err})`);
       const libpmixPort = Number(/"libpmixPort":(\d+)/.exec(out)?.[1]);
       expect(libpmixPort).toBeGreaterThan(0);
-      const api = restClient(url);
-      expect((await api('POST', '/v1/workers', { id: 'w0', host: HOST })).status).toBe(201);
+      const api = restClient(url, 'tok');
+      expect((await api('POST', '/v1/workers', { id: 'w0', host: HOST, pid: process.pid, uid: process.getuid!(), gid: process.getgid!() })).status).toBe(201);
       const job = (await api('POST', '/v1/jobs', { impl: 'openmpi', members: ['w0'] })).body;
 
       // Straight to libpmix, past the gate: a client of the wrong uid (libpmix 5.0.11 frees the
