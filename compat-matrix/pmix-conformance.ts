@@ -160,7 +160,7 @@ async function main(): Promise<void> {
     const ids: string[] = [];
     for (let i = 0; i < ranks; i++) {
       const id = `conform-${worker++}`;
-      await sidecar.request('POST', '/v1/workers', { id, host: hostname() });
+      await sidecar.request('POST', '/v1/workers', { id, host: hostname(), pid: process.pid, uid: process.getuid!(), gid: process.getgid!() });
       ids.push(id);
     }
     const job = await sidecar.request<{ id: string }>('POST', '/v1/jobs', { impl: 'openmpi', members: ids });

@@ -32,6 +32,8 @@ RANK_KEY = re.compile(r"^dask-pmix-(.+)-rank-(\d+)$")
 SIDECAR_GONE_AFTER = 1.5
 # How often the plugin looks for a dead embedded sidecar, and waits before reopening the stream.
 SUPERVISE_INTERVAL = 0.5
+# How long a job request waits in the sidecar's admission line when its workers are busy.
+ADMISSION_WAIT = 60.0
 EVENTS_RECONNECT_DELAY = 0.5
 
 
@@ -295,7 +297,8 @@ class SidecarPlugin(SchedulerPlugin):
     async def create_job(self, workers: list[str] | None = None, n: int | None = None, pset: str | None = None,
                          impl: str = "openmpi", owner: str | None = None, timeout: float | None = None,
                          wiring_timeout: float | None = None, labels: dict | None = None,
-                         placement: str | None = None, mode: str | None = None) -> dict:
+                         placement: str | None = None, mode: str | None = None,
+                         wait: float | None = ADMISSION_WAIT) -> dict:
         unusable = _membership_mistake(self.scheduler, workers, n)
         if unusable:
             return {"error": unusable, "status": 422}
@@ -323,7 +326,7 @@ class SidecarPlugin(SchedulerPlugin):
         try:
             self._creating += 1
             try:
-                job = await asyncio.to_thread(self.rest.create_job, request)
+                job = await asyncio.to_thread(self.rest.create_job, request, wait)
                 members = [m["workerId"] for m in job.get("members", [])]
                 with self._lock:
                     self._frozen[job["id"]] = set(members)

@@ -77,8 +77,12 @@ class SidecarClient:
         self._request("DELETE", f"/v1/psets/{quote(name)}")
 
     # -- jobs -----------------------------------------------------------------------------------
-    def create_job(self, request: dict) -> dict:
-        return self._request("POST", "/v1/jobs", request)
+    def create_job(self, request: dict, wait: float | None = None) -> dict:
+        """With `wait`, a request whose members are busy waits in the sidecar's admission line
+        for up to that many seconds instead of failing at once."""
+        if not wait:
+            return self._request("POST", "/v1/jobs", request)
+        return self._request("POST", f"/v1/jobs?wait={wait:g}", request, timeout=wait + self.timeout)
 
     def job(self, job_id: str, timeout: float | None = None) -> dict:
         return self._request("GET", f"/v1/jobs/{quote(job_id)}", timeout=timeout)

@@ -21,6 +21,7 @@
 import type { JobBackend } from './backend.js';
 import { isoTime, type Clock, type TimerHandle } from './clock.js';
 import { Collectives, type CollectiveObserver, type CollectiveResult, type JoinRequest } from './collectives.js';
+import { Admission } from './admission.js';
 import { RmError } from './errors.js';
 import type { EventLog } from './events.js';
 import { KvStore } from './kv-store.js';
@@ -51,6 +52,8 @@ export interface JobLifecycleOptions {
   namespaceOf?: (jobId: string) => string;
   onCollective?: CollectiveObserver;
   onError?: (what: string, err: unknown) => void;
+  /** Job requests that may wait for members or a job slot at once (default 256). */
+  maxWaiting?: number;
   /** A job left the history (DELETE, or trimmed): its persisted record goes too. */
   onForgotten?: (job: Readonly<Job>) => void;
   /** The in-process pool, if the sidecar has one, and its protocol side. */
@@ -102,7 +105,15 @@ export class JobLifecycle {
   /** Jobs created since start, for metrics. */
   created = 0;
 
+  private readonly admission: Admission;
+
   constructor(private readonly o: JobLifecycleOptions) {
+    this.admission = new Admission(o.clock, o.maxWaiting ?? 256);
+    // Workers freed, a job slot freed (a job ended), a worker joined: waiting requests try again.
+    o.events.subscribe(({ event: e }) => {
+      if ((e.kind === 'workerStateChanged' && e.to === 'available') || e.kind === 'workerJoined' || e.kind === 'psetDefined'
+        || (e.kind === 'jobStateChanged' && !isActive(e.to))) this.admission.wake();
+    });
     this.poolJobs = {
       impls: [],
       prepare: async () => undefined,
@@ -127,7 +138,16 @@ export class JobLifecycle {
    * Creates a job: picks and freezes its members, lays out its ranks, and has its backend make
    * the namespace known. Fails without side effects.
    */
-  async create(spec: JobSpec): Promise<Readonly<Job>> {
+  create(spec: JobSpec, waitMs = 0): Promise<Readonly<Job>> {
+    return this.admission.run(() => this.createNow(spec), waitMs);
+  }
+
+  /** Requests waiting for members or a job slot. */
+  get waiting(): number {
+    return this.admission.waiting;
+  }
+
+  private async createNow(spec: JobSpec): Promise<Readonly<Job>> {
     if (this.stopping !== undefined) throw new RmError('unavailable', `the sidecar is stopping: ${this.stopping}`);
     const backend = this.o.backendFor(spec.impl);
     if (!backend) {
@@ -250,7 +270,24 @@ export class JobLifecycle {
         }
       }
     }
-    return { workers: this.o.policy.select(spec.selector!, available) };
+    try {
+      return { workers: this.o.policy.select(spec.selector!, available) };
+    } catch (e) {
+      // Enough matching workers exist, only some are in jobs now: the request may wait for them.
+      if (e instanceof RmError && e.kind === 'unprocessable' && this.couldSelectLater(spec.selector!)) {
+        throw new RmError('conflict', `${e.message}; the others it could use are in jobs now`);
+      }
+      throw e;
+    }
+  }
+
+  private couldSelectLater(sel: JobSpec['selector'] & object): boolean {
+    try {
+      this.o.policy.select(sel, this.o.workers.list().map((w) => ({ ...w, state: 'available' as const })));
+      return true;
+    } catch {
+      return false;
+    }
   }
 
   // ---- queries and requests from REST --------------------------------------------------------
@@ -633,6 +670,7 @@ export class JobLifecycle {
 
   /** Refuses new jobs, aborts the active ones (their members are told) and releases every job. */
   async shutdown(reason: string): Promise<void> {
+    this.admission.close(reason);
     this.stopping ??= reason;
     for (const rt of this.jobs.values()) this.end(rt, 'aborted', reason);
     await Promise.all([...this.jobs.values()].map((rt) => this.release(rt)));

@@ -44,6 +44,8 @@ export interface RmOptions {
   pool?: { size: number; backend: PoolBackend };
   /** A job left the history (DELETE, or trimmed). */
   onJobForgotten?: (job: Readonly<Job>) => void;
+  /** Job requests that may wait for members or a job slot at once (default 256). */
+  maxWaitingJobs?: number;
   /** Bounds on what clients can make the core hold (RM_LIMITS has the defaults). */
   limits?: Partial<RmLimits>;
 }
@@ -102,6 +104,7 @@ export class ResourceManager {
       ...(opts.onCollective ? { onCollective: opts.onCollective } : {}),
       ...(opts.onError ? { onError: opts.onError } : {}),
       ...(opts.onJobForgotten ? { onForgotten: opts.onJobForgotten } : {}),
+      ...(opts.maxWaitingJobs !== undefined ? { maxWaiting: opts.maxWaitingJobs } : {}),
       pool: () => this.poolState,
     });
     for (const b of opts.backends ?? []) this.addBackend(b);
@@ -339,8 +342,13 @@ export class ResourceManager {
    * Creates a job: picks and freezes its members, lays out its ranks, and has its backend make
    * the namespace known. Fails without side effects.
    */
-  createJob(spec: JobSpec): Promise<Readonly<Job>> {
-    return this.jobs.create(spec);
+  createJob(spec: JobSpec, opts: { waitMs?: number } = {}): Promise<Readonly<Job>> {
+    return this.jobs.create(spec, opts.waitMs ?? 0);
+  }
+
+  /** Job requests waiting for members or a job slot. */
+  get waitingJobs(): number {
+    return this.jobs.waiting;
   }
 
   getJob(id: string): Readonly<Job> {

@@ -3,7 +3,7 @@
 // change as it happens.
 import type { ResourceManager } from '../rm/manager.js';
 import { isActive } from '../rm/types.js';
-import { StateStore } from '../store/state-store.js';
+import type { StateStore } from '../store/state-store.js';
 import { removeShmSegments } from './shm-cleanup.js';
 
 export interface Restored {
@@ -16,9 +16,25 @@ export interface Restored {
 
 export const RESTART_REASON = 'the sidecar stopped before the job ended (it was restarted)';
 
-/** Opens the store in `dir`, restores it into `rm` and follows `rm` from then on. */
-export function persist(rm: ResourceManager, dir: string): { store: StateStore; restored: Restored; stop: () => void } {
-  const store = StateStore.open(dir);
+export interface Persisted {
+  store: StateStore;
+  restored: Restored;
+  stop: () => void;
+}
+
+/**
+ * Opens the store in `dir`, restores it into `rm` and follows `rm` from then on. The SQLite
+ * binding is a native module built for one Node.js ABI: on another Node it does not load, and
+ * the sidecar runs without persistence (the error says why) rather than not at all.
+ */
+export async function persist(rm: ResourceManager, dir: string): Promise<Persisted | Error> {
+  let open: typeof StateStore.open;
+  try {
+    open = (await import('../store/state-store.js')).StateStore.open;
+  } catch (err) {
+    return err instanceof Error ? err : new Error(String(err));
+  }
+  const store = open(dir);
   const psets = store.psets();
   const jobs = store.jobs();
   const interrupted = jobs.filter((j) => isActive(j.state));

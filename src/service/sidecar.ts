@@ -12,7 +12,7 @@ import type { RmLimits } from '../rm/manager.js';
 import { DEFAULT_MEMBER_ENV } from './default-env.js';
 import { PmiBackend } from './pmi-backend.js';
 import { PmixBackend } from './pmix-backend.js';
-import { persist } from './persistence.js';
+import { persist, type Persisted } from './persistence.js';
 import { PmixClients } from './pmix-clients.js';
 import { pmixHandlers } from './pmix-handlers.js';
 import { PmixPool } from './pmix-pool.js';
@@ -92,11 +92,16 @@ export class Sidecar {
       ...(opts.limits ? { limits: opts.limits } : {}),
     });
     // Psets and job history from the state directory, before anything else can change them.
-    let persisted: ReturnType<typeof persist> | undefined;
+    let persisted: Persisted | undefined;
     if (opts.stateDir) {
-      persisted = persist(rm, opts.stateDir);
-      const r = persisted.restored;
-      if (r.psets || r.jobs) log.info({ stateDir: opts.stateDir, ...r }, 'restored the state of an earlier run');
+      const p = await persist(rm, opts.stateDir);
+      if (p instanceof Error) {
+        log.error({ err: p, stateDir: opts.stateDir }, 'the state store cannot be opened: psets and job history will not survive a restart');
+      } else {
+        persisted = p;
+        const r = p.restored;
+        if (r.psets || r.jobs) log.info({ stateDir: opts.stateDir, ...r }, 'restored the state of an earlier run');
+      }
     }
     // Event numbers start above any an earlier run of this sidecar can have used (microseconds
     // since the epoch: a run emits far fewer events than that), so a reader that reconnects with

@@ -22,9 +22,9 @@ export function worker(id: string, host = 'h1', extra: Record<string, unknown> =
   return { id, host, pid: 4242, uid: process.getuid?.() ?? 1000, gid: process.getgid?.() ?? 1000, ...extra };
 }
 
-export async function apiFixture(opts: { token?: string; maxActiveJobs?: number; openReads?: boolean } = {}): Promise<ApiFixture> {
+export async function apiFixture(opts: { token?: string; maxActiveJobs?: number; openReads?: boolean; maxWaitingJobs?: number } = {}): Promise<ApiFixture> {
   const backend = new RecordingBackend(['openmpi', 'mpich']);
-  const rm = new ResourceManager({ backends: [backend], policy: defaultPolicy({ maxActiveJobs: opts.maxActiveJobs ?? 64, releaseGraceMs: 100 }) });
+  const rm = new ResourceManager({ backends: [backend], policy: defaultPolicy({ maxActiveJobs: opts.maxActiveJobs ?? 64, releaseGraceMs: 100 }), ...(opts.maxWaitingJobs !== undefined ? { maxWaitingJobs: opts.maxWaitingJobs } : {}) });
   const token = opts.token === undefined ? TOKEN : opts.token || undefined;
   const api = await buildApi({ rm, ...(token ? { token } : {}), ...(opts.openReads ? { openReads: true } : {}), version: 'test', pmixVersion: '5.0.11' });
   await api.app.listen({ host: '127.0.0.1', port: 0 });

@@ -9,16 +9,18 @@ export const jobRoutes: FastifyPluginAsync<RouteOptions> = async (app, { rm, aut
   const write = { onRequest: auth.write };
   const read = { onRequest: auth.read };
 
-  app.post<Body<Parameters<typeof jobSpec>[0]>>('/jobs', {
+  app.post<Body<Parameters<typeof jobSpec>[0]> & { Querystring: { wait?: number } }>('/jobs', {
     ...write,
     schema: {
       security: auth.security.write,
-      summary: 'Create an MPI job from a pset, an explicit member list or a selector',
+      summary: 'Create an MPI job from a pset, an explicit member list or a selector; with wait=<seconds>, ' +
+        'a request whose members are busy (or that finds every job slot taken) waits in line for up to that long',
       tags: ['jobs'],
       body: requests.createJob,
-      response: { 201: responses.job, ...errors(400, 401, 409, 422, 503) },
+      querystring: { type: 'object', properties: { wait: { type: 'number', minimum: 0, maximum: 3600 } }, additionalProperties: false },
+      response: { 201: responses.job, ...errors(400, 401, 409, 422, 429, 503) },
     },
-  }, async (req, reply) => reply.code(201).send(toJson.job(await rm.createJob(jobSpec(req.body)))));
+  }, async (req, reply) => reply.code(201).send(toJson.job(await rm.createJob(jobSpec(req.body), { waitMs: (req.query.wait ?? 0) * 1000 }))));
 
   app.get<{ Querystring: { state?: string } }>('/jobs', {
     ...read,

@@ -1,0 +1,74 @@
+// Job requests that find their workers busy wait in line (POST /v1/jobs?wait=<s>) instead of
+// failing at once: they start as workers are freed, oldest first; the line is bounded (429) and
+// every wait ends at its deadline with the reason (409).
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { apiFixture, worker, type ApiFixture } from './fixture.js';
+
+let fx: ApiFixture;
+beforeAll(async () => {
+  fx = await apiFixture({ maxWaitingJobs: 8 });
+  for (const id of ['a', 'b', 'c', 'd']) await fx.call('POST', '/v1/workers', worker(id));
+});
+afterAll(() => fx.close());
+
+describe('admission', () => {
+  it('a request for busy workers waits and starts when they are freed', async () => {
+    const held = (await fx.call('POST', '/v1/jobs', { impl: 'openmpi', members: ['a', 'b'] })).body;
+    const t0 = Date.now();
+    const waiting = fx.call('POST', '/v1/jobs?wait=20', { impl: 'openmpi', members: ['b', 'c'] });
+    await new Promise((r) => setTimeout(r, 300));
+    expect(fx.rm.waitingJobs).toBe(1);
+    expect((await fx.call('DELETE', `/v1/jobs/${held.id}`)).status).toBe(200);
+    const r = await waiting;
+    expect(r.status, JSON.stringify(r.body)).toBe(201);
+    expect(r.body.members.map((m: any) => m.workerId)).toEqual(['b', 'c']);
+    expect(Date.now() - t0).toBeGreaterThanOrEqual(300);
+    await fx.call('DELETE', `/v1/jobs/${r.body.id}`);
+  });
+
+  it('without wait, or past its deadline, a busy request is refused with the reason', async () => {
+    const held = (await fx.call('POST', '/v1/jobs', { impl: 'openmpi', members: ['a'] })).body;
+    const now = await fx.call('POST', '/v1/jobs', { impl: 'openmpi', members: ['a'] });
+    expect(now.status).toBe(409);
+    const later = await fx.call('POST', '/v1/jobs?wait=0.5', { impl: 'openmpi', members: ['a'] });
+    expect(later.status).toBe(409);
+    expect(later.body.message).toMatch(/already in job .*after waiting 0\.\d s/);
+    // Not busy but impossible: no waiting.
+    const never = await fx.call('POST', '/v1/jobs?wait=30', { impl: 'openmpi', selector: { count: 9 } });
+    expect(never.status).toBe(422);
+    expect((await fx.call('POST', '/v1/jobs?wait=9999', { impl: 'openmpi', members: ['a'] })).status).toBe(400);
+    await fx.call('DELETE', `/v1/jobs/${held.id}`);
+  });
+
+  it('a selector waits for enough free workers; the line is bounded', async () => {
+    const held = (await fx.call('POST', '/v1/jobs', { impl: 'openmpi', selector: { count: 4 } })).body;
+    const waiters = Array.from({ length: 8 }, () => fx.call('POST', '/v1/jobs?wait=30', { impl: 'openmpi', selector: { count: 2 } }));
+    await new Promise((r) => setTimeout(r, 300));
+    expect(fx.rm.waitingJobs).toBe(8);
+    const over = await fx.call('POST', '/v1/jobs?wait=30', { impl: 'openmpi', selector: { count: 2 } });
+    expect(over.status).toBe(429);
+    expect(over.body.message).toMatch(/8 job requests are waiting/);
+    await fx.call('DELETE', `/v1/jobs/${held.id}`);
+    // Two start at once on the four workers; each, once deleted, lets the next ones in.
+    const done = await Promise.all(waiters.map(async (w) => {
+      const r = await w;
+      expect(r.status, JSON.stringify(r.body)).toBe(201);
+      await fx.call('DELETE', `/v1/jobs/${r.body.id}`);
+      return r.body.id;
+    }));
+    expect(new Set(done).size).toBe(8);
+  });
+
+  it('many clients at once over few workers all get their jobs', async () => {
+    let ok = 0;
+    await Promise.all(Array.from({ length: 4 }, async () => {
+      for (let i = 0; i < 10; i++) {
+        const r = await fx.call('POST', '/v1/jobs?wait=30', { impl: 'openmpi', selector: { count: 2 } });
+        expect(r.status, JSON.stringify(r.body)).toBe(201);
+        ok++;
+        await fx.call('DELETE', `/v1/jobs/${r.body.id}`);
+      }
+    }));
+    expect(ok).toBe(40);
+  });
+});
