@@ -93,6 +93,12 @@ impi_venv() {
   "$ROOT/.venv-impi/bin/pip" install -q --disable-pip-version-check --no-deps -r "$REQ/impi.txt"
 }
 step venv-impi "$(hash_of "$REQ/impi.txt")" impi_venv
+# schemathesis for the REST fuzz test, apart from the Dask environments (its pins are its own).
+fuzz_venv() {
+  [ -x "$ROOT/.venv-fuzz/bin/python" ] || "$PYTHON" -m venv "$ROOT/.venv-fuzz"
+  "$ROOT/.venv-fuzz/bin/python" -m pip install -q --disable-pip-version-check -r "$REQ/fuzz.txt"
+}
+step venv-fuzz "$(hash_of "$REQ/fuzz.txt")" fuzz_venv
 
 # The wheels a fresh environment installs next to the dask-pmix wheel, downloaded once so that the
 # wheel test installs offline.

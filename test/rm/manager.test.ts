@@ -189,7 +189,9 @@ describe('ResourceManager: admission and failed requests', () => {
     // A selector only sees the free workers.
     const other = await rm.createJob({ impl: 'openmpi', selector: { count: 2 } });
     expect(other.members.map((m) => m.workerId)).toEqual(['w2', 'w3']);
-    await expect(rm.createJob({ impl: 'openmpi', selector: { count: 1 } })).rejects.toMatchObject({ kind: 'unprocessable' });
+    // Every worker is in a job: the request could start later (it may wait), unlike one that never can.
+    await expect(rm.createJob({ impl: 'openmpi', selector: { count: 1 } })).rejects.toMatchObject({ kind: 'conflict', message: expect.stringMatching(/in jobs now/) });
+    await expect(rm.createJob({ impl: 'openmpi', selector: { count: 9 } })).rejects.toMatchObject({ kind: 'unprocessable' });
   });
 
   it('rejects malformed and unservable requests', async () => {
