@@ -28,13 +28,13 @@ export interface Persisted {
  * the sidecar runs without persistence (the error says why) rather than not at all.
  */
 export async function persist(rm: ResourceManager, dir: string): Promise<Persisted | Error> {
-  let open: typeof StateStore.open;
+  let store: StateStore;
   try {
-    open = (await import('../store/state-store.js')).StateStore.open;
+    // The binding loads its native part when the first database opens.
+    store = (await import('../store/state-store.js')).StateStore.open(dir);
   } catch (err) {
     return err instanceof Error ? err : new Error(String(err));
   }
-  const store = open(dir);
   const psets = store.psets();
   const jobs = store.jobs();
   const interrupted = jobs.filter((j) => isActive(j.state));
