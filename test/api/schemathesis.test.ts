@@ -24,7 +24,7 @@ it(`schemathesis finds no 5xx in the REST API (seed ${SEED})`, { timeout: 600_00
       'run', `${url}/openapi.json`, '-H', 'Authorization: Bearer fuzz', '--checks', 'not_a_server_error',
       '--exclude-path', '/v1/events', '--max-examples', '15', '--seed', String(SEED), '--workers', '1', '--request-timeout', '20',
       '--no-color',
-    ], { encoding: 'utf8', timeout: 540_000, env: { ...process.env, SCHEMATHESIS_HOOKS: '' } });
+    ], { encoding: 'utf8', timeout: 540_000, cwd: dir, env: { ...process.env, SCHEMATHESIS_HOOKS: '' } });
     const text = `${run.stdout}\n${run.stderr}`;
     const m = /(\d+) generated, (\d+) passed/.exec(text);
     expect(run.status, text.slice(-4000)).toBe(0);
