@@ -35,6 +35,7 @@ export function writeMatrix(resultsDir: string, out: string): void {
   const results = readdirSync(resultsDir)
     .filter((f) => f.endsWith('.json'))
     .map((f) => JSON.parse(readFileSync(join(resultsDir, f), 'utf8')) as RowResult)
+    .filter((r) => r.features !== undefined) // other reports share the folder (pmix-conformance.json)
     .sort((a, b) => `${a.impl} ${a.mode === 'fork' ? '' : a.mode}`.localeCompare(`${b.impl} ${b.mode === 'fork' ? '' : b.mode}`));
   const lines: string[] = [
     '# Compatibility matrix',

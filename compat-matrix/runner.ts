@@ -26,6 +26,16 @@ import { Sidecar } from './sidecar.js';
 
 const FEATURES: Feature[] = [world, sessionWorld, psetNames, psetGroup, publishLookup, connectAccept, spawnFeature, abortFeature, memberDeath];
 
+/** Columns that do not apply to the in-process join mode, and why. */
+const NOT_INPROCESS: Record<string, string> = {
+  'session-world': "does not apply in-process: a pool member's mpi://WORLD is the whole pool (every epoch rank), not its job",
+  'pset-names': 'does not apply in-process: custom psets are per namespace in Open MPI 5.0.x, and a job is a group of the pool namespace',
+  'pset-group': 'does not apply in-process: custom psets are per namespace in Open MPI 5.0.x, and a job is a group of the pool namespace',
+  spawn: 'refused on purpose in every mode',
+  'publish-lookup': 'not measured in-process (the agent has no command for it in this mode)',
+  'connect-accept': 'not measured in-process (the agent has no command for it in this mode)',
+};
+
 export interface RunOptions {
   root: string;
   rows?: string[];
@@ -114,32 +124,25 @@ export async function runMatrix(opts: RunOptions): Promise<RowResult[]> {
         }
       }
       const inprocessColumns = ['world', 'abort', 'member-death', 'repeat'].filter((c) => wanted.has(c));
-      if (row.inprocess && inprocessColumns.length && (!opts.modes || opts.modes.includes('inprocess'))) {
+      const notInprocess = Object.entries(NOT_INPROCESS).filter(([c]) => wanted.has(c));
+      if (row.inprocess && (inprocessColumns.length || notInprocess.length) && (!opts.modes || opts.modes.includes('inprocess'))) {
         const result: RowResult = { ...base, mode: 'inprocess', features: {} };
-        await withAgents(sidecar, row, agentBin, 'inprocess', async (agents) => {
-          const ctx = ctxFor(agents);
-          let ranks: Map<string, number> | undefined;
-          let why = 'the agents could not join the pool';
-          try {
-            const joined = await joinPool(ctx, agents);
-            if (joined instanceof Map) ranks = joined;
-            else why = joined.reason ?? why;
-          } catch (err) {
-            why = `${why}: ${err instanceof Error ? err.message : String(err)}`;
-          }
-          for (const c of inprocessColumns) {
-            log(`${row.id}: ${c} (inprocess) ...`);
-            const r = ranks;
-            const outcome: Outcome = r
-              ? await guard(row, `${c}/inprocess`, () =>
-                  c === 'world' ? inprocessWorld(ctx, r)
-                    : c === 'repeat' ? inprocessRepeat(ctx, r, opts.inprocessJobs ?? 200)
-                      : inprocessFailure(ctx, r, c as 'abort' | 'member-death'))
-              : { status: 'fail', reason: why };
-            result.features[c] = outcome;
-            log(`${row.id}: ${c} (inprocess): ${outcome.status}${outcome.reason ? ` — ${outcome.reason}` : ''}`);
-          }
-        });
+        for (const [c, reason] of notInprocess) result.features[c] = { status: 'unsupported', reason };
+        // Fresh agents per column: abort and member-death end one of them.
+        for (const c of inprocessColumns) {
+          log(`${row.id}: ${c} (inprocess) ...`);
+          const outcome = await guard(row, `${c}/inprocess`, () =>
+            withAgents(sidecar, row, agentBin, `inprocess-${c}`, async (agents) => {
+              const ctx = ctxFor(agents);
+              const ranks = await joinPool(ctx, agents);
+              if (!(ranks instanceof Map)) return ranks;
+              return c === 'world' ? inprocessWorld(ctx, ranks)
+                : c === 'repeat' ? inprocessRepeat(ctx, ranks, opts.inprocessJobs ?? 200)
+                  : inprocessFailure(ctx, ranks, c as 'abort' | 'member-death');
+            }));
+          result.features[c] = outcome;
+          log(`${row.id}: ${c} (inprocess): ${outcome.status}${outcome.reason ? ` — ${outcome.reason}` : ''}`);
+        }
         modeResults.push(result);
       }
       // A base row with no cells run (e.g. only another join mode was asked for) is not rewritten.

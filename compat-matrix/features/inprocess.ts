@@ -153,7 +153,8 @@ export async function inprocessFailure(ctx: Ctx, ranks: Map<string, number>, fea
   if (ended.some((l) => !l)) {
     return { status: 'fail', seconds, reason: `job ${marked.state} after ${markedAfter.toFixed(2)} s, but a survivor was still inside MPI ${returnedAfter.toFixed(1)} s after the loss (dask_pmix restarts such a worker through its nanny)` };
   }
-  const errors = others.map((a) => a.lines.slice(at(a)).find((l) => l.feature === F && l.job === tag && 'error' in l)?.error).filter(Boolean);
+  // compat_error lines carry the MPI error's message (they name no job: the first after its start).
+  const errors = others.map((a) => a.lines.slice(at(a)).find((l) => l.feature === F && l.ok === false && typeof l.message === 'string')?.message).filter(Boolean);
   // The survivors serve the next job.
   await sleep(300);
   const nextErr = await runJob(ctx, await create(ctx, others, ranks)).catch((e: unknown) => String(e));
