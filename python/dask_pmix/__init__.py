@@ -12,9 +12,9 @@ from .comm.stats import comm_stats
 from .errors import MPIJobError, SidecarError
 from .plugin import SidecarPlugin, dask_setup, wait_for_plugin
 from .rest import SidecarClient
-from .run import run_mpi
+from .run import run_mpi, submit_mpi
 from .worker import PoolPlugin
 
 __version__ = (Path(__file__).resolve().parent / "VERSION").read_text().strip()
 __all__ = ["comm_stats", "MPIJobError", "SidecarError", "SidecarPlugin", "SidecarClient", "PoolPlugin", "pool", "run_mpi",
-           "dask_setup", "wait_for_plugin", "__version__"]
+           "submit_mpi", "dask_setup", "wait_for_plugin", "__version__"]

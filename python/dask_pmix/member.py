@@ -82,11 +82,14 @@ def _send(fd: int, message: Any) -> None:
 def _describe(exc: BaseException) -> dict:
     desc = {"type": type(exc).__name__, "message": str(exc),
             "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))}
-    try:
-        pickle.dumps(exc)
-        desc["exception"] = exc
-    except Exception:
-        pass
+    # An mpi4py exception travels as its text: unpickling it would import mpi4py.MPI into the
+    # worker, which initialises MPI there, and every later fork-mode rank of that worker refuses.
+    if not type(exc).__module__.startswith("mpi4py"):
+        try:
+            pickle.dumps(exc)
+            desc["exception"] = exc
+        except Exception:
+            pass
     return desc
 
 
@@ -319,7 +322,9 @@ def _run_rank(job_id, rank, worker, env, impl, fn, args, kwargs, job_state, time
                 break
             if deadline is not None and now > deadline and not reader.complete:
                 _kill(pid)
-                raise MPIJobError(f"timed out after {timeout:.0f} s", job_id=job_id, rank=rank, worker=worker)
+                # Its own deadline: the rank's report, so that it wins over the loss its kill causes.
+                raise MPIJobError(f"timed out after {timeout:g} s", job_id=job_id, rank=rank, worker=worker,
+                                  origin="rank")
             if now >= next_poll:
                 next_poll = now + poll_interval
                 state = job_state()

@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import time
+import weakref
 from typing import Any, Callable, Iterable
 
+from . import config
 from .errors import MPIJobError
+from .plugin import ACTIVE_STATES, PLUGIN_MISSING
 
 logger = logging.getLogger("dask_pmix")
 
 FAILED_STATES = ("failed", "aborted")
 # Ranks go ahead of tasks queued on their workers: the other ranks are already waiting for them.
 RANK_PRIORITY = 1_000_000
+POLL = 0.25  # how often run_mpi looks at the job while its ranks run
+# With a job timeout, run_mpi gives the sidecar this long to report it before it says so itself.
+TIMEOUT_GRACE = 5.0
+# A job that ended while a rank's task has not finished: how long before that rank is given up.
+ENDED_GRACE = 5.0
 
 
 def _sidecar_calls(job_id: str, worker_id: str) -> tuple[Callable[[], dict], Callable[[str], None]]:
@@ -92,10 +100,8 @@ def _inprocess_task(job: dict, rank: int, worker_id: str, fn: Callable, args: tu
                       calls=_inprocess_calls(job["id"], worker_id), wiring_timeout=float(job["wiringTimeoutSeconds"]))
 
 
-def _holders(client, futures: Iterable) -> dict[str, list]:
+def _holders(who_has: dict, futures: list) -> dict[str, list]:
     """worker address -> the futures whose data it already holds."""
-    futures = list(futures)
-    who_has = client.who_has(futures)
     by_worker: dict[str, list] = {}
     for f in futures:
         holders = who_has.get(f.key) or []
@@ -108,7 +114,7 @@ class MPIJob:
     """A job created on the sidecar with one Dask future per rank, each left on its worker.
 
     ``futures`` are in rank order; ``release()`` gives the members back (cancelling the ranks
-    that have not finished). run_mpi gathers and releases; other front ends may keep the futures.
+    that have not finished). run_mpi gathers and releases; submit_mpi hands the futures over.
     """
 
     def __init__(self, client, job: dict, futures: list):
@@ -119,29 +125,52 @@ class MPIJob:
         self.members = sorted(job["members"], key=lambda m: m["rank"])
         self.futures = futures
 
-    def release(self) -> None:
-        for f in self.futures:
-            if not f.done():
-                f.cancel()
-        self.client.sync(self.client.scheduler.dask_pmix_release_job, job_id=self.id)
+    async def _release(self) -> None:
+        unfinished = [f for f in self.futures if not f.done()]
+        if unfinished:
+            await self.client._cancel(unfinished)
+        await self.client.scheduler.dask_pmix_release_job(job_id=self.id)
+
+    def release(self):
+        return self.client.sync(self._release)
 
 
-def start_job(client, fn: Callable, args: tuple = (), kwargs: dict | None = None, *, n: int | None = None,
-              workers: list[str] | None = None, pset: str | None = None, impl: str = "openmpi",
-              mode: str | None = None, timeout: float | None = None, wiring_timeout: float | None = None,
-              local: Iterable | None = None) -> MPIJob:
-    """Creates the job on the sidecar and submits one task per rank (the part of run_mpi that
-    leaves the futures on the workers). See run_mpi for the arguments."""
+# Whether the scheduler has the plugin's handlers, asked once per client and scheduler: a call to
+# a handler the scheduler lacks never returns.
+_plugin_seen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+async def _check_plugin(client) -> None:
+    address = client.scheduler.address
+    if _plugin_seen.get(client) == address:
+        return
+    if not await client._run_on_scheduler(lambda dask_scheduler: "dask_pmix_info" in dask_scheduler.handlers):
+        raise RuntimeError(PLUGIN_MISSING)
+    _plugin_seen[client] = address
+
+
+async def _start_job(client, fn: Callable, args: tuple = (), kwargs: dict | None = None, *, n: int | None = None,
+                     workers: list[str] | None = None, pset: str | None = None, impl: str | None = None,
+                     mode: str | None = None, timeout: float | None = None, wiring_timeout: float | None = None,
+                     local: Iterable | None = None) -> MPIJob:
+    impl = impl or config.get("job.impl")
+    mode = mode or config.get("job.mode")
+    timeout = config.seconds("timeouts.job") if timeout is None else timeout
+    wiring_timeout = config.seconds("timeouts.wiring") if wiring_timeout is None else wiring_timeout
     if mode not in (None, "inprocess", "fork"):
         raise ValueError(f"mode must be 'inprocess' or 'fork', not {mode!r}")
+    await _check_plugin(client)
     kwargs = dict(kwargs or {})
     local_by_worker = None
     if local is not None:
-        local_by_worker = _holders(client, local)
+        local = list(local)
+        who_has = await client.scheduler.who_has(keys=[f.key for f in local])
+        local_by_worker = _holders(who_has, local)
         if workers is None and pset is None and n is None:
             workers = sorted(local_by_worker)
-    created = client.sync(client.scheduler.dask_pmix_create_job, workers=workers, n=n, pset=pset, impl=impl,
-                          owner=client.id, timeout=timeout, wiring_timeout=wiring_timeout, mode=mode or "inprocess")
+    created = await client.scheduler.dask_pmix_create_job(
+        workers=workers, n=n, pset=pset, impl=impl, owner=client.id, timeout=timeout, wiring_timeout=wiring_timeout,
+        mode=mode or "inprocess")
     if "error" in created:
         raise MPIJobError(created["error"])
     job = created["job"]
@@ -166,13 +195,37 @@ def start_job(client, fn: Callable, args: tuple = (), kwargs: dict | None = None
                                   pure=False, retries=0, priority=RANK_PRIORITY)
             mpi_job.futures.append(f)
     except BaseException:
-        mpi_job.release()
+        await mpi_job._release()
         raise
     return mpi_job
 
 
+def start_job(client, fn: Callable, args: tuple = (), kwargs: dict | None = None, **options) -> MPIJob:
+    """Creates the job on the sidecar and submits one task per rank (the part of run_mpi that
+    leaves the futures on the workers); awaitable with an asynchronous client. See run_mpi for
+    the options."""
+    return client.sync(_start_job, client, fn, args, kwargs, **options)
+
+
+def submit_mpi(client, fn: Callable, *args, n: int | None = None, workers: list[str] | None = None,
+               pset: str | None = None, impl: str | None = None, mode: str | None = None,
+               timeout: float | None = None, wiring_timeout: float | None = None, local: Iterable | None = None,
+               **kwargs) -> list:
+    """Starts ``fn(comm, *args, **kwargs)`` as one MPI job, like run_mpi, and returns at once with
+    one Dask future per rank, in rank order. Each result stays on its rank's worker, so later
+    tasks that take a future as input run where it is (``client.submit(g, futures[r])``).
+    Cancelling the futures (``client.cancel(futures)``, or dropping them before they finish) ends
+    the job and gives its members back. With an asynchronous client, ``await`` it."""
+    async def submit() -> list:
+        job = await _start_job(client, fn, args, kwargs, n=n, workers=workers, pset=pset, impl=impl, mode=mode,
+                               timeout=timeout, wiring_timeout=wiring_timeout, local=local)
+        return job.futures
+
+    return client.sync(submit)
+
+
 def run_mpi(client, fn: Callable, *args, n: int | None = None, workers: list[str] | None = None,
-            pset: str | None = None, impl: str = "openmpi", mode: str | None = None, timeout: float | None = None,
+            pset: str | None = None, impl: str | None = None, mode: str | None = None, timeout: float | None = None,
             wiring_timeout: float | None = None, local: Iterable | None = None, **kwargs) -> list:
     """Runs ``fn(comm, *args, **kwargs)`` on each chosen worker as one MPI job; results in rank order.
 
@@ -186,83 +239,105 @@ def run_mpi(client, fn: Callable, *args, n: int | None = None, workers: list[str
     session; where that cannot serve (a member outside the pool, members in different pool
     epochs, MPICH or Intel MPI) the job runs in fork mode instead and the reason is logged (and
     recorded in the job's ``modeReason``). ``mode="fork"`` runs each rank in a child process of
-    its worker, isolated from it.
+    its worker, isolated from it. ``impl``, ``mode``, ``timeout`` and ``wiring_timeout`` default
+    to the dask-pmix settings (job.impl, job.mode, timeouts.job, timeouts.wiring).
 
-    The members are frozen (Dask will not retire them) until the job ends, and released
-    afterwards whatever happens. Raises MPIJobError naming the rank, the worker and the reason
-    when the job fails.
+    This is the gather of submit_mpi: the members are frozen (Dask will not retire them) until
+    the job ends, and released afterwards whatever happens. Raises MPIJobError naming the rank,
+    the worker and the reason when the job fails; with ``timeout`` it returns or raises within
+    about that long. With an asynchronous client, ``await`` it.
     """
-    job = start_job(client, fn, args, kwargs, n=n, workers=workers, pset=pset, impl=impl, mode=mode,
-                    timeout=timeout, wiring_timeout=wiring_timeout, local=local)
-    try:
-        return _gather(client, job.id, job.members, job.futures)
-    finally:
-        job.release()
+    async def run() -> list:
+        job = await _start_job(client, fn, args, kwargs, n=n, workers=workers, pset=pset, impl=impl, mode=mode,
+                               timeout=timeout, wiring_timeout=wiring_timeout, local=local)
+        try:
+            return await _gather(client, job, job.job.get("timeoutSeconds") or None)
+        finally:
+            await job._release()
+
+    return client.sync(run)
 
 
-def _gather(client, job_id: str, members: list[dict], futures: list) -> list:
+async def _gather(client, job: MPIJob, timeout: float | None) -> list:
     """Waits for every rank, but stops as soon as the sidecar fails the job: a rank whose worker
-    died has a task that will never run, so its future alone would wait forever."""
-    from distributed import wait
-    from distributed.client import TimeoutError as DaskTimeoutError
+    died has a task that will never run, so its future alone would wait forever. Every wait is
+    bounded: by the job's timeout (plus a grace for the sidecar's own, more telling, report), and
+    by ENDED_GRACE for a rank whose task has not finished although its job has ended."""
+    from distributed.client import _wait
 
+    loop = asyncio.get_running_loop()
+    deadline = None if not timeout else loop.time() + timeout + TIMEOUT_GRACE
+    ended_since: float | None = None
     while True:
         try:
-            wait(futures, timeout=0.25, return_when="ALL_COMPLETED")
-        except (DaskTimeoutError, TimeoutError):
+            await _wait(job.futures, timeout=POLL)
+        except (TimeoutError, asyncio.TimeoutError):
             pass
-        pending = [f for f in futures if not f.done()]
-        errored = [f for f in futures if f.status == "error"]
+        pending = [f for f in job.futures if not f.done()]
+        errored = [f for f in job.futures if f.status == "error"]
         if not pending and not errored:
-            return client.gather(futures)
-        job = client.sync(client.scheduler.dask_pmix_job, job_id=job_id)
-        if errored or job.get("state") in FAILED_STATES:
-            raise _job_error(client, job_id, members, futures)
+            return await client._gather(job.futures)
+        state = await client.scheduler.dask_pmix_job(job_id=job.id)
+        if errored or state.get("state") in FAILED_STATES:
+            raise await _job_error(client, job)
+        now = loop.time()
+        if state.get("state") not in (*ACTIVE_STATES, "unknown"):
+            ended_since = ended_since or now
+            if now - ended_since > ENDED_GRACE:
+                f = pending[0]
+                m = job.members[job.futures.index(f)]
+                raise MPIJobError(f"the job {state.get('state')}, but rank {m['rank']}'s task never finished on its "
+                                  f"worker (it is still {f.status}; the worker may have gone)", job_id=job.id,
+                                  rank=m["rank"], worker=m["workerId"])
+        if deadline is not None and now > deadline:
+            raise MPIJobError(f"timed out after {timeout:g} s", job_id=job.id)
 
 
-def _own_error(f) -> MPIJobError | None:
+async def _exceptions(futures: list) -> list[BaseException | None]:
+    return [await f._exception() if f.status == "error" else None for f in futures]
+
+
+def _own_error(e: BaseException | None) -> MPIJobError | None:
     """The error a rank raised about its own function or process, if it has one."""
-    if f.status != "error":
-        return None
-    e = f.exception()
     return e if isinstance(e, MPIJobError) and e.origin == "rank" else None
 
 
-def _job_error(client, job_id: str, members: list[dict], futures: list) -> MPIJobError:
+async def _job_error(client, job: MPIJob) -> MPIJobError:
     """The most telling error. The sidecar names the rank it lost first; when that rank also
     reported why (its exception, which comes soon if its worker lives), that report wins. A rank
     whose worker died never reports."""
-    job = client.sync(client.scheduler.dask_pmix_job, job_id=job_id)
-    members_now = job.get("members", [])
+    loop = asyncio.get_running_loop()
+
+    async def settle(futures: list, seconds: float) -> None:
+        deadline = loop.time() + seconds
+        while loop.time() < deadline and not all(f.done() for f in futures):
+            await asyncio.sleep(0.02)
+
+    state = await client.scheduler.dask_pmix_job(job_id=job.id)
+    members_now = state.get("members", [])
     culprit = next((m for m in members_now if m.get("endedJob")), None)
-    if culprit is None and job.get("state") in FAILED_STATES and job.get("error"):
-        # Ended for a reason of its own (a timeout, a DELETE): members that failed afterwards,
-        # because it ended, are not to blame.
-        return MPIJobError(job["error"], job_id=job_id)
+    if culprit is None and state.get("state") in FAILED_STATES and state.get("error"):
+        # Ended for a reason of its own (a timeout, a DELETE, the sidecar gone): members that
+        # failed afterwards, because it ended, are not to blame.
+        return MPIJobError(state["error"], job_id=job.id)
     if culprit is None:
-        deadline = time.monotonic() + 1.0
-        while time.monotonic() < deadline and not all(f.done() for f in futures):
-            time.sleep(0.05)
+        await settle(job.futures, 1.0)
         culprit = next((m for m in members_now if m.get("state") == "lost"), None)
     if culprit is not None:
-        mine = futures[culprit["rank"]]
-        deadline = time.monotonic() + 0.3
-        while time.monotonic() < deadline and not mine.done():
-            time.sleep(0.02)
-        own = _own_error(mine)
+        await settle([job.futures[culprit["rank"]]], 0.3)
+        own = _own_error((await _exceptions([job.futures[culprit["rank"]]]))[0])
         if own is not None:
             return own
-        return MPIJobError(job.get("error") or f"the job was {job.get('state')}", job_id=job_id,
+        return MPIJobError(state.get("error") or f"the job was {state.get('state')}", job_id=job.id,
                            rank=culprit["rank"], worker=culprit["workerId"])
-    own = [e for e in map(_own_error, futures) if e is not None]
+    excs = await _exceptions(job.futures)
+    own = [e for e in map(_own_error, excs) if e is not None]
     if own:
         return min(own, key=lambda e: e.rank if e.rank is not None else 1 << 30)
-    if job.get("state") in FAILED_STATES:
-        return MPIJobError(job.get("error") or f"the job was {job.get('state')}", job_id=job_id)
-    f = next(f for f in futures if f.status == "error")
-    exc = f.exception()
+    if state.get("state") in FAILED_STATES:
+        return MPIJobError(state.get("error") or f"the job was {state.get('state')}", job_id=job.id)
+    rank, exc = next((r, e) for r, e in enumerate(excs) if e is not None)
     if isinstance(exc, MPIJobError):
         return exc
-    rank = futures.index(f)
-    return MPIJobError(f"{type(exc).__name__}: {exc}", job_id=job_id, rank=rank, worker=members[rank]["workerId"],
+    return MPIJobError(f"{type(exc).__name__}: {exc}", job_id=job.id, rank=rank, worker=job.members[rank]["workerId"],
                        origin="rank")

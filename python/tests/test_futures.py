@@ -1,0 +1,127 @@
+"""submit_mpi: one Dask future per rank, left on its worker; run_mpi is its gather; both with an
+asynchronous client; cancelling the futures ends the job and gives the members back. And every
+wait of run_mpi is bounded: a timeout is reported as a timeout."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import pytest
+from distributed import Client, get_worker, wait
+
+from dask_pmix import MPIJobError, SidecarError, run_mpi, submit_mpi
+
+from .conftest import IMPL
+
+
+def rank_info(comm, offset=0):
+    return {"rank": comm.rank, "size": comm.size, "sum": comm.allreduce(comm.rank + offset), "pid": os.getpid()}
+
+
+def workers_of(client, n: int = 4):
+    """The workers now (an in-process rank that times out restarts its worker, under a new address)."""
+    client.wait_for_workers(n, timeout=60)
+    return client.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.workers))
+
+
+def wait_until(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
+        time.sleep(0.05)
+
+
+def job_state(sidecar, job_id: str) -> str:
+    try:
+        return sidecar.job(job_id)["state"]
+    except SidecarError as e:
+        if e.status == 404:  # deleted: aborted and forgotten
+            return "gone"
+        raise
+
+
+def test_one_future_per_rank_left_on_its_worker(dask_cluster):
+    _, client, sidecar = dask_cluster
+    members = workers_of(client)[1:4]
+    futures = submit_mpi(client, rank_info, 10, workers=members, impl=IMPL)
+    assert len(futures) == 3
+    wait(futures, timeout=60)
+    assert [f.result()["rank"] for f in futures] == [0, 1, 2]
+    assert {f.result()["sum"] for f in futures} == {3 + 30}
+    # Each result stays where its rank ran, and a task that takes it runs there too.
+    assert {k: sorted(v) for k, v in client.who_has(futures).items()} == {f.key: [w] for f, w in zip(futures, members)}
+    where = [client.submit(lambda r: (r["rank"], get_worker().address), f) for f in futures]
+    assert [w.result(timeout=30) for w in where] == [(r, members[r]) for r in range(3)]
+    wait_until(lambda: {w["state"] for w in sidecar.workers()} == {"available"}, 10, "members released")
+
+
+def test_asynchronous_client(dask_cluster):
+    cluster, _, sidecar = dask_cluster
+
+    async def use() -> tuple[list, list]:
+        async with Client(cluster.scheduler_address, asynchronous=True) as client:
+            futures = await submit_mpi(client, rank_info, n=2, impl=IMPL)
+            submitted = await client.gather(futures)
+            gathered = await run_mpi(client, rank_info, 1, n=3, impl=IMPL)
+            return submitted, gathered
+
+    submitted, gathered = asyncio.run(use())
+    assert [(r["rank"], r["size"], r["sum"]) for r in submitted] == [(0, 2, 1), (1, 2, 1)]
+    assert [(r["rank"], r["size"], r["sum"]) for r in gathered] == [(0, 3, 6), (1, 3, 6), (2, 3, 6)]
+    wait_until(lambda: {w["state"] for w in sidecar.workers()} == {"available"}, 10, "members released")
+
+
+def test_cancelling_the_futures_ends_the_job_and_releases_its_members(dask_cluster):
+    _, client, sidecar = dask_cluster
+
+    def forever(comm):
+        while True:  # until the job ends
+            comm.Barrier()
+            time.sleep(0.05)
+
+    futures = submit_mpi(client, forever, n=3, impl=IMPL)
+    job_id = futures[0].key.split("dask-pmix-", 1)[1].rsplit("-rank-", 1)[0]
+    wait_until(lambda: sidecar.job(job_id)["state"] == "running", 30, "the job running")
+    t0 = time.monotonic()
+    client.cancel(futures)
+    wait_until(lambda: job_state(sidecar, job_id) in ("aborted", "failed", "gone"), 10, "the job ended")
+    wait_until(lambda: {w["state"] for w in sidecar.workers()} == {"available"}, 10, "members released")
+    print(f"cancel -> job ended and members released in {time.monotonic() - t0:.2f} s")
+    # The same workers serve the next job.
+    assert [r["sum"] for r in run_mpi(client, rank_info, n=4, impl=IMPL)] == [6] * 4
+
+
+def test_a_timeout_is_reported_as_a_timeout(dask_cluster):
+    _, client, sidecar = dask_cluster
+    workers_of(client)
+
+    def sleeps(comm):
+        time.sleep(60)
+
+    t0 = time.monotonic()
+    with pytest.raises(MPIJobError, match="time(d)? ?out") as err:
+        run_mpi(client, sleeps, n=2, impl=IMPL, timeout=2)
+    assert time.monotonic() - t0 < 2 + 8
+    assert "PMIx server dropped" not in str(err.value)
+    wait_until(lambda: {w["state"] for w in sidecar.workers()} == {"available"}, 15, "members released")
+
+
+def test_a_rank_that_cannot_start_is_bounded_by_the_timeout(dask_cluster):
+    # The member's only... every thread of one member is busy with a long task, so its rank
+    # cannot start: run_mpi must give up at its timeout, not wait for the wiring timeout (60 s).
+    _, client, sidecar = dask_cluster
+    members = workers_of(client)[:2]
+    nthreads = client.run_on_scheduler(lambda dask_scheduler, w=members[1]: dask_scheduler.workers[w].nthreads)
+    busy = [client.submit(time.sleep, 30, workers=[members[1]], pure=False) for _ in range(nthreads)]
+    wait_until(lambda: len(client.processing(workers=[members[1]])[members[1]]) == nthreads, 10, "busy")
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(MPIJobError, match="time(d)? ?out"):
+            run_mpi(client, rank_info, workers=members, impl=IMPL, timeout=3)
+        assert time.monotonic() - t0 < 3 + 8
+    finally:
+        client.cancel(busy)
+    wait_until(lambda: {w["state"] for w in sidecar.workers()} == {"available"}, 15, "members released")
+
