@@ -136,7 +136,8 @@ def start_cluster(n: int, pool: bool):
     cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None)
     client = Client(cluster)
     client.register_plugin(SidecarPlugin(pool=pool))
-    sidecar = SidecarClient(wait_for_plugin(client)["url"])
+    info = wait_for_plugin(client)
+    sidecar = SidecarClient(info["url"], info.get("token"))
     client.wait_for_workers(n, timeout=120)
     if pool:
         deadline = time.monotonic() + 180

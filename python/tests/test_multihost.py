@@ -132,7 +132,8 @@ def test_in_process_jobs_span_hosts(two_hosts):
         pytest.skip("the in-process pool is Open MPI's")
     from dask_pmix.rest import SidecarClient
 
-    sidecar = SidecarClient(wait_for_plugin(client)["url"])
+    info = wait_for_plugin(client)
+    sidecar = SidecarClient(info["url"], info.get("token"))
     deadline = time.monotonic() + 120
     while sum((w.get("pool") or {}).get("state") == "ready" for w in sidecar.workers()) < len(workers):
         assert time.monotonic() < deadline, [w.get("pool") for w in sidecar.workers()]
