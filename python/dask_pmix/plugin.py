@@ -376,23 +376,28 @@ class SidecarPlugin(SchedulerPlugin):
             return f"the dask-pmix sidecar at {self.url} has not answered for {now - self._unreachable_since:.1f} s"
         return None
 
-    async def release_job(self, job_id: str, grace: float = 5.0) -> dict | None:
+    async def release_job(self, job_id: str, grace: float = 5.0, settle: float = 0.0) -> dict | None:
         """Gives the members back. A job that ended stays in the sidecar's history and is released
-        there once its ranks have gone (at once, normally); one still active, or one whose ranks
-        linger past `grace`, is deleted: aborted, released and forgotten."""
+        there once its ranks have gone (at once, normally); one still active (after `settle`
+        seconds: a job whose every rank returned ends when their reports arrive), or one whose
+        ranks linger past `grace`, is deleted: aborted, released and forgotten."""
         job: dict | None = None
         try:
             deadline = time.monotonic() + grace
+            settled = time.monotonic() + settle
             while True:
                 job = await asyncio.to_thread(self.rest.job, job_id)
                 if job.get("state") in ACTIVE_STATES:
+                    if time.monotonic() < settled:  # its members' last words are on their way
+                        await asyncio.sleep(0.005)
+                        continue
                     break
                 if job.get("releasedAt"):
                     self._forget(job_id)
                     return job
                 if time.monotonic() > deadline:
                     break
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(0.01)
             job = await asyncio.to_thread(self.rest.delete_job, job_id)
         except SidecarError as e:
             job = {"id": job_id, "error": str(e)}

@@ -77,6 +77,13 @@ def _inprocess_calls(job_id: str, worker_id: str):
             return {"error": f"the scheduler could not be asked: {e}"}
 
     def leave(ok: bool, reason: str, failed_ranks: list) -> Any:
+        if ok:
+            # Not waited for: the result goes back at once; whoever releases the job waits for the
+            # sidecar to have heard every member (run_mpi's release does).
+            asyncio.run_coroutine_threadsafe(
+                worker.scheduler.dask_pmix_leave_job(job_id=job_id, worker=worker_id, ok=True, reason="",
+                                                     failed_ranks=[]), worker.loop.asyncio_loop)
+            return None
         return sync(worker.loop, worker.scheduler.dask_pmix_leave_job, job_id=job_id, worker=worker_id, ok=ok,
                     reason=reason, failed_ranks=failed_ranks)
 
@@ -129,7 +136,9 @@ class MPIJob:
         unfinished = [f for f in self.futures if not f.done()]
         if unfinished:
             await self.client._cancel(unfinished)
-        await self.client.scheduler.dask_pmix_release_job(job_id=self.id)
+        # Every rank returned: the job ends by itself as their reports reach the sidecar.
+        finished = bool(self.futures) and all(f.status == "finished" for f in self.futures)
+        await self.client.scheduler.dask_pmix_release_job(job_id=self.id, settle=2.0 if finished else 0.0)
 
     def release(self):
         return self.client.sync(self._release)
