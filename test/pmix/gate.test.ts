@@ -177,9 +177,12 @@ describe('the gate', () => {
     try {
       for (let i = 0; i < 256; i++) pending.push(connect(gatePort(), '127.0.0.1'));
       await new Promise((r) => setTimeout(r, 100));
-      const { reply, ms } = await exchange(undefined);
+      const before = refusals.length;
+      const { reply } = await exchange(undefined);
       expect(reply.length).toBe(0);
-      expect(ms).toBeLessThan(400);
+      // Refused at once for the bound, not closed at its handshake deadline (by the reason, not
+      // by a time: a loaded machine stretches both).
+      expect(refusals.slice(before).some((r) => /too many connections still sending/.test(r)), refusals.slice(before).join('; ')).toBe(true);
     } finally {
       for (const s of pending) s.destroy();
     }
