@@ -7,7 +7,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { expect, it } from 'vitest';
-import { until } from '../helpers/http.js';
+import { SERVE_START_MS, until } from '../helpers/http.js';
 import { ROOT } from '../helpers/paths.js';
 
 const SEED = Number(process.env.DASK_PMIX_FUZZ_SEED ?? Date.now() % 1_000_000);
@@ -19,7 +19,7 @@ it(`schemathesis finds no 5xx in the REST API (seed ${SEED})`, { timeout: 600_00
   try {
     let out = '';
     child.stdout.on('data', (d: Buffer) => (out += d.toString()));
-    const url = await until(() => /listening on (http:\/\/\S+)/.exec(out)?.[1], 30_000, 'the listening line');
+    const url = await until(() => /listening on (http:\/\/\S+)/.exec(out)?.[1], SERVE_START_MS, 'the listening line');
     const run = spawnSync(join(ROOT, '.venv-fuzz', 'bin', 'schemathesis'), [
       'run', `${url}/openapi.json`, '-H', 'Authorization: Bearer fuzz', '--checks', 'not_a_server_error',
       '--exclude-path', '/v1/events', '--max-examples', '15', '--seed', String(SEED), '--workers', '1', '--request-timeout', '20',

@@ -22,6 +22,10 @@ export function restClient(base: string, token?: string) {
   };
 }
 
+/** How long `dask-pmix serve` may take to print its listening line: about 3 s on an idle machine,
+ * past 20 s on a 2-core CI machine at load 30-40 (the suite's own MPI ranks and clusters). */
+export const SERVE_START_MS = 45_000;
+
 /** Polls `f` until it returns a truthy value. */
 export async function until<T>(f: () => Promise<T | undefined | false> | T | undefined | false, ms = 15_000, what = 'a condition'): Promise<T> {
   const end = Date.now() + ms;

@@ -5,7 +5,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { hostname } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { restClient, until } from '../helpers/http.js';
+import { restClient, SERVE_START_MS, until } from '../helpers/http.js';
 import { ROOT } from '../helpers/paths.js';
 
 let child: ChildProcess | undefined;
@@ -22,7 +22,7 @@ describe('memory bounds from REST', () => {
       '--max-workers', '300', '--max-psets', '100'], { env: { ...process.env, DASK_PMIX_TOKEN: 'tok' }, stdio: ['ignore', 'pipe', 'inherit'] });
     let out = '';
     child.stdout!.on('data', (d: Buffer) => (out += d.toString()));
-    const url = await until(() => /listening on (http:\/\/\S+)/.exec(out)?.[1], 30_000, 'the listening line');
+    const url = await until(() => /listening on (http:\/\/\S+)/.exec(out)?.[1], SERVE_START_MS, 'the listening line');
     const api = restClient(url, 'tok');
     const base = await heapBytes(url);
     const t0 = Date.now();
@@ -81,5 +81,5 @@ describe('memory bounds from REST', () => {
     // Held at the bounds: 300 workers and 100 psets of 300 members, the event history: tens of MB.
     expect(heap - base).toBeLessThan(150 * 1024 * 1024);
     process.stdout.write(`[limits] heap ${Math.round(base / 1e6)} MB at start, ${Math.round(heap / 1e6)} MB at the bounds\n`);
-  });
+  }, 120_000);
 });

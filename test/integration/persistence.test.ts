@@ -7,7 +7,7 @@ import { hostname, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { ompiJobId } from '../../src/service/shm-cleanup.js';
-import { restClient, until } from '../helpers/http.js';
+import { restClient, SERVE_START_MS, until } from '../helpers/http.js';
 import { ROOT } from '../helpers/paths.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'dask-pmix-state-test-'));
@@ -24,7 +24,7 @@ async function serve() {
   started.push(child);
   let out = '';
   child.stdout!.on('data', (d: Buffer) => (out += d.toString()));
-  const url = await until(() => /listening on (http:\/\/\S+)/.exec(out)?.[1], 30_000, 'the listening line');
+  const url = await until(() => /listening on (http:\/\/\S+)/.exec(out)?.[1], SERVE_START_MS, 'the listening line');
   return { child, api: restClient(url, 'tok') };
 }
 
@@ -87,5 +87,5 @@ describe('the state directory', () => {
       rmSync(segment, { force: true });
       rmSync(unrelated, { force: true });
     }
-  });
+  }, 180_000);
 });

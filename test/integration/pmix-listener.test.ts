@@ -11,7 +11,7 @@ import { encodeHandshake, nativeCredential, PeerFlag } from '../../src/pmix/hand
 import { Status } from '../../src/pmix/index.js';
 import { Sidecar } from '../../src/service/sidecar.js';
 import { bin } from '../helpers/build-clients.js';
-import { restClient, until } from '../helpers/http.js';
+import { restClient, SERVE_START_MS, until } from '../helpers/http.js';
 import { ROOT } from '../helpers/paths.js';
 import { cleanEnv, describeRanks, startRank } from '../helpers/ranks.js';
 import { openmpiJob } from '../helpers/sidecar-jobs.js';
@@ -123,7 +123,7 @@ describe('a sidecar whose libpmix is wedged', () => {
     const exited = new Promise<number | null>((r) => child.on('close', (code) => r(code)));
     const sockets: Socket[] = [];
     try {
-      const url = await until(() => /listening on (http:\/\/\S+)/.exec(out)?.[1], 30_000, `the listening line (stderr: ${err})`);
+      const url = await until(() => /listening on (http:\/\/\S+)/.exec(out)?.[1], SERVE_START_MS, `the listening line (stderr: ${err})`);
       const libpmixPort = Number(/"libpmixPort":(\d+)/.exec(out)?.[1]);
       expect(libpmixPort).toBeGreaterThan(0);
       const api = restClient(url, 'tok');
@@ -156,5 +156,5 @@ describe('a sidecar whose libpmix is wedged', () => {
       for (const s of sockets) s.destroy();
       child.kill('SIGKILL');
     }
-  });
+  }, 120_000);
 });

@@ -6,7 +6,7 @@ import { hostname, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { bin } from '../helpers/build-clients.js';
-import { restClient, until } from '../helpers/http.js';
+import { restClient, SERVE_START_MS, until } from '../helpers/http.js';
 import { ROOT } from '../helpers/paths.js';
 import { startRank } from '../helpers/ranks.js';
 
@@ -22,7 +22,7 @@ describe('dask-pmix serve', () => {
     child.stderr.on('data', (d: Buffer) => (err += d.toString()));
     const exited = new Promise<number | null>((r) => child.on('exit', (code) => r(code)));
     try {
-      const url = await until(() => /listening on (http:\/\/\S+)/.exec(out)?.[1], 20_000, `the listening line (stderr: ${err})`);
+      const url = await until(() => /listening on (http:\/\/\S+)/.exec(out)?.[1], SERVE_START_MS, `the listening line (stderr: ${err})`);
       const anon = restClient(url);
       const api = restClient(url, 'tok');
       expect((await anon('GET', '/v1/health')).body).toMatchObject({ status: 'ok', impls: expect.arrayContaining(['openmpi']) });
@@ -55,7 +55,7 @@ describe('dask-pmix serve', () => {
     } finally {
       child.kill('SIGKILL');
     }
-  });
+  }, 120_000);
 
   it('is never open by default: the token comes from a file (not argv), or is generated into the state dir', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'dask-pmix-auth-'));
@@ -67,7 +67,7 @@ describe('dask-pmix serve', () => {
       started.push(child);
       let out = '';
       child.stdout!.on('data', (d: Buffer) => (out += d.toString()));
-      return { child, url: await until(() => /listening on (http:\/\/\S+)/.exec(out)?.[1], 20_000, 'the listening line') };
+      return { child, url: await until(() => /listening on (http:\/\/\S+)/.exec(out)?.[1], SERVE_START_MS, 'the listening line') };
     };
     try {
       writeFileSync(join(dir, 'given'), 'from-a-file\n', { mode: 0o600 });
@@ -90,7 +90,7 @@ describe('dask-pmix serve', () => {
       for (const c of started) c.kill('SIGKILL');
       rmSync(dir, { recursive: true, force: true });
     }
-  });
+  }, 180_000);
 
   it('exits non-zero with the reason when its port is taken', async () => {
     const { createServer } = await import('node:net');
