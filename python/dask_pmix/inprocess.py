@@ -168,6 +168,21 @@ def _is_mpi_error(exc: BaseException) -> bool:
     return hasattr(exc, "Get_error_class")
 
 
+def _has_mpi_error(exc: BaseException) -> bool:
+    """Whether an MPI exception is anywhere in ``exc``'s chain."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if _is_mpi_error(e):
+            return True
+        todo += [e.__cause__, e.__context__]
+    return False
+
+
 def _describe(exc: BaseException) -> str:
     if hasattr(exc, "Get_error_string"):  # mpi4py's MPI.Exception: say which MPI error it is
         try:
@@ -188,7 +203,10 @@ def run_member(*, job: dict, rank: int, worker: str, fn: Callable, args: tuple, 
         except Exception:  # noqa: BLE001 - the sidecar fails the job anyway, later
             pass
         err = MPIJobError(reason, job_id=job_id, rank=rank, worker=worker, origin="rank")
-        err.__cause__ = cause
+        # The error travels to the client with its chain (Dask pickles causes and contexts): an
+        # mpi4py exception there would load, and initialise, MPI in the client process. The
+        # reason already says which MPI error it was.
+        err.__cause__ = None if cause is None or _has_mpi_error(cause) else cause
         return err
 
     deadline = time.monotonic() + wiring_timeout
@@ -211,10 +229,15 @@ def run_member(*, job: dict, rank: int, worker: str, fn: Callable, args: tuple, 
 
     w = _watcher.watch(job_id, calls)
     try:
+        # Errors are raised after their except blocks: raised inside, they would carry the
+        # exception being handled as their context (see fail).
+        error = None
         try:
             comm = p.comm(ranks, job["tag"])
         except Exception as exc:  # noqa: BLE001
-            raise fail(f"building the job's communicator failed: {_describe(exc)}", exc) from None
+            error = fail(f"building the job's communicator failed: {_describe(exc)}", exc)
+        if error is not None:
+            raise error
         w.comm = comm
         try:
             value = fn(comm, *args, **kwargs)
@@ -227,7 +250,9 @@ def run_member(*, job: dict, rank: int, worker: str, fn: Callable, args: tuple, 
                     # The others may wait on this member in a collective: revoking ends that.
                     revoke(comm)
                 _give_up(comm, failed=True)
-            raise fail(_describe(exc), exc, failed) from None
+            error = fail(_describe(exc), exc, failed)
+        if error is not None:
+            raise error
         with w.lock:
             w.done = True
             _give_up(comm, failed=w.revoked)
