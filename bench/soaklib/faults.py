@@ -1,0 +1,473 @@
+"""Running one soak job, healthy or faulty, on a cluster, under a watchdog, and what it showed.
+
+Every run_mpi runs in a thread of its own that the soak joins with a bound: a call that neither
+returns nor raises within it counts as hung (and is left behind, not waited for)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from dask_pmix import MPIJobError, run_mpi, submit_mpi
+
+from . import bodies
+from .cluster import DaskCluster
+from .plan import Spec
+
+# The promised bounds (README, issue 13): a member lost (killed, MPI_Abort) or a sidecar gone
+# fails the job within 2 s; a job's timeout ends it (we allow the same 2 s past the timeout).
+LOSS_BOUND = 2.0
+HANG_TIMEOUT = 4.0
+HANG_BOUND = HANG_TIMEOUT + LOSS_BOUND
+# The watchdog: a healthy job that takes longer than this has hung (the wiring timeout, 60 s by
+# default, bounds a member that never comes; a healthy job takes well under a second).
+WATCHDOG = 90.0
+SIDECAR_HOLD = 20.0      # how long the ranks of a sidecar-fault job sleep between two Barriers
+MARKERS_WITHIN = 60.0    # every rank of a faulty job is in within this
+SILENT_JOBS = 5          # a silent connection stays open over this many jobs
+# A job's member tasks end within this of its run_mpi's return, or the member is left frozen (the
+# worker's watcher restarts a member still running 3 s after its job failed).
+FROZEN_WITHIN = 20.0
+
+
+@dataclass
+class Call:
+    """A run_mpi in its own thread."""
+    thread: threading.Thread
+    box: dict = field(default_factory=dict)
+
+    def join(self, bound: float) -> bool:
+        self.thread.join(bound)
+        return not self.thread.is_alive()
+
+
+def call(cluster: DaskCluster, fn: Callable, args: tuple, *, n: int, impl: str, mode: str | None,
+         timeout: float | None = None, submit: bool = False) -> Call:
+    """run_mpi, or (submit) submit_mpi and a gather of its futures, in a thread of its own."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        box["t0"] = time.monotonic()
+        try:
+            if submit:
+                futures = submit_mpi(cluster.client, fn, *args, n=n, impl=impl, mode=mode, timeout=timeout)
+                box["result"] = cluster.client.gather(futures)
+            else:
+                box["result"] = run_mpi(cluster.client, fn, *args, n=n, impl=impl, mode=mode, timeout=timeout)
+        except BaseException as e:  # noqa: BLE001
+            box["error"] = e
+        box["t_end"] = time.monotonic()
+        box["wall_end"] = time.time()
+
+    t = threading.Thread(target=target, name="soak-job", daemon=True)
+    c = Call(t, box)
+    t.start()
+    return c
+
+
+def _error_record(e: BaseException | None) -> dict | None:
+    if e is None:
+        return None
+    out = {"type": type(e).__name__, "message": str(e)[:400]}
+    if isinstance(e, MPIJobError):
+        out.update(job_id=e.job_id, rank=e.rank, worker=e.worker)
+    return out
+
+
+def bounded(fn: Callable[[], Any], seconds: float) -> Any:
+    """fn() in a thread of its own: its value, its exception as text, or "no answer within ..."."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001
+            box["value"] = f"{type(e).__name__}: {e}"
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(seconds)
+    return box.get("value", f"no answer within {seconds:.0f} s")
+
+
+def running_members(cluster: DaskCluster, within: float = 20.0) -> dict[str, dict]:
+    """Worker address -> its threads still running a job's member (soaklib.bodies.member_stacks),
+    each worker asked on its own; one that does not answer within `within` s (its event loop
+    blocked: a thread holding the interpreter in native code) counts, with its native stacks."""
+    pids = cluster.worker_pids()
+    answers: dict[str, Any] = {}
+
+    def ask(address: str) -> None:
+        answers[address] = bounded(lambda: cluster.client.run(bodies.member_stacks, workers=[address],
+                                                              on_error="return").get(address), within)
+
+    threads = [threading.Thread(target=ask, args=(a,), daemon=True) for a in pids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(within + 5)
+    out = {}
+    for address, answer in answers.items():
+        if isinstance(answer, dict):
+            if answer:
+                out[address] = answer
+        elif answer is not None:
+            out[address] = {"-": {"job": None, "rank": None, "answer": str(answer)[:300],
+                                  "frames": native_stacks(pids[address])}}
+    return out
+
+
+def native_stacks(pid: int, keep: int = 12) -> list[str]:
+    """The native backtraces of a process's threads (gdb, when it is there): the frames of the
+    threads inside MPI, PMIx or the interpreter's lock, innermost first, at most `keep` each."""
+    import shutil
+    import subprocess
+
+    gdb = shutil.which("gdb")
+    if gdb is None or not pid:
+        return [f"pid {pid}: no gdb"]
+    try:
+        text = subprocess.run([gdb, "-p", str(pid), "-batch", "-nx", "-ex", "thread apply all bt"],
+                              capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return [f"pid {pid}: gdb: {e}"]
+    out, current, waiting = [], [], 0
+    for line in text.splitlines() + ["Thread end"]:
+        if line.startswith("Thread "):
+            if any(re.search(r"(MPI|ompi|opal|mca_)", f) and "libpmix" not in f for f in current):
+                out.append(" | ".join(current[:keep]))
+            elif any("take_gil" in f for f in current):
+                waiting += 1
+            current = []
+        elif line.startswith("#"):
+            m = re.match(r"#\d+\s+(?:0x[0-9a-f]+ in )?(\S+)(?: \(.*?\))?(?: (?:from|at) (\S+))?", line)
+            if m:
+                current.append(m.group(1) + (f"@{m.group(2).rsplit('/', 1)[-1]}" if m.group(2) else ""))
+    return [f"pid {pid}: {len(out)} threads in MPI, {waiting} waiting for the interpreter lock"] + out[:8]
+
+
+def listening_ports(pid: int) -> list[int]:
+    """The TCP ports process `pid` listens on (from /proc/net/tcp and its socket inodes)."""
+    inodes = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    except OSError:
+        return []
+    ports = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            for line in Path(table).read_text().splitlines()[1:]:
+                f = line.split()
+                if f[3] == "0A" and f[9] in inodes:
+                    ports.append(int(f[1].rsplit(":", 1)[1], 16))
+        except OSError:
+            pass
+    return sorted(ports)
+
+
+class Runner:
+    def __init__(self, clusters: dict[str, DaskCluster], workdir: Path):
+        self.clusters = clusters
+        self.markers = workdir / "markers"
+        self.markers.mkdir(parents=True, exist_ok=True)
+        self.silent: list[dict] = []  # open silent connections: {"sock", "left", "record"}
+        self._silent_openmpi = 0
+
+    # -- one job ---------------------------------------------------------------------------------
+    def run(self, spec: Spec) -> dict:
+        cluster = self.clusters[spec.cluster]
+        before = cluster.worker_pids()
+        n = min(spec.n, len(before))  # right after a fault the cluster may be a worker short
+        rec: dict[str, Any] = {"idx": spec.idx, "cluster": spec.cluster, "mode": spec.mode, "n": n,
+                               "fault": spec.fault, "follows": spec.follows}
+        if spec.fault in (None, "silent"):
+            if spec.fault == "silent":
+                rec["silent"] = self._open_silent(cluster)
+            self._healthy(cluster, spec, n, before, rec)
+        elif spec.fault in ("kill", "abort", "hang-sleep", "hang-mpi"):
+            self._member_fault(cluster, spec, n, rec)
+        else:
+            self._sidecar_fault(cluster, spec, n, rec)
+        self._tick_silent(rec)
+        frozen = self._frozen_members(cluster)
+        if frozen:
+            rec["members_left_frozen"] = frozen
+        if frozen or rec["outcome"] == "hung":
+            rec["cluster_restarted_by_the_soak"] = self._restart_workers(cluster)
+        after = cluster.worker_pids()
+        rec["workers_lost"] = sorted(set(before) - set(after))
+        rec["workers_new"] = sorted(set(after) - set(before))
+        return rec
+
+    # -- members left frozen -----------------------------------------------------------------------
+    def _frozen_members(self, cluster: DaskCluster) -> list[dict]:
+        """The members still running on the workers FROZEN_WITHIN s after their job's call returned
+        (the soak runs one job at a time: none should be left), each with where it is stuck. Asked
+        of the workers' threads, not of the scheduler: a member whose task was given up (released)
+        may run on."""
+        deadline = time.monotonic() + FROZEN_WITHIN
+        while True:
+            left = running_members(cluster)
+            if not left or time.monotonic() > deadline:
+                break
+            time.sleep(0.25)
+        return [{"worker": addr, **m} for addr, threads in sorted(left.items()) for m in threads.values()]
+
+    def _restart_workers(self, cluster: DaskCluster) -> str:
+        """After a member left frozen or a hung call: every worker of the cluster restarted (the
+        others of that job may hold its broken MPI state too), so that the soak goes on measuring
+        the next jobs rather than this one failure again (a violation all the same)."""
+        t0 = time.monotonic()
+        answer = bounded(lambda: cluster.client.restart(timeout=120, wait_for_workers=False), 150.0)
+        return f"{str(answer)[:200]} in {time.monotonic() - t0:.1f} s"
+
+    def _impl(self, spec: Spec) -> str:
+        return "mpich" if spec.cluster == "mpich" else "openmpi"
+
+    def _healthy(self, cluster: DaskCluster, spec: Spec, n: int, worker_pids: dict[str, int], rec: dict) -> None:
+        token = f"j{spec.idx}"
+        c = call(cluster, bodies.healthy, (token,), n=n, impl=self._impl(spec), mode=spec.mode, submit=spec.submit)
+        rec["api"] = "submit_mpi" if spec.submit else "run_mpi"
+        done = c.join(WATCHDOG)
+        rec["seconds"] = round(c.box.get("t_end", time.monotonic()) - c.box["t0"], 3)
+        if not done:
+            rec.update(outcome="hung")
+            return
+        err = c.box.get("error")
+        if err is not None:
+            rec.update(outcome="error", error=_error_record(err))
+            return
+        result = c.box["result"]
+        expect = [{"token": token, "size": n, "rank": r, "sum": n * (n + 1) // 2} for r in range(n)]
+        got = [{k: v for k, v in x.items() if k != "pid"} for x in result]
+        if got != expect:
+            rec.update(outcome="wrong", result=got[:4])
+            return
+        pids = {x["pid"] for x in result}
+        ran = "inprocess" if pids <= set(worker_pids.values()) else "fork" if not pids & set(worker_pids.values()) else "mixed"
+        rec.update(outcome="ok", ran=ran)
+        if spec.cluster == "openmpi" and spec.mode != "fork" and ran != "inprocess":
+            rec["fallback_reason"] = self._last_mode_reason(cluster)
+
+    def _last_mode_reason(self, cluster: DaskCluster) -> str | None:
+        """Why the last job ran in fork mode (the sidecar records it)."""
+        try:
+            last = max(cluster.rest.jobs(), key=lambda j: j.get("createdAt", ""))
+            return last.get("modeReason")
+        except Exception as e:  # noqa: BLE001
+            return f"unknown: {e}"
+
+    # -- a member fails ---------------------------------------------------------------------------
+    def _wait_markers(self, token: str, n: int, c: Call, what: str = "in") -> list[tuple[int, float]] | None:
+        deadline = time.monotonic() + MARKERS_WITHIN
+        paths = [self.markers / f"{token}.{r}.{what}" for r in range(n)]
+        while time.monotonic() < deadline:
+            if all(p.exists() for p in paths):
+                out = []
+                for p in paths:
+                    pid, wall = p.read_text().split()
+                    out.append((int(pid), float(wall)))
+                return out
+            if not c.thread.is_alive():
+                return None
+            time.sleep(0.02)
+        return None
+
+    def _member_fault(self, cluster: DaskCluster, spec: Spec, n: int, rec: dict) -> None:
+        import random
+
+        token = f"j{spec.idx}"
+        victim = random.Random(spec.idx).randrange(n)
+        how = spec.fault
+        timeout = HANG_TIMEOUT if how.startswith("hang") else None
+        c = call(cluster, bodies.faulty, (str(self.markers), token, victim, how), n=n, impl=self._impl(spec),
+                 mode=spec.mode, timeout=timeout)
+        rec["victim"] = victim
+        marks = self._wait_markers(token, n, c)
+        rec["ranks_in"] = marks is not None
+        t_fault = None
+        if how == "kill" and marks is not None:
+            pid = marks[victim][0]
+            rec["victim_pid"] = pid
+            rec["victim_was_worker"] = pid in cluster.worker_pids().values()
+            t_fault = time.monotonic()
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                rec["victim_gone_already"] = True
+        done = c.join(WATCHDOG)
+        rec["seconds"] = round(c.box.get("t_end", time.monotonic()) - c.box["t0"], 3)
+        if not done:
+            rec.update(outcome="hung")
+            return
+        err = c.box.get("error")
+        rec["error"] = _error_record(err)
+        if how == "kill" and t_fault is not None:
+            rec["latency"] = round(c.box["t_end"] - t_fault, 3)
+            rec["bound"] = LOSS_BOUND
+        elif how == "abort":
+            abort = self.markers / f"{token}.{victim}.abort"
+            if abort.exists():
+                rec["latency"] = round(c.box["wall_end"] - float(abort.read_text().split()[1]), 3)
+                rec["victim_pid"] = int(abort.read_text().split()[0])
+            rec["bound"] = LOSS_BOUND
+        elif how.startswith("hang"):
+            rec["latency"] = rec["seconds"]
+            rec["bound"] = HANG_BOUND
+            rec["says_timeout"] = err is not None and bool(re.search(r"time(d)? ?out", str(err), re.I))
+        ok = isinstance(err, MPIJobError) and "latency" in rec and rec["latency"] <= rec["bound"]
+        if how.startswith("hang"):
+            ok = ok and rec["says_timeout"]
+        rec["outcome"] = "failed-as-promised" if ok else ("failed-late" if isinstance(err, MPIJobError) else
+                                                           "not-failed" if err is None else "wrong-error")
+
+    # -- the sidecar fails ------------------------------------------------------------------------
+    def _sidecar_fault(self, cluster: DaskCluster, spec: Spec, n: int, rec: dict) -> None:
+        token = f"j{spec.idx}"
+        sig = signal.SIGTERM if spec.fault == "sidecar-term" else signal.SIGKILL
+        before = cluster.sidecar()
+        try:
+            psets_before = sorted(p["name"] for p in cluster.rest.psets())
+            history_before = len(cluster.rest.jobs())
+        except Exception as e:  # noqa: BLE001
+            psets_before, history_before = [f"error: {e}"], -1
+        c = call(cluster, bodies.faulty, (str(self.markers), token, 0, "hold", SIDECAR_HOLD), n=n,
+                 impl=self._impl(spec), mode=spec.mode)
+        marks = self._wait_markers(token, n, c)
+        rec["ranks_in"] = marks is not None
+        t_fault = time.monotonic()
+        os.kill(before["pid"], sig)
+        done = c.join(WATCHDOG)
+        rec["seconds"] = round(c.box.get("t_end", time.monotonic()) - c.box["t0"], 3)
+        if not done:
+            rec["outcome"] = "hung"
+        else:
+            err = c.box.get("error")
+            rec["error"] = _error_record(err)
+            rec["latency"] = round(c.box["t_end"] - t_fault, 3)
+            rec["bound"] = LOSS_BOUND
+            rec["outcome"] = ("failed-as-promised" if isinstance(err, MPIJobError) and rec["latency"] <= LOSS_BOUND
+                              else "failed-late" if isinstance(err, MPIJobError) else
+                              "not-failed" if err is None else "wrong-error")
+        rec["recovery"] = self._recovery(cluster, before, psets_before, history_before, t_fault)
+
+    def _recovery(self, cluster: DaskCluster, before: dict, psets_before: list, history_before: int,
+                  t_fault: float, within: float = 120.0) -> dict:
+        """What comes back after the sidecar died: the process (restarted by the plugin), the
+        workers (registered again), the psets and the job history (from its state directory), the
+        in-process pool (the workers' seats)."""
+        out: dict[str, Any] = {"restarted": False}
+        deadline = t_fault + within
+        while time.monotonic() < deadline:
+            try:
+                now = cluster.sidecar()
+                if now["alive"] and now["restarts"] > before["restarts"]:
+                    cluster.rest.health(timeout=2)
+                    out.update(restarted=True, restart_s=round(time.monotonic() - t_fault, 2), pid=now["pid"])
+                    break
+            except Exception:  # noqa: BLE001
+                pass
+            time.sleep(0.2)
+        if not out["restarted"]:
+            return out
+        while time.monotonic() < deadline:
+            try:
+                registered = {w["id"] for w in cluster.rest.workers() if w.get("state") != "gone"}
+                if registered == set(cluster.worker_pids()):
+                    out["workers_back_s"] = round(time.monotonic() - t_fault, 2)
+                    break
+            except Exception:  # noqa: BLE001
+                pass
+            time.sleep(0.2)
+        else:
+            out["workers_back_s"] = None
+        try:
+            out["psets_back"] = sorted(p["name"] for p in cluster.rest.psets()) == psets_before
+            jobs = cluster.rest.jobs()
+            out["history"] = {"before": history_before, "after": len(jobs)}
+            seats = [w.get("pool") or {} for w in cluster.rest.workers() if w.get("state") != "gone"]
+            out["pool_seats"] = sorted(f"{s.get('namespace')}#{s.get('rank')} {s.get('state')}" for s in seats)
+        except Exception as e:  # noqa: BLE001
+            out["read_error"] = str(e)
+        return out
+
+    # -- silent connections -----------------------------------------------------------------------
+    def _open_silent(self, cluster: DaskCluster) -> dict:
+        """A TCP connection that sends nothing, to the port a member's environment names
+        (PMIX_SERVER_URI*), or to libpmix's own loopback port behind the gate, or (MPICH) to the PMI
+        listener; it stays open over the next SILENT_JOBS jobs."""
+        record: dict[str, Any] = {}
+        if cluster.name == "mpich":
+            text = cluster.sidecar_log.read_text(errors="replace")
+            ports = re.findall(r'"pmiPort":"[^"]*:(\d+)"', text)
+            record.update(target="pmi", port=int(ports[-1]) if ports else None)
+        else:
+            # Alternately the gate's port (what ranks are given) and libpmix's own port behind it.
+            self._silent_openmpi += 1
+            if self._silent_openmpi % 2 == 1 or cluster.libpmix_port() is None:
+                uris = self._member_uris(cluster)
+                m = next((re.search(r"tcp4?://[^;]*:(\d+)", v) for v in uris.values()), None)
+                record.update(target="pmix-gate", port=int(m.group(1)) if m else None, env=sorted(uris))
+            else:
+                record.update(target="libpmix-loopback", port=cluster.libpmix_port())
+        if record.get("port") is None:
+            record["error"] = "no port found"
+            return record
+        try:
+            s = socket.create_connection(("127.0.0.1", record["port"]), timeout=5)
+        except OSError as e:
+            record["error"] = f"connecting to port {record['port']}: {e}"
+            record["sidecar_listening"] = listening_ports(cluster.sidecar()["pid"])
+            return record
+        s.setblocking(False)
+        self.silent.append({"sock": s, "left": SILENT_JOBS, "record": record, "opened": time.monotonic()})
+        return record
+
+    def _member_uris(self, cluster: DaskCluster) -> dict[str, str]:
+        def env():
+            return {k: v for k, v in os.environ.items() if k.startswith("PMIX_SERVER_URI")}
+
+        for address in sorted(cluster.worker_pids()):
+            try:
+                uris = cluster.client.run(env, workers=[address]).get(address) or {}
+            except Exception:  # noqa: BLE001
+                continue
+            if uris:
+                return uris
+        return {}
+
+    def _tick_silent(self, rec: dict) -> None:
+        for s in list(self.silent):
+            sock = s["sock"]
+            if "closed_by_peer_after" not in s["record"]:
+                try:
+                    if sock.recv(1) == b"":
+                        s["record"]["closed_by_peer_after"] = round(time.monotonic() - s["opened"], 1)
+                except BlockingIOError:
+                    pass
+                except OSError as e:
+                    s["record"]["closed_by_peer_after"] = round(time.monotonic() - s["opened"], 1)
+                    s["record"]["peer_error"] = str(e)
+            s["left"] -= 1
+            rec.setdefault("silent_open", []).append(s["record"].get("target"))
+            if s["left"] <= 0:
+                sock.close()
+                self.silent.remove(s)
+
+    def close_silent(self) -> None:
+        for s in self.silent:
+            s["sock"].close()
+        self.silent.clear()

@@ -1,0 +1,103 @@
+"""Which jobs the soak runs, in which order: a seeded mix of clusters (MPI libraries), modes and
+sizes, with about a tenth of them faults. Every fault is followed by a healthy job on the same
+cluster (the "next job", which must succeed), and no two faults are adjacent. The sidecar faults
+come last (the last quarter by default), so that the stretch before measures one sidecar process
+per cluster (its memory over many jobs); they alternate between the clusters."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+FAULT_WEIGHTS = {
+    "kill": 0.26,          # kill -9 of a member mid-job
+    "abort": 0.22,         # MPI_Abort from a rank
+    "hang-sleep": 0.12,    # a rank that sleeps in Python; the job's timeout ends it
+    "hang-mpi": 0.12,      # a rank that waits in MPI for a message nobody sends; the timeout ends it
+    "silent": 0.16,        # a connection that sends nothing, held open to the sidecar while jobs run
+    "sidecar-term": 0.06,  # SIGTERM of the sidecar mid-job
+    "sidecar-kill": 0.06,  # kill -9 of the sidecar mid-job
+}
+SIDECAR_FAULTS = ("sidecar-term", "sidecar-kill")
+
+
+def _openmpi_mode(rng: random.Random, fork_share: float) -> str | None:
+    return "fork" if rng.random() < fork_share else rng.choice((None, "inprocess"))
+
+
+@dataclass
+class Spec:
+    idx: int
+    cluster: str              # "openmpi" or "mpich": which cluster (and MPI library) runs it
+    mode: str | None          # run_mpi(mode=...)
+    n: int                    # members
+    fault: str | None = None
+    follows: int | None = None  # the fault this healthy job comes right after
+    submit: bool = False      # a healthy job through submit_mpi (futures, gathered) instead of run_mpi
+
+
+def fault_counts(n_faults: int) -> dict[str, int]:
+    """Faults per kind: at least one of each when there are enough, the rest by weight."""
+    kinds = list(FAULT_WEIGHTS)
+    counts = {k: 0 for k in kinds}
+    if n_faults >= len(kinds):
+        counts = {k: 1 for k in kinds}
+    left = n_faults - sum(counts.values())
+    shares = {k: FAULT_WEIGHTS[k] * left for k in kinds}
+    for k in kinds:
+        counts[k] += int(shares[k])
+    for k in sorted(kinds, key=lambda k: shares[k] - int(shares[k]), reverse=True)[:n_faults - sum(counts.values())]:
+        counts[k] += 1
+    return counts
+
+
+def make_plan(n_jobs: int, fault_fraction: float, seed: int, clusters: tuple[str, ...] = ("openmpi", "mpich"),
+              mpich_share: float = 0.3, max_size: int = 4, warmup: int = 10,
+              submit_share: float = 0.2, fork_share: float = 1 / 3, sidecar_faults_from: float = 0.75,
+              fork_faults: tuple[str, ...] = ()) -> list[Spec]:
+    """`fork_faults`: fault kinds that run in fork mode on the Open MPI cluster too (never in-process)."""
+    rng = random.Random(seed)
+    n_faults = round(n_jobs * fault_fraction)
+    counts = fault_counts(n_faults)
+    # Slots: a fault at i needs i+1 for its next job; faults never adjacent.
+    late_start = max(warmup, int(n_jobs * sidecar_faults_from))
+    kinds = [k for k, c in counts.items() for _ in range(c)]
+    early = [k for k in kinds if k not in SIDECAR_FAULTS]
+    late = [k for k in kinds if k in SIDECAR_FAULTS]
+    positions: dict[int, str] = {}
+
+    def place(kinds_here: list[str], lo: int, hi: int) -> None:
+        free = [i for i in range(lo, hi - 1) if i % 3 == 0]  # every third slot: room for the next job
+        if len(free) < len(kinds_here):
+            raise ValueError(f"{n_jobs} jobs leave no room for {len(kinds_here)} faults in [{lo}, {hi})")
+        for i, k in zip(sorted(rng.sample(free, len(kinds_here))), rng.sample(kinds_here, len(kinds_here))):
+            positions[i] = k
+
+    place(late, late_start, n_jobs)
+    place(early, warmup, late_start if late else n_jobs)
+
+    def cluster_for(kind: str | None) -> str:
+        if len(clusters) == 1:
+            return clusters[0]
+        if kind in SIDECAR_FAULTS:
+            done = sum(1 for i, k in positions.items() if k in SIDECAR_FAULTS and i < current)
+            return clusters[done % len(clusters)]  # alternate, Open MPI first
+        return "mpich" if rng.random() < mpich_share else "openmpi"
+
+    plan: list[Spec] = []
+    current = 0
+    while current < n_jobs:
+        kind = positions.get(current)
+        cluster = cluster_for(kind)
+        mode = _openmpi_mode(rng, fork_share) if cluster == "openmpi" else rng.choice((None, "fork"))
+        if kind in fork_faults:
+            mode = "fork"
+        plan.append(Spec(current, cluster, mode, rng.randint(1, max_size), kind,
+                         submit=kind is None and rng.random() < submit_share))
+        if kind is not None and current + 1 < n_jobs:
+            nxt = current + 1
+            plan.append(Spec(nxt, cluster, _openmpi_mode(rng, fork_share) if cluster == "openmpi" else None,
+                             rng.randint(1, max_size), None, follows=current))
+            current += 1
+        current += 1
+    return plan

