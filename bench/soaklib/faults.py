@@ -20,6 +20,7 @@ from dask_pmix import MPIJobError, run_mpi, submit_mpi
 from . import bodies
 from .cluster import DaskCluster
 from .plan import Spec
+from .shm import fd_targets
 
 # The promised bounds (README, issue 13): a member lost (killed, MPI_Abort) or a sidecar gone
 # fails the job within 2 s; a job's timeout ends it (we allow the same 2 s past the timeout).
@@ -155,16 +156,8 @@ def native_stacks(pid: int, keep: int = 12) -> list[str]:
 
 def listening_ports(pid: int) -> list[int]:
     """The TCP ports process `pid` listens on (from /proc/net/tcp and its socket inodes)."""
-    inodes = set()
-    try:
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            try:
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if target.startswith("socket:["):
-                inodes.add(target[8:-1])
-    except OSError:
+    inodes = {t[8:-1] for t in fd_targets(pid) if t.startswith("socket:[")}
+    if not inodes:
         return []
     ports = []
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):

@@ -75,6 +75,21 @@ def soak_pids() -> list[int]:
     return out
 
 
+def fd_targets(pid: int) -> list[str]:
+    """What process `pid`'s file descriptors point at (paths, socket:[inode], ...)."""
+    out = []
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return out
+    for fd in fds:
+        try:
+            out.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            pass
+    return out
+
+
 def files() -> set[str]:
     try:
         return {p.name for p in SHM.iterdir()}
@@ -95,16 +110,9 @@ def held() -> dict[str, list[int]]:
                     names.add(line[i + len(prefix):].split(" (deleted)")[0].strip())
         except OSError:
             continue
-        try:
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                try:
-                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                except OSError:
-                    continue
-                if target.startswith(prefix):
-                    names.add(target[len(prefix):].split(" (deleted)")[0])
-        except OSError:
-            pass
+        for target in fd_targets(pid):
+            if target.startswith(prefix):
+                names.add(target[len(prefix):].split(" (deleted)")[0])
         for name in names:
             out.setdefault(name, []).append(pid)
     return out
