@@ -125,7 +125,8 @@ class SidecarPlugin(SchedulerPlugin):
 
             from .worker import PoolPlugin
 
-            await scheduler.register_worker_plugin(None, dumps(PoolPlugin()), name=PoolPlugin.name, idempotent=True)
+            plugin = PoolPlugin(interfaces=config.get("pool.interfaces"))
+            await scheduler.register_worker_plugin(None, dumps(plugin), name=PoolPlugin.name, idempotent=True)
         self._events_thread = threading.Thread(target=self._follow_events, name="dask-pmix-events", daemon=True)
         self._events_thread.start()
 
@@ -424,7 +425,9 @@ class SidecarPlugin(SchedulerPlugin):
         if gid is not None:
             identity["gid"] = int(gid)
         try:
-            return await asyncio.to_thread(self.rest.join_pool, worker, identity)
+            # Not the loop's default executor (a few threads): the workers that start together all
+            # wait here at once while the sidecar gathers them into cohorts.
+            return await asyncio.get_running_loop().run_in_executor(self._waits, self.rest.join_pool, worker, identity)
         except SidecarError as e:
             return {"error": str(e), "status": e.status}
 
@@ -549,9 +552,11 @@ def _serve_args_for(scheduler_address: str) -> list[str]:
         ip = None
     if ip is not None and not (ip.is_loopback or ip.is_unspecified or ip.version != 4):
         pmix, pmi = pmix or str(ip), pmi or str(ip)
-    pool = config.get("pool.size")
+    pool, cohort, cohort_max = config.get("pool.size"), config.seconds("pool.cohort"), config.seconds("pool.cohort-max")
     return [*(["--pmix-if", pmix] if pmix else []), *(["--pmi-host", pmi] if pmi else []),
-            *(["--pool-size", str(int(pool))] if pool else [])]
+            *(["--pool-size", str(int(pool))] if pool else []),
+            *(["--pool-cohort", f"{cohort:g}"] if cohort is not None else []),
+            *(["--pool-cohort-max", f"{cohort_max:g}"] if cohort_max is not None else [])]
 
 
 def dask_setup(scheduler) -> None:

@@ -15,6 +15,7 @@ The stable API (used by run_mpi and the comm backend, dask_pmix.comm)::
         p.epoch, p.namespace, p.rank   # the epoch number, its PMIx namespace, this process's rank
         p.MPI, p.session, p.world      # mpi4py.MPI, the MPI.Session, the pool's WORLD group
         p.init_seconds                 # what initialising the session took
+        p.local_peers                  # the pool ranks that share memory with it (its cohort), or ()
         comm = p.comm([3, 7, 9], "my-tag")   # collective over exactly those pool ranks
         ...
         comm.Free()
@@ -27,17 +28,23 @@ session runs MPI_THREAD_MULTIPLE: several threads may build and use communicator
 processes can share a communicator only when they are in the same epoch (compare ``namespace``).
 
 ``status()`` says why there is no pool (``{"state": "absent" | "starting" | "ready" | "failed",
-"reason": ...}``).
+"reason": ...}``). ``on_close(fn)`` runs ``fn()`` when the worker closes, before the session is
+finalized (no MPI call may follow the finalize).
+
+Cohorts: workers of one host that join the pool together (the first epoch waits for them; see
+src/rm/pool.ts) have their ranks declared on one node, and Open MPI moves data between them
+through shared memory; every other pair, later joiners included, uses TCP.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 # The environment before the pool's variables were set: what a child started for a fork-mode job
 # gets (the pool's PMIx identity is this process's, not the child's).
@@ -46,6 +53,7 @@ _environ_before: dict[str, str] | None = None
 _cond = threading.Condition()
 _state: dict[str, Any] = {"state": "absent", "reason": "this process has not joined a pool"}
 _pool: "Pool | None" = None
+_on_close: list[Callable[[], Any]] = []
 
 
 @dataclass
@@ -57,6 +65,7 @@ class Pool:
     session: Any
     world: Any
     init_seconds: float = 0.0  # MPI_Session_init + the WORLD group, once per process
+    local_peers: tuple[int, ...] = ()  # its cohort's ranks (itself included); () when alone on its node
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def comm(self, ranks: Sequence[int], tag: str):
@@ -84,6 +93,15 @@ def current(wait: float | None = None) -> Pool | None:
 def status() -> dict:
     with _cond:
         return dict(_state)
+
+
+def on_close(fn: Callable[[], Any]) -> None:
+    """Runs ``fn()`` when this process's session is about to be finalized (``close()``), before
+    the finalize: a user of the session stops its MPI calls and frees its communicators there.
+    Hooks run in the order they were added, each at most once; one that raises is logged and the
+    others still run."""
+    with _cond:
+        _on_close.append(fn)
 
 
 def environ_before() -> dict[str, str]:
@@ -134,14 +152,44 @@ def interface_of(address: str) -> str | None:
     return None
 
 
-def start(seat: dict, env: dict[str, str], address: str | None = None) -> threading.Thread:
+def tcp_interfaces(setting: str | Sequence[str] | None, address: str | None) -> str | None:
+    """What Open MPI's TCP transport is pinned to (btl_tcp_if_include), from the pool setting
+    ``dask-pmix.pool.interfaces``: None (the default) pins the interface that holds ``address``,
+    the IP the worker is reached at; "all" pins nothing (Open MPI takes every interface up at
+    init); else interface names or CIDR subnets, a list or one comma-separated string.
+
+    A pin matters because the session lives as long as the worker: an interface that appears or
+    goes away meanwhile (a container's bridge, a test's network namespace) would otherwise leave
+    Open MPI binding an address that is gone ("bind on local address ... failed")."""
+    if setting is None or setting == "":
+        if not address:
+            return None
+        return interface_of(address) or interface_of(_resolve(address))
+    if isinstance(setting, str):
+        setting = [part.strip() for part in setting.split(",")]
+    names = [str(part) for part in setting if str(part).strip()]
+    if names == ["all"]:
+        return None
+    return ",".join(names) or None
+
+
+def _resolve(host: str) -> str:
+    import socket
+
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        return host
+
+
+def start(seat: dict, env: dict[str, str], address: str | None = None,
+          interfaces: str | Sequence[str] | None = None) -> threading.Thread:
     """Sets the pool rank's environment and initialises the session in a background thread.
     Called once per process (by the worker plugin); ``current(wait=...)`` waits for it.
 
-    ``address``: the IP the worker is reached at. Open MPI's TCP transport then uses that
-    interface only, unless told otherwise: the session lives as long as the worker, and an
-    interface that appears or goes away meanwhile (a container's bridge) would otherwise leave
-    it trying to bind an address that is gone."""
+    ``address``: the IP the worker is reached at; ``interfaces``: the pool setting that pins Open
+    MPI's TCP transport (see tcp_interfaces). An OMPI_MCA_btl_tcp_if_include/exclude already in
+    the worker's environment wins over both."""
     global _environ_before
     with _cond:
         if _state["state"] in ("starting", "ready"):
@@ -149,9 +197,9 @@ def start(seat: dict, env: dict[str, str], address: str | None = None) -> thread
         _state.update(state="starting", reason="the MPI session is being initialised")
     _environ_before = dict(os.environ)
     os.environ.update(env)
-    ifname = interface_of(address) if address else None
-    if ifname and not any(k in os.environ for k in ("OMPI_MCA_btl_tcp_if_include", "OMPI_MCA_btl_tcp_if_exclude")):
-        os.environ["OMPI_MCA_btl_tcp_if_include"] = ifname
+    pinned = tcp_interfaces(interfaces, address)
+    if pinned and not any(k in os.environ for k in ("OMPI_MCA_btl_tcp_if_include", "OMPI_MCA_btl_tcp_if_exclude")):
+        os.environ["OMPI_MCA_btl_tcp_if_include"] = pinned
     amca = amca_param_path()
     if amca and "OMPI_MCA_mca_base_param_file_path" not in os.environ:
         os.environ["OMPI_MCA_mca_base_param_file_path"] = amca
@@ -179,7 +227,8 @@ def _initialise(seat: dict) -> None:
         if level != "MPI_THREAD_MULTIPLE":
             raise RuntimeError(f"the MPI library gave thread level {level}, not MPI_THREAD_MULTIPLE")
         _set("ready", pool=Pool(epoch=int(seat.get("epoch", 0)), namespace=seat["namespace"], rank=int(seat["rank"]),
-                                MPI=MPI, session=session, world=world, init_seconds=time.perf_counter() - t0))
+                                MPI=MPI, session=session, world=world, init_seconds=time.perf_counter() - t0,
+                                local_peers=tuple(int(r) for r in seat.get("localPeers") or ())))
     except BaseException as exc:  # noqa: BLE001 - reported, and the worker goes on in fork mode
         _set("failed", f"{type(exc).__name__}: {exc}")
 
@@ -191,8 +240,16 @@ def close(timeout: float = 10.0) -> bool:
     if pool is None:
         return True
     _set("absent", "the worker closed its MPI session")
+    with _cond:
+        hooks = list(_on_close)
+        _on_close.clear()
 
     def finalize() -> None:
+        for fn in hooks:
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - one user's failure must not skip the finalize
+                logging.getLogger("dask_pmix").exception("dask-pmix: a pool on_close hook failed")
         try:
             pool.world.Free()
         finally:

@@ -24,7 +24,7 @@ from urllib.parse import urlparse
 from distributed.comm.core import CommClosedError
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from . import pool
+from . import pool, worker_mpi
 
 logger = logging.getLogger("dask_pmix")
 
@@ -83,8 +83,9 @@ class PoolPlugin(WorkerPlugin):
     name = "dask-pmix-pool"
     idempotent = True
 
-    def __init__(self, session_timeout: float = 120.0):
+    def __init__(self, session_timeout: float = 120.0, interfaces=None):
         self.session_timeout = session_timeout
+        self.interfaces = interfaces  # dask-pmix.pool.interfaces, as the scheduler has it
         self._task: asyncio.Task | None = None
 
     def setup(self, worker) -> None:
@@ -123,19 +124,36 @@ class PoolPlugin(WorkerPlugin):
                 logger.info("dask-pmix: this worker stays out of the MPI pool: %s", reason)
                 await worker.scheduler.dask_pmix_leave_pool(worker=worker.address, reason=reason)
                 return
+            try:
+                # Loaded before asking: the members of a cohort start their sessions together
+                # right after the answer, and each waits at most 2 s for the others' (a library
+                # still loading under load would fail them all).
+                await asyncio.to_thread(worker_mpi.mpi_module)
+            except Exception as e:  # noqa: BLE001 - the session's own start reports it
+                logger.debug("dask-pmix: mpi4py could not be loaded ahead: %r", e)
             answer = await worker.scheduler.dask_pmix_join_pool(
                 worker=worker.address, host=urlparse(worker.address).hostname or "", pid=os.getpid(),
                 uid=os.getuid(), gid=os.getgid())
             if "error" in answer:
                 logger.warning("dask-pmix: this worker cannot join the MPI pool: %s", answer["error"])
                 return
-            init = pool.start(answer["pool"], answer["env"], address=urlparse(worker.address).hostname)
+            init = pool.start(answer["pool"], answer["env"], address=urlparse(worker.address).hostname,
+                              interfaces=getattr(self, "interfaces", None))
             await asyncio.to_thread(init.join, self.session_timeout)
             st = pool.status()
             if st["state"] != "ready":
                 reason = st["reason"] if st["state"] == "failed" else f"the MPI session did not start within {self.session_timeout:.0f} s"
-                logger.warning("dask-pmix: this worker's MPI session failed; its jobs run in fork mode: %s", reason)
                 await worker.scheduler.dask_pmix_leave_pool(worker=worker.address, reason=f"its MPI session failed: {reason}")
+                if len(answer["pool"].get("localPeers") or ()) > 1 and worker.nanny:
+                    # A cohort member's session fails when a peer declared on its node never
+                    # initialised (Open MPI waits 2 s for each). This process cannot initialise
+                    # MPI again; a fresh one joins the pool alone, as any later worker does.
+                    logger.warning("dask-pmix: this worker's MPI session failed in its cohort; restarting it to "
+                                   "join the pool alone: %s", reason)
+                    await worker.scheduler.dask_pmix_restart_worker(worker=worker.address,
+                                                                    reason=f"its MPI session failed in its cohort: {reason}")
+                else:
+                    logger.warning("dask-pmix: this worker's MPI session failed; its jobs run in fork mode: %s", reason)
             else:
                 logger.info("dask-pmix: this worker is rank %s of MPI pool %s", answer["pool"]["rank"],
                             answer["pool"]["namespace"])

@@ -35,6 +35,7 @@ export function poolSeatMsg(p: Readonly<PoolSeat>): dask_pmix.v1.PoolSeat {
     rank: p.rank,
     state: enumValue(pb.PoolRankState, p.state)!,
     reason: p.reason ?? '',
+    localPeers: p.localPeers ?? [],
   });
 }
 

@@ -34,6 +34,10 @@ const HELP = `usage: dask-pmix serve [options]
   --release-grace SECS     how long members of a failed job may linger before it is released [10]
   --pool-size N            ranks per epoch of the in-process pool (Open MPI; 0: no pool)
                                                           [DASK_PMIX_POOL_SIZE, default 1024]
+  --pool-cohort SECS       workers of one host that join the pool together share memory (a cohort):
+                           the first pool epoch is registered once no worker registered or asked
+                           to join for SECS (0: no cohorts)  [DASK_PMIX_POOL_COHORT, default 1]
+  --pool-cohort-max SECS   ... at the latest SECS after the first worker asked  [default 10]
   --remote                 accept PMIx clients on other hosts over TCP
   --pmix-if IFACE          interface, subnet or address for remote PMIx clients (implies --remote)
   --pmix-port PORT         fixed TCP port for PMIx clients
@@ -111,6 +115,8 @@ export async function serve(argv: string[]): Promise<number> {
       'max-names': { type: 'string' },
       'release-grace': { type: 'string' },
       'pool-size': { type: 'string' },
+      'pool-cohort': { type: 'string' },
+      'pool-cohort-max': { type: 'string' },
       remote: { type: 'boolean' },
       'pmix-if': { type: 'string' },
       'pmix-port': { type: 'string' },
@@ -150,6 +156,8 @@ export async function serve(argv: string[]): Promise<number> {
   const grace = num('release-grace', values['release-grace']);
   const poolSize = num('pool-size', values['pool-size'] ?? env.DASK_PMIX_POOL_SIZE, 1024)!;
   if (!Number.isInteger(poolSize)) throw new Error(`--pool-size must be a whole number, not '${poolSize}'`);
+  const cohort = num('pool-cohort', values['pool-cohort'] ?? env.DASK_PMIX_POOL_COHORT, 1)!;
+  const cohortMax = num('pool-cohort-max', values['pool-cohort-max'], 10)!;
   const stateDir = values['state-dir'] ?? env.DASK_PMIX_STATE_DIR;
   if (stateDir) mkdirSync(stateDir, { recursive: true, mode: 0o700 });
 
@@ -181,6 +189,7 @@ export async function serve(argv: string[]): Promise<number> {
       ...(tools ? { pmixTools: tools } : {}),
       ...(ompiEnv ? { ompiEnv } : {}),
       poolSize,
+      poolCohort: { settleMs: cohort * 1000, maxWaitMs: Math.max(cohort, cohortMax) * 1000 },
       pmi: values['no-pmi']
         ? false
         : {

@@ -11,5 +11,5 @@ export * from './context-ids.js';
 export * from './layout.js';
 export { ResourceManager, type RmOptions } from './manager.js';
 export type { LossDecision, Policy } from './policy.js';
-export { Pool, type PoolBackend, type PoolEpochSpec, type PoolPlan } from './pool.js';
+export { Pool, type CohortOptions, type PoolBackend, type PoolCohort, type PoolEpochSpec, type PoolPlan, type PoolUser } from './pool.js';
 export type { WorkerIdentity } from './manager.js';

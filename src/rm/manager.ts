@@ -14,7 +14,7 @@ import { assertDistinct, JobLifecycle } from './job-lifecycle.js';
 import type { KvStore } from './kv-store.js';
 import { NameService } from './name-service.js';
 import type { Policy } from './policy.js';
-import { Pool, type PoolBackend } from './pool.js';
+import { Pool, type CohortOptions, type PoolBackend } from './pool.js';
 import { ProcessSets } from './process-sets.js';
 import {
   IMPLS, type Impl, type Job, type JobMember, type JobMode, type JobSpec, type JobState, type PoolSeat, type ProcessSet, type PsetSpec,
@@ -41,7 +41,7 @@ export interface RmOptions {
   /** Backend failures and other trouble the core survives. */
   onError?: (what: string, err: unknown) => void;
   /** The in-process pool: ranks per epoch (0: none) and its protocol side. */
-  pool?: { size: number; backend: PoolBackend };
+  pool?: { size: number; backend: PoolBackend; cohort?: CohortOptions };
   /** A job left the history (DELETE, or trimmed). */
   onJobForgotten?: (job: Readonly<Job>) => void;
   /** Job requests that may wait for members or a job slot at once (default 256). */
@@ -108,14 +108,14 @@ export class ResourceManager {
       pool: () => this.poolState,
     });
     for (const b of opts.backends ?? []) this.addBackend(b);
-    if (opts.pool) this.installPool(opts.pool.size, opts.pool.backend);
+    if (opts.pool) this.installPool(opts.pool.size, opts.pool.backend, opts.pool.cohort);
   }
 
   /**
    * Gives the sidecar an in-process pool of `size` ranks per epoch (0: none), served by
    * `backend`; workers registered later get a rank as they register, those already there now.
    */
-  installPool(size: number, backend: PoolBackend): void {
+  installPool(size: number, backend: PoolBackend, cohort?: CohortOptions): void {
     if (this.poolState) throw new Error('a pool is already installed');
     if (size <= 0) return;
     const pool = new Pool({
@@ -125,6 +125,7 @@ export class ResourceManager {
       events: this.events,
       clock: this.clock,
       namespaceOf: (epoch) => `dask-pmix.pool-${this.idPrefix}.${epoch}`,
+      ...(cohort ? { cohort } : {}),
       ...(this.opts.onError ? { onError: this.opts.onError } : {}),
     });
     this.poolState = { pool, backend };

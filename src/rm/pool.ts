@@ -7,30 +7,69 @@
 // environment: its session is initialising) → ready (its MPI library reached the PMIx server)
 // → retired (the worker left, its connection dropped, it finalized, or it could not join).
 //
+// Cohorts. Open MPI shares memory only between ranks declared on one node when the namespace is
+// registered (PMIX_LOCAL_PEERS), and a rank's MPI init waits at most 2 s (libpmix's default for a
+// local peer's modex) for every peer so declared, then fails for good. So the first epoch is not
+// registered at once: it is *forming* while the workers that start together ask to join, and is
+// registered once none has registered or asked for `settleMs` (at the latest `maxWaitMs` after the
+// first asked). The workers of one host (and user) that asked by then form a cohort: their ranks
+// share one node entry and they initialise together, right after the answer. A worker that died
+// or never asked is simply not declared; every later joiner sits alone on its own virtual node
+// (Open MPI treats a peer it did not learn of at init as remote: TCP).
+//
 // Plain TypeScript without I/O: the PMIx side of an epoch is the PoolBackend's.
-import type { Clock } from './clock.js';
+import type { Clock, TimerHandle } from './clock.js';
 import { RmError } from './errors.js';
 import type { EventLog } from './events.js';
 import type { Impl, Job, PoolSeat, Worker } from './types.js';
 import type { WorkerPool } from './worker-pool.js';
 
+/** Ranks that share one node: the workers of one host and user that joined a forming epoch. */
+export interface PoolCohort {
+  host: string;
+  ranks: number[];
+}
+
 export interface PoolEpochSpec {
   epoch: number;
   namespace: string;
   size: number;
+  /** Each a node shared by its ranks; every other rank sits alone on its own virtual node. */
+  cohorts: PoolCohort[];
+  /** The user a rank's client is registered as, where the worker said (else the backend's own). */
+  users: Map<number, PoolUser>;
+}
+
+export interface PoolUser {
+  uid: number;
+  gid: number;
+}
+
+/** How the first epoch gathers the workers that start together into cohorts (see above). */
+export interface CohortOptions {
+  /** Quiet time (no worker registering or asking to join) that closes the forming epoch; 0: no cohorts. */
+  settleMs: number;
+  /** The latest the forming epoch is registered, after the first worker asked to join. */
+  maxWaitMs: number;
 }
 
 /** The protocol side of the pool (PMIx): what the core needs to open and use an epoch. */
 export interface PoolBackend {
   /**
-   * Registers the epoch's namespace: `size` ranks, each alone on its own virtual node, and every
-   * rank's client registered up front (libpmix holds back direct-modex requests until all local
-   * clients of a namespace are registered).
+   * Registers the epoch's namespace: `size` ranks, the ranks of each cohort on one shared node and
+   * every other rank alone on its own virtual node, and every rank's client registered up front
+   * (libpmix holds back direct-modex requests until all local clients of a namespace are
+   * registered), as `spec.users` says or else as the backend's own user.
    */
   open(spec: PoolEpochSpec): Promise<void>;
   /** The environment a worker process sets before it initialises its session, to be `rank`. */
   rankEnv(namespace: string, rank: number): Record<string, string>;
-  /** The user the clients were registered as: a process of another user cannot connect. */
+  /**
+   * Makes the rank's client one of this user (registered again if it was another's), before the
+   * worker's process connects: the server admits a client only as the user it was registered as.
+   */
+  setUser(namespace: string, rank: number, user: PoolUser): Promise<void>;
+  /** The backend's own user: what a client is registered as when its worker did not say. */
   readonly uid: number;
   readonly gid: number;
   /**
@@ -47,14 +86,27 @@ interface Epoch {
   epoch: number;
   namespace: string;
   size: number;
-  state: 'opening' | 'open' | 'failed' | 'closed';
+  state: 'forming' | 'opening' | 'open' | 'failed' | 'closed';
   /** The next rank to hand out. */
   next: number;
   /** rank → worker id, for ranks handed out. */
   owners: Map<number, string>;
   /** Ranks whose client holds a connection. */
   connected: Set<number>;
+  /** Settles when the namespace is registered (or could not be). */
   opened: Promise<void>;
+  /** While forming: who asked to join, and the timer that closes it. */
+  forming?: Forming;
+}
+
+interface Forming {
+  /** Workers that asked to join, in order. */
+  joined: Set<string>;
+  /** When the first asked (the deadline counts from then), and when anyone last registered or asked. */
+  firstJoinAt?: number;
+  lastActivityAt: number;
+  timer?: TimerHandle;
+  settle: { resolve: () => void; reject: (err: unknown) => void };
 }
 
 export interface PoolOptions {
@@ -66,6 +118,8 @@ export interface PoolOptions {
   clock: Clock;
   /** Namespace of an epoch. */
   namespaceOf: (epoch: number) => string;
+  /** Cohorts in the first epoch; absent or settleMs 0: none, it opens at once. */
+  cohort?: CohortOptions;
   onError?: (what: string, err: unknown) => void;
 }
 
@@ -102,8 +156,9 @@ export class Pool {
   /** Hands the newly registered worker its rank, or queues it until an epoch has room. */
   seat(w: Worker): void {
     const e = this.current;
-    if (e && e.state === 'open' && e.next < e.size) this.assign(e, w);
+    if (e && (e.state === 'open' || e.state === 'forming') && e.next < e.size) this.assign(e, w);
     else this.waiting.add(w.id);
+    if (e?.forming) this.touch(e);
     this.ensureRoom();
   }
 
@@ -122,13 +177,32 @@ export class Pool {
     const low = Math.max(1, Math.floor(this.o.size / 10));
     const short = !cur || (cur.state === 'open' && cur.size - cur.next <= low);
     if (!short || this.next || cur?.state === 'opening') return;
-    const spec: PoolEpochSpec = { epoch: this.epochCounter, namespace: this.o.namespaceOf(this.epochCounter), size: this.o.size };
-    this.epochCounter++;
-    const epoch: Epoch = { ...spec, state: 'opening', next: 0, owners: new Map(), connected: new Set(), opened: Promise.resolve() };
-    this.epochs.set(spec.namespace, epoch);
+    const n = this.epochCounter++;
+    const epoch: Epoch = {
+      epoch: n, namespace: this.o.namespaceOf(n), size: this.o.size, state: 'opening', next: 0, owners: new Map(), connected: new Set(),
+      opened: Promise.resolve(),
+    };
+    this.epochs.set(epoch.namespace, epoch);
     if (!cur) this.current = epoch;
     else this.next = epoch;
-    epoch.opened = this.o.backend.open(spec).then(
+    if (n === 0 && (this.o.cohort?.settleMs ?? 0) > 0) {
+      // The first epoch waits for the workers that start together (see the top of this file).
+      epoch.state = 'forming';
+      epoch.opened = new Promise<void>((resolve, reject) => {
+        epoch.forming = { joined: new Set(), lastActivityAt: this.o.clock.now(), settle: { resolve, reject } };
+      });
+      epoch.opened.catch(() => undefined);
+      this.seatWaiting(epoch);
+      return;
+    }
+    epoch.opened = this.register(epoch, { epoch: n, namespace: epoch.namespace, size: epoch.size, cohorts: [], users: new Map() });
+    epoch.opened.catch(() => undefined);
+  }
+
+  /** Registers the epoch's namespace with the backend. */
+  private register(epoch: Epoch, spec: PoolEpochSpec): Promise<void> {
+    epoch.state = 'opening';
+    return this.o.backend.open(spec).then(
       () => {
         epoch.state = 'open';
         const c = this.current;
@@ -144,7 +218,80 @@ export class Pool {
         throw err;
       },
     );
-    epoch.opened.catch(() => undefined);
+  }
+
+  // ---- cohorts: the forming first epoch --------------------------------------------------------
+
+  /** A worker registered, asked to join or left while the epoch forms: the quiet time starts again. */
+  private touch(e: Epoch): void {
+    const f = e.forming!;
+    f.lastActivityAt = this.o.clock.now();
+    if (f.firstJoinAt !== undefined) this.arm(e);
+  }
+
+  private arm(e: Epoch): void {
+    const f = e.forming!;
+    const c = this.o.cohort!;
+    f.timer?.cancel();
+    const at = Math.min(f.lastActivityAt + c.settleMs, f.firstJoinAt! + c.maxWaitMs);
+    f.timer = this.o.clock.setTimer(Math.max(0, at - this.o.clock.now()), () => this.tick(e));
+  }
+
+  /** Closes the forming epoch when every worker seated in it asked to join (or left) and it was
+   * quiet for settleMs, or at the deadline; else waits for the others until the deadline. */
+  private tick(e: Epoch): void {
+    const f = e.forming;
+    if (!f || e.state !== 'forming') return;
+    const now = this.o.clock.now();
+    const deadline = f.firstJoinAt! + this.o.cohort!.maxWaitMs;
+    const everyone = [...e.owners].every(([rank, id]) => {
+      const w = this.o.workers.get(id);
+      return f.joined.has(id) || !w?.pool || w.pool.namespace !== e.namespace || w.pool.rank !== rank || w.pool.state === 'retired';
+    });
+    if (now < deadline && !everyone) {
+      f.timer = this.o.clock.setTimer(deadline - now, () => this.tick(e));
+      return;
+    }
+    this.closeForming(e);
+  }
+
+  /** Declares the cohorts of the workers that asked, and registers the namespace. */
+  private closeForming(e: Epoch): void {
+    const f = e.forming!;
+    f.timer?.cancel();
+    e.forming = undefined;
+    const users = new Map<number, PoolUser>();
+    const groups = new Map<string, { host: string; ranks: number[]; workers: Worker[] }>();
+    for (const id of f.joined) {
+      const w = this.o.workers.get(id);
+      const s = w?.pool;
+      if (!w || !s || s.namespace !== e.namespace || s.state === 'retired') continue;
+      const user = this.userOf(w);
+      users.set(s.rank, user);
+      // One cohort per host and user: Open MPI's shared memory and single copy stay within a user.
+      const key = JSON.stringify([w.host, user.uid, user.gid]);
+      const g = groups.get(key) ?? { host: w.host, ranks: [], workers: [] };
+      g.ranks.push(s.rank);
+      g.workers.push(w);
+      groups.set(key, g);
+    }
+    const cohorts: PoolCohort[] = [];
+    const members: Worker[] = [];
+    for (const g of groups.values()) {
+      if (g.ranks.length < 2) continue;
+      const ranks = [...g.ranks].sort((a, b) => a - b);
+      cohorts.push({ host: g.host, ranks });
+      for (const w of g.workers) w.pool!.localPeers = ranks;
+      members.push(...g.workers);
+    }
+    this.register(e, { epoch: e.epoch, namespace: e.namespace, size: e.size, cohorts, users }).then(f.settle.resolve, (err: unknown) => {
+      for (const w of members) delete w.pool?.localPeers;
+      f.settle.reject(err);
+    });
+  }
+
+  private userOf(w: Worker): PoolUser {
+    return { uid: w.uid ?? this.o.backend.uid, gid: w.gid ?? this.o.backend.gid };
   }
 
   /** The epoch a worker without a rank waits for. */
@@ -197,25 +344,48 @@ export class Pool {
    */
   async join(workerId: string, waitMs: number): Promise<{ seat: PoolSeat; env: Record<string, string> }> {
     let w = this.o.workers.require(workerId);
-    if (!w.pool) {
+    const deadline = this.o.clock.now() + waitMs;
+    while (!w.pool) {
+      // The epoch it waits for may fill up first (a forming one): then it waits for the next.
       this.ensureRoom();
       const e = this.upcoming();
       if (!e) throw new RmError('unavailable', 'the pool has no epoch open');
-      await withTimeout(this.o.clock, e.opened, waitMs, `the pool epoch ${e.epoch} did not open within ${waitMs} ms`);
+      const left = deadline - this.o.clock.now();
+      if (left <= 0) throw new RmError('timeout', `worker '${workerId}' got no pool rank within ${waitMs} ms`);
+      await withTimeout(this.o.clock, e.opened, left, `the pool epoch ${e.epoch} did not open within ${waitMs} ms`);
       w = this.o.workers.require(workerId);
-      if (!w.pool) throw new RmError('unavailable', `worker '${workerId}' has no pool rank yet; try again`);
+      if (!w.pool && this.upcoming() === e) throw new RmError('unavailable', `worker '${workerId}' has no pool rank yet; try again`);
     }
-    const seat = w.pool!;
-    if (seat.state === 'retired') throw new RmError('conflict', `worker '${workerId}' left the pool: ${seat.reason ?? 'retired'}`);
-    if (seat.state === 'ready') throw new RmError('conflict', `pool rank ${seat.rank} of worker '${workerId}' is already connected`);
-    if ((w.uid !== undefined && w.uid !== this.o.backend.uid) || (w.gid !== undefined && w.gid !== this.o.backend.gid)) {
-      this.retire(w, `it runs as uid ${w.uid}/gid ${w.gid} and the pool's clients as ${this.o.backend.uid}/${this.o.backend.gid}`);
-      throw new RmError('conflict', `worker '${workerId}' cannot join the pool: ${w.pool!.reason}`);
+    let seat = w.pool!;
+    const check = () => {
+      if (seat.state === 'retired') throw new RmError('conflict', `worker '${workerId}' left the pool: ${seat.reason ?? 'retired'}`);
+      if (seat.state === 'ready') throw new RmError('conflict', `pool rank ${seat.rank} of worker '${workerId}' is already connected`);
+    };
+    check();
+    const e = this.epochs.get(seat.namespace);
+    if (e?.forming) {
+      // The epoch is gathering the workers that start together: answered when it is registered.
+      const f = e.forming;
+      f.joined.add(w.id);
+      f.firstJoinAt ??= this.o.clock.now();
+      this.touch(e);
+      await withTimeout(this.o.clock, e.opened, waitMs, `the pool epoch ${e.epoch} was not registered within ${waitMs} ms`);
+      w = this.o.workers.require(workerId);
+      if (w.pool?.namespace !== seat.namespace || w.pool.rank !== seat.rank) throw new RmError('conflict', `worker '${workerId}' lost its pool rank`);
+      seat = w.pool;
+      check();
     }
     if (seat.state === 'assigned') {
       seat.state = 'joining';
       this.emit(w);
     }
+    try {
+      await this.o.backend.setUser(seat.namespace, seat.rank, this.userOf(w));
+    } catch (err) {
+      this.retire(w, `its client could not be registered as uid ${w.uid}/gid ${w.gid}: ${err instanceof Error ? err.message : String(err)}`);
+      throw new RmError('unavailable', `worker '${workerId}' cannot join the pool: ${seat.reason}`);
+    }
+    check();
     return { seat, env: this.o.backend.rankEnv(seat.namespace, seat.rank) };
   }
 
@@ -227,6 +397,7 @@ export class Pool {
     w.pool.reason = reason;
     this.emit(w);
     const e = this.epochs.get(w.pool.namespace);
+    if (e?.forming) this.touch(e);
     if (e && e !== this.current) this.closeIfUnused(e);
   }
 
@@ -317,7 +488,7 @@ export class Pool {
   stats(): { epochs: number; ranks: Record<string, number> } {
     const ranks: Record<string, number> = { free: 0, assigned: 0, joining: 0, ready: 0, retired: 0 };
     for (const e of this.epochs.values()) {
-      if (e.state !== 'open' && e.state !== 'opening') continue;
+      if (e.state !== 'open' && e.state !== 'opening' && e.state !== 'forming') continue;
       ranks.free! += e.size - e.next;
       for (const [rank, id] of e.owners) {
         const w = this.o.workers.get(id);

@@ -26,6 +26,11 @@ export interface PoolSeat {
   state: PoolRankState;
   /** Why it was retired. */
   reason?: string;
+  /**
+   * The pool ranks declared on its node, itself included, when it is in a cohort (workers of one
+   * host that joined together and share memory); absent when it is alone on its own node.
+   */
+  localPeers?: number[];
 }
 
 export function isActive(state: JobState): boolean {

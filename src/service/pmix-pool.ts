@@ -1,7 +1,9 @@
 // The PMIx side of the in-process pool: each epoch is one namespace of P ranks registered up
 // front with the embedded libpmix server, as research H found Open MPI 5.0.x needs:
-// - every rank alone on its own virtual node (LOCAL_SIZE 1): with all ranks declared on one node,
-//   a rank's init waits for the modex of every declared local peer and fails;
+// - every rank alone on its own virtual node (LOCAL_SIZE 1), except the ranks of a cohort, which
+//   share one node (and so shared memory): a rank's init waits (2 s at most) for the modex of
+//   every peer declared on its node and fails without it, so a cohort holds only workers that
+//   are initialising together (src/rm/pool.ts decides which);
 // - every rank's client registered up front: libpmix holds back direct-modex requests until all
 //   local clients of a namespace are registered, with no timeout;
 // - members initialise without any fence over the namespace (async modex, no data collection,
@@ -9,7 +11,7 @@
 import { rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { encodeNamespace, info, Keys, Range, Rank, Status, v, type Info, type NamespaceLayout, type PmixServer, type Proc } from '../pmix/index.js';
-import type { Job, PoolBackend, PoolEpochSpec } from '../rm/index.js';
+import type { Job, PoolBackend, PoolEpochSpec, PoolUser } from '../rm/index.js';
 import type { PmixClients } from './pmix-clients.js';
 
 /** What every pool rank needs beyond the members' default Open MPI settings. */
@@ -22,6 +24,9 @@ export const POOL_OMPI_ENV: Readonly<Record<string, string>> = {
 
 /** The name of a pool rank's virtual node. */
 export const virtualNode = (rank: number): string => `dask-pmix-vnode${rank}`;
+
+/** The name of the node a cohort's ranks share (Open MPI names its shared-memory segments after it). */
+export const cohortNode = (index: number): string => `dask-pmix-cohort${index}`;
 
 export interface PmixPoolOptions {
   server: PmixServer;
@@ -36,20 +41,30 @@ export interface PmixPoolOptions {
 export class PmixPool implements PoolBackend {
   readonly uid = process.getuid?.() ?? 0;
   readonly gid = process.getgid?.() ?? 0;
-  private readonly sizes = new Map<string, number>();
+  private readonly epochs = new Map<string, { size: number; nodes: Map<number, string>; users: Map<number, PoolUser> }>();
 
   constructor(private readonly o: PmixPoolOptions) {}
 
   async open(spec: PoolEpochSpec): Promise<void> {
+    const shared = new Map<number, { host: string; localRank: number; nodeId: number }>();
+    spec.cohorts.forEach((c, nodeId) => c.ranks.forEach((rank, localRank) => shared.set(rank, { host: cohortNode(nodeId), localRank, nodeId })));
+    let nodeId = spec.cohorts.length;
     const layout: NamespaceLayout = {
       nspace: spec.namespace,
       tmpdir: join(this.o.tmpdir, 'pools', spec.namespace),
-      ranks: Array.from({ length: spec.size }, (_, rank) => ({ rank, host: virtualNode(rank), localRank: 0, nodeRank: 0, nodeId: rank })),
+      ranks: Array.from({ length: spec.size }, (_, rank) => {
+        const c = shared.get(rank);
+        return c ? { rank, host: c.host, localRank: c.localRank, nodeRank: c.localRank, nodeId: c.nodeId } : { rank, host: virtualNode(rank), localRank: 0, nodeRank: 0, nodeId: nodeId++ };
+      }),
     };
     await this.o.server.registerNspace(spec.namespace, spec.size, encodeNamespace(layout, this.o.server));
-    this.sizes.set(spec.namespace, spec.size);
-    const procs = layout.ranks.map((r): Proc => ({ nspace: spec.namespace, rank: r.rank }));
-    const results = await Promise.allSettled(procs.map((p) => this.o.server.registerClient(p, this.uid, this.gid)));
+    const users = new Map<number, PoolUser>();
+    this.epochs.set(spec.namespace, { size: spec.size, nodes: new Map([...shared].map(([r, c]) => [r, c.host])), users });
+    const results = await Promise.allSettled(layout.ranks.map(({ rank }) => {
+      const u = spec.users.get(rank) ?? this;
+      users.set(rank, { uid: u.uid, gid: u.gid });
+      return this.o.server.registerClient({ nspace: spec.namespace, rank }, u.uid, u.gid);
+    }));
     const failed = results.find((r) => r.status === 'rejected');
     if (failed) {
       await this.close(spec.namespace).catch(() => undefined);
@@ -59,9 +74,25 @@ export class PmixPool implements PoolBackend {
 
   rankEnv(namespace: string, rank: number): Record<string, string> {
     const env = this.o.server.setupFork({ nspace: namespace, rank });
-    // The rank's own node is virtual; Open MPI must not take the real host's name for it.
-    env.PMIX_HOSTNAME = virtualNode(rank);
+    // The rank's node is virtual (its own, or its cohort's); Open MPI must not take the real
+    // host's name for it.
+    env.PMIX_HOSTNAME = this.epochs.get(namespace)?.nodes.get(rank) ?? virtualNode(rank);
     return { ...env, ...this.o.ompiEnv, ...POOL_OMPI_ENV };
+  }
+
+  async setUser(namespace: string, rank: number, user: PoolUser): Promise<void> {
+    const e = this.epochs.get(namespace);
+    const now = e?.users.get(rank);
+    if (!e || !now) throw new Error(`no pool rank ${rank} in ${namespace}`);
+    if (now.uid === user.uid && now.gid === user.gid) return;
+    // libpmix keeps one record per registered client and checks a connecting client's uid and
+    // gid against it: the record is replaced before the worker's process connects. The namespace
+    // stays fully registered meanwhile (libpmix does not take back "all registered").
+    const proc: Proc = { nspace: namespace, rank };
+    await this.o.server.deregisterClient(proc);
+    e.users.delete(rank);
+    await this.o.server.registerClient(proc, user.uid, user.gid);
+    e.users.set(rank, { uid: user.uid, gid: user.gid });
   }
 
   async notifyJobEnded(job: Readonly<Job>): Promise<void> {
@@ -86,8 +117,8 @@ export class PmixPool implements PoolBackend {
   }
 
   async close(namespace: string): Promise<void> {
-    const size = this.sizes.get(namespace) ?? 0;
-    this.sizes.delete(namespace);
+    const size = this.epochs.get(namespace)?.size ?? 0;
+    this.epochs.delete(namespace);
     for (let rank = 0; rank < size; rank++) {
       await this.o.server.deregisterClient({ nspace: namespace, rank }).catch((e: unknown) => this.o.onError?.('deregisterClient', e));
     }

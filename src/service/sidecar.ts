@@ -7,7 +7,7 @@ import { Metrics } from '../api/metrics.js';
 import { defaultPolicy } from '../policy/index.js';
 import { PmixServer } from '../pmix/index.js';
 import { StatusName } from '../pmix/status.js';
-import { isActive, ResourceManager, type JobBackend } from '../rm/index.js';
+import { isActive, ResourceManager, type CohortOptions, type JobBackend } from '../rm/index.js';
 import type { RmLimits } from '../rm/manager.js';
 import { DEFAULT_MEMBER_ENV } from './default-env.js';
 import { PmiBackend } from './pmi-backend.js';
@@ -50,6 +50,11 @@ export interface SidecarOptions {
    * default 0: no pool, every job runs in fork mode).
    */
   poolSize?: number;
+  /**
+   * How the workers that join the pool together on one host become a cohort that shares memory
+   * (src/rm/pool.ts; default: none, every rank alone on its own virtual node).
+   */
+  poolCohort?: CohortOptions;
   /**
    * The PMI-1/PMI-2 listener for MPICH and Intel MPI jobs (default: on, 127.0.0.1, any port);
    * false leaves those implementations out.
@@ -148,7 +153,7 @@ export class Sidecar {
       const onError = (what: string, err: unknown) => log.warn({ err, what }, 'PMIx backend call failed');
       rm.addBackend(new PmixBackend({ server: pmix, clients, tmpdir: opts.tmpdir, ompiEnv, onError }));
       if (opts.poolSize) {
-        rm.installPool(opts.poolSize, new PmixPool({ server: pmix, clients, tmpdir: opts.tmpdir, ompiEnv, onError }));
+        rm.installPool(opts.poolSize, new PmixPool({ server: pmix, clients, tmpdir: opts.tmpdir, ompiEnv, onError }), opts.poolCohort);
         const t0 = performance.now();
         rm.pool!.start().then(
           () => log.info({ size: opts.poolSize, seconds: (performance.now() - t0) / 1000 }, 'in-process pool ready'),

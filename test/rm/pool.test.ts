@@ -2,7 +2,7 @@
 // fork mode, and the life of an in-process job (join barrier, group, leave, a member's death).
 import { beforeEach, describe, expect, it } from 'vitest';
 import { defaultPolicy } from '../../src/policy/index.js';
-import { ManualClock, ResourceManager, type Job, type PoolBackend, type PoolEpochSpec, type RmEvent } from '../../src/rm/index.js';
+import { ManualClock, ResourceManager, type CohortOptions, type Job, type PoolBackend, type PoolEpochSpec, type PoolUser, type RmEvent } from '../../src/rm/index.js';
 import { RecordingBackend } from './fake-backend.js';
 
 class FakePool implements PoolBackend {
@@ -11,8 +11,18 @@ class FakePool implements PoolBackend {
   readonly opened: PoolEpochSpec[] = [];
   readonly closed: string[] = [];
   readonly notified: string[] = [];
+  /** Clients registered again as another user: "namespace:rank uid/gid". */
+  readonly users: string[] = [];
+  private readonly registered = new Map<string, PoolUser>();
   async open(spec: PoolEpochSpec): Promise<void> {
     this.opened.push(spec);
+    for (const [rank, u] of spec.users) this.registered.set(`${spec.namespace}:${rank}`, u);
+  }
+  async setUser(namespace: string, rank: number, user: PoolUser): Promise<void> {
+    const now = this.registered.get(`${namespace}:${rank}`) ?? { uid: this.uid, gid: this.gid };
+    if (user.uid === now.uid && user.gid === now.gid) return;
+    this.registered.set(`${namespace}:${rank}`, user);
+    this.users.push(`${namespace}:${rank} ${user.uid}/${user.gid}`);
   }
   rankEnv(namespace: string, rank: number): Record<string, string> {
     return { PMIX_NAMESPACE: namespace, PMIX_RANK: String(rank) };
@@ -32,14 +42,15 @@ let rm: ResourceManager;
 let events: RmEvent[];
 const flush = () => new Promise((r) => setImmediate(r));
 
-async function setup(size = 8) {
+async function setup(size = 8, cohort?: CohortOptions) {
   clock = new ManualClock();
   pool = new FakePool();
   fork = new RecordingBackend(['openmpi', 'mpich']);
-  rm = new ResourceManager({ clock, backends: [fork], policy: defaultPolicy({ releaseGraceMs: 5000 }), pool: { size, backend: pool } });
+  rm = new ResourceManager({ clock, backends: [fork], policy: defaultPolicy({ releaseGraceMs: 5000 }), pool: { size, backend: pool, ...(cohort ? { cohort } : {}) } });
   events = [];
   rm.events.subscribe((e) => events.push(e.event));
-  await rm.pool!.start();
+  if (!cohort) await rm.pool!.start();
+  else void rm.pool!.start();
 }
 
 /** Registers a worker and brings its pool rank to ready, as its worker plugin would. */
@@ -87,12 +98,21 @@ describe('the pool: ranks and epochs', () => {
     expect(events.some((ev) => ev.kind === 'workerPoolChanged' && ev.pool.state === 'assigned')).toBe(true);
   });
 
-  it('joining records what the worker process says of itself; another user cannot join', async () => {
+  it('joining records what the worker process says of itself; a worker of another user has its client registered as that user', async () => {
     rm.registerWorker({ id: 'a', host: 'sched' });
     const { worker } = await rm.joinPool('a', { host: 'node7', pid: 99, uid: 1000, gid: 1000 });
     expect([worker.host, worker.pid, worker.uid]).toEqual(['node7', 99, 1000]);
+    expect(pool.users).toEqual([]);
+    const b = rm.registerWorker({ id: 'b', host: 'h' }).pool!;
+    const { seat } = await rm.joinPool('b', { uid: 65534, gid: 65534 });
+    expect(seat.state).toBe('joining');
+    expect(pool.users).toEqual([`${b.namespace}:${b.rank} 65534/65534`]);
+  });
+
+  it('a worker whose client cannot be registered as its user is retired, saying why', async () => {
+    pool.setUser = () => Promise.reject(new Error('libpmix said no'));
     rm.registerWorker({ id: 'b', host: 'h' });
-    await expect(rm.joinPool('b', { uid: 0, gid: 0 })).rejects.toThrow(/runs as uid 0/);
+    await expect(rm.joinPool('b', { uid: 0, gid: 0 })).rejects.toThrow(/could not be registered as uid 0\/gid 0: libpmix said no/);
     expect(rm.getWorker('b').pool!.state).toBe('retired');
     await expect(rm.joinPool('b', {})).rejects.toThrow(/left the pool/);
   });
@@ -114,6 +134,113 @@ describe('the pool: ranks and epochs', () => {
     const ns = rm.getWorker('a').pool!.namespace;
     rm.poolClientGone(ns, r, 'its worker process died');
     expect(rm.getWorker('a').pool).toMatchObject({ state: 'retired', reason: 'its worker process died' });
+  });
+});
+
+describe('cohorts: the workers that join the first epoch together', () => {
+  const cohort = { settleMs: 1000, maxWaitMs: 10_000 };
+
+  it('are declared on one node per host once nobody arrived for the quiet time; later joiners are alone', async () => {
+    await setup(16, cohort);
+    for (const [id, host] of [['a', 'h1'], ['b', 'h1'], ['c', 'h1'], ['d', 'h2']]) rm.registerWorker({ id: id!, host: host!, uid: 1000, gid: 1000 });
+    expect(pool.opened).toEqual([]);
+    const joins = ['a', 'b', 'c', 'd'].map((id) => rm.joinPool(id, { pid: 1 }));
+    clock.advance(999);
+    await flush();
+    expect(pool.opened).toEqual([]);
+    clock.advance(1);
+    await flush();
+    expect(pool.opened.map((e) => [e.epoch, e.cohorts])).toEqual([[0, [{ host: 'h1', ranks: [0, 1, 2] }]]]);
+    expect([...pool.opened[0]!.users.keys()]).toEqual([0, 1, 2, 3]);
+    const seats = (await Promise.all(joins)).map((j) => j.seat);
+    expect(seats.map((s) => [s.rank, s.state, s.localPeers])).toEqual([
+      [0, 'joining', [0, 1, 2]], [1, 'joining', [0, 1, 2]], [2, 'joining', [0, 1, 2]], [3, 'joining', undefined],
+    ]);
+    // A later joiner is answered at once, alone on its own node.
+    rm.registerWorker({ id: 'e', host: 'h1', uid: 1000, gid: 1000 });
+    const e = await rm.joinPool('e', {});
+    expect([e.seat.rank, e.seat.state, e.seat.localPeers]).toEqual([4, 'joining', undefined]);
+    expect(pool.opened).toHaveLength(1);
+    // GET /v1/workers and the events show the cohort.
+    expect(events.some((ev) => ev.kind === 'workerPoolChanged' && ev.workerId === 'a' && ev.pool.localPeers?.length === 3)).toBe(true);
+  });
+
+  it('a worker that never asks holds the epoch until the deadline; one that leaves is not declared and holds nothing', async () => {
+    await setup(16, cohort);
+    for (const id of ['a', 'b', 'c', 'd']) rm.registerWorker({ id, host: 'h1' });
+    const joins = ['a', 'b'].map((id) => rm.joinPool(id, {}));
+    clock.advance(5000);
+    await flush();
+    expect(pool.opened).toEqual([]); // c and d are registered and may still ask
+    rm.removeWorker('c', 'its process died');
+    clock.advance(5000 - 1);
+    await flush();
+    expect(pool.opened).toEqual([]);
+    clock.advance(1); // the deadline: d never asked
+    await flush();
+    expect(pool.opened[0]!.cohorts).toEqual([{ host: 'h1', ranks: [0, 1] }]);
+    expect((await Promise.all(joins)).map((j) => j.seat.localPeers)).toEqual([[0, 1], [0, 1]]);
+    const d = await rm.joinPool('d', {});
+    expect(d.seat.localPeers).toBeUndefined();
+  });
+
+  it('a worker that leaves while the others wait closes the epoch after the quiet time', async () => {
+    await setup(16, cohort);
+    for (const id of ['a', 'b', 'c']) rm.registerWorker({ id, host: 'h1' });
+    const joins = ['a', 'b'].map((id) => rm.joinPool(id, {}));
+    clock.advance(3000);
+    rm.leavePool('c', 'its MPI library is not Open MPI');
+    clock.advance(1000);
+    await flush();
+    expect(pool.opened[0]!.cohorts).toEqual([{ host: 'h1', ranks: [0, 1] }]);
+    await Promise.all(joins);
+  });
+
+  it('one cohort per host and user; each client is registered as its worker\'s user', async () => {
+    await setup(16, cohort);
+    const users: [string, number][] = [['a', 1000], ['b', 2000], ['c', 1000], ['d', 2000], ['e', 3000]];
+    for (const [id, uid] of users) rm.registerWorker({ id, host: 'h1', uid, gid: uid });
+    const joins = users.map(([id]) => rm.joinPool(id, {}));
+    clock.advance(1000);
+    await flush();
+    const spec = pool.opened[0]!;
+    expect(spec.cohorts).toEqual([{ host: 'h1', ranks: [0, 2] }, { host: 'h1', ranks: [1, 3] }]);
+    expect(Object.fromEntries([...spec.users].map(([r, u]) => [r, u.uid]))).toEqual({ 0: 1000, 1: 2000, 2: 1000, 3: 2000, 4: 3000 });
+    await Promise.all(joins);
+    expect(pool.users).toEqual([]); // registered as their users up front: nothing to register again
+  });
+
+  it('workers beyond the forming epoch\'s ranks wait for the next epoch', async () => {
+    await setup(2, cohort);
+    for (const id of ['a', 'b', 'c']) rm.registerWorker({ id, host: 'h1' });
+    expect(rm.getWorker('c').pool).toBeUndefined();
+    const joins = ['a', 'b'].map((id) => rm.joinPool(id, {}));
+    clock.advance(1000);
+    await flush();
+    await flush();
+    expect(pool.opened.map((e) => [e.epoch, e.cohorts.length]).slice(0, 2)).toEqual([[0, 1], [1, 0]]);
+    await Promise.all(joins);
+    expect(rm.getWorker('c').pool).toMatchObject({ epoch: 1, rank: 0 });
+    expect((await rm.joinPool('c', {})).seat).toMatchObject({ epoch: 1, rank: 0, state: 'joining' });
+  });
+
+  it('a worker that asked while the forming epoch was full is answered once the next epoch opens', async () => {
+    await setup(2, cohort);
+    for (const id of ['a', 'b', 'c']) rm.registerWorker({ id, host: 'h1' });
+    const joins = ['a', 'b', 'c'].map((id) => rm.joinPool(id, {}));
+    clock.advance(1000);
+    for (let i = 0; i < 5; i++) await flush();
+    const seats = (await Promise.all(joins)).map((j) => [j.seat.epoch, j.seat.rank, j.seat.localPeers]);
+    expect(seats).toEqual([[0, 0, [0, 1]], [0, 1, [0, 1]], [1, 0, undefined]]);
+  });
+
+  it('a join waits at most waitMs for the epoch to be registered', async () => {
+    await setup(16, cohort);
+    rm.registerWorker({ id: 'a', host: 'h1' });
+    rm.registerWorker({ id: 'b', host: 'h1' });
+    const join = rm.joinPool('a', {}, 4000);
+    clock.advance(4000);
+    await expect(join).rejects.toThrow(/was not registered within 4000 ms/);
   });
 });
 

@@ -69,16 +69,7 @@ def _watch_pool_close(pool) -> None:
     if _watching:
         return
     _watching = True
-    on_close = getattr(pool, "on_close", None)
-    if on_close is not None:
-        on_close(_leave_pool)
-        return
-    close = getattr(pool, "close", None)   # a pool module without the hook: run before its close()
-    if close is not None:
-        def close_after_comm(*args, **kwargs):
-            _leave_pool()
-            return close(*args, **kwargs)
-        pool.close = close_after_comm
+    pool.on_close(_leave_pool)
 
 
 def _leave_pool() -> None:
@@ -103,7 +94,7 @@ def join_launcher_world() -> PoolLink:
     """Membership for a process started by an MPI launcher (mpirun/prterun): the launcher's
     namespace is the epoch and its mpi://WORLD the pool. Initialises one MPI session for the
     process's lifetime, as the pool does."""
-    from ..member import mpi_module
+    from ..worker_mpi import mpi_module
 
     MPI = mpi_module()
     info = MPI.Info.Create()
