@@ -3,7 +3,7 @@
 A cohort: the workers of one host that join the pool together, whose ranks the sidecar declares
 on one node, so that Open MPI moves data between them through shared memory (the sm BTL); without
 one, every rank sits alone on its own virtual node and every pair talks TCP. For each setting a
-fresh LocalCluster of --workers workers (dask-pmix.pool.cohort = its default, or 0):
+fresh LocalCluster of --workers workers (dask-pmix.pool.cohort = 1s, or 0: none):
 
 - later jobs: run_mpi over M = 2, 4, 8 workers (one warm-up job per M first), from the call to
   every rank's result (total) and to every rank past one Allreduce of 8 bytes;
@@ -82,7 +82,7 @@ def start(n: int, cohort: bool):
     from dask_pmix.rest import SidecarClient
 
     # The scheduler (and its plugin, which starts the sidecar) runs in this process.
-    dask.config.set({"dask-pmix.pool.cohort": None if cohort else 0})
+    dask.config.set({"dask-pmix.pool.cohort": "1s" if cohort else 0})
     cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None)
     client = Client(cluster)
     client.register_plugin(SidecarPlugin())

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import dask
 import numpy as np
 import pytest
 from distributed import Client, LocalCluster
@@ -21,6 +22,14 @@ from .conftest import IMPL, start_cluster
 from .test_inprocess import last_job, wait_pool_ready, workers_of
 
 pytestmark = pytest.mark.skipif(IMPL != "openmpi", reason="the in-process pool is Open MPI's")
+
+
+@pytest.fixture(autouse=True)
+def cohorts_on():
+    """Cohorts are off by default; the scheduler (and its plugin, which starts the sidecar) runs
+    in this process and reads this setting."""
+    with dask.config.set({"dask-pmix.pool.cohort": "1s"}):
+        yield
 
 NOBODY = 65534
 MiB = 1 << 20
@@ -56,7 +65,7 @@ def test_a_cohort_shares_memory_with_nothing_but_open_mpis_shared_memory_transpo
     # Only the self and sm transports: a communicator over the members can carry data only if
     # Open MPI put them on one node and moves bytes through shared memory.
     only_sm = ["--ompi-env", "OMPI_MCA_btl=self,sm", "--ompi-env", "OMPI_MCA_pml=ob1",
-               "--ompi-env", "OMPI_MCA_mpi_yield_when_idle=1"]
+               "--ompi-env", "OMPI_MCA_mpi_yield_when_idle=1", "--pool-cohort", "1"]  # given args replace the config's
     cluster, client, sidecar = start_cluster(4, sidecar_args=only_sm)
     try:
         wait_pool_ready(sidecar, 4)
