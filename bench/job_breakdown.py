@@ -1,0 +1,334 @@
+"""Where the time of an in-process run_mpi job goes: time stamps across the client, the scheduler
+(its plugin, its handlers, its HTTP calls to the sidecar), the worker tasks and the sidecar's own
+event times, for later jobs over the same M workers. Also Dask's own floor, side by side in the
+same run: M trivial tasks pinned one per worker, submitted and gathered (plain, and seceding as a
+rank does).
+
+    .venv/bin/python bench/job_breakdown.py --size 8 --repeat 20
+
+Prints one JSON document: per phase, the median time since the run_mpi call (ms). The stamps
+come from wrappers installed around the code paths (nothing in dask_pmix changes); every clock is
+the host's wall clock, the sidecar's in whole milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "python"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from headline import _body, start_cluster  # noqa: E402
+
+MARKS: list[tuple[float, str, str]] = []  # (time, job id or "", what): this process's stamps
+if __name__ == "__main__":  # the scheduler's wrappers (same process) import it by name
+    sys.modules["job_breakdown"] = sys.modules["__main__"]
+
+
+def mark(job: str, what: str) -> None:
+    MARKS.append((time.time(), job, what))
+
+
+def install_worker_trace() -> bool:
+    """In a worker process: stamps around the member's steps, kept in dask_pmix.run._bench_marks."""
+    import dataclasses
+    import time as _t
+
+    import dask_pmix.inprocess as ip
+    import dask_pmix.pool as pool
+    import dask_pmix.run as run
+
+    if getattr(run, "_bench_marks", None) is not None:
+        return False
+    marks: list = []
+    run._bench_marks = marks
+    orig_calls, orig_member, orig_comm = run._inprocess_calls, ip.run_member, pool.Pool.comm
+
+    def calls(job_id, worker_id):
+        c = orig_calls(job_id, worker_id)
+
+        def wrap(name, f):
+            def g(*a, **k):
+                marks.append((_t.time(), job_id, name + ">"))
+                try:
+                    return f(*a, **k)
+                finally:
+                    marks.append((_t.time(), job_id, name + "<"))
+            return g
+        return dataclasses.replace(c, join=wrap("join", c.join), leave=wrap("leave", c.leave))
+
+    def run_member(**kw):
+        marks.append((_t.time(), kw["job"]["id"], "member>"))
+        try:
+            return orig_member(**kw)
+        finally:
+            marks.append((_t.time(), kw["job"]["id"], "member<"))
+
+    def comm(self, ranks, tag):
+        job = tag.split(":", 1)[-1]
+        marks.append((_t.time(), job, "comm>"))
+        try:
+            return orig_comm(self, ranks, tag)
+        finally:
+            marks.append((_t.time(), job, "comm<"))
+
+    run._inprocess_calls = calls
+    ip.run_member = run_member
+    pool.Pool.comm = comm
+    return True
+
+
+def take_worker_marks() -> list:
+    import dask_pmix.run as run
+
+    marks = list(run._bench_marks)
+    run._bench_marks.clear()
+    return marks
+
+
+def install_scheduler_trace(dask_scheduler) -> None:
+    """In the scheduler: stamps around the plugin's handlers, and the task stream messages."""
+    import dask_pmix.rest as rest
+
+    import job_breakdown as jb
+
+    for name in ("dask_pmix_create_job", "dask_pmix_join_job", "dask_pmix_leave_job", "dask_pmix_release_job",
+                 "dask_pmix_job"):
+        orig = dask_scheduler.handlers[name]
+
+        def wrap(orig=orig, name=name):
+            async def h(*a, **k):
+                job = k.get("job_id", "")
+                jb.mark(job, name + ">")
+                try:
+                    return await orig(*a, **k)
+                finally:
+                    jb.mark(job, name + "<")
+            return h
+        dask_scheduler.handlers[name] = wrap()
+    for name in ("update-graph", "task-finished"):
+        orig = dask_scheduler.stream_handlers[name]
+
+        def swrap(orig=orig, name=name):
+            def stamp(k):
+                jb.mark(str(k.get("key") or next(iter(k.get("keys") or []), "")), name)
+
+            if inspect.iscoroutinefunction(orig):  # the stream awaits only coroutine functions
+                async def ah(*a, **k):
+                    stamp(k)
+                    return await orig(*a, **k)
+                return ah
+
+            def h(*a, **k):
+                stamp(k)
+                return orig(*a, **k)
+            return h
+        dask_scheduler.stream_handlers[name] = swrap()
+    orig_request = rest.SidecarClient._request
+
+    def request(self, method, path, body=None, timeout=None):
+        jb.mark(path, f"http {method}>")
+        try:
+            return orig_request(self, method, path, body, timeout)
+        finally:
+            jb.mark(path, f"http {method}<")
+    rest.SidecarClient._request = request
+
+
+def follow_events(sidecar, out: list, stop: threading.Event) -> None:
+    for e in sidecar.events(last_event_id=None):
+        if stop.is_set():
+            return
+        out.append(e)
+
+
+def dask_floor(client, workers: list[str], repeat: int, secede: bool, one_graph: bool = False) -> list[float]:
+    """M trivial tasks, one pinned to each worker, submitted and gathered: one Client.submit per
+    task, or (one_graph) all in one graph as run_mpi submits its ranks."""
+    import uuid
+
+    from dask_pmix.run import _submit_ranks
+
+    def trivial(i):
+        if secede:
+            from distributed import secede as s
+
+            s()
+        return i
+
+    times = []
+    for _ in range(repeat + 1):
+        t0 = time.perf_counter()
+        if one_graph:
+            tag = uuid.uuid4().hex
+            futs = _submit_ranks(client, [(f"floor-{tag}-{i}", w, trivial, (i,)) for i, w in enumerate(workers)])
+        else:
+            futs = [client.submit(trivial, i, workers=[w], allow_other_workers=False, pure=False)
+                    for i, w in enumerate(workers)]
+        assert client.gather(futs) == list(range(len(workers)))
+        times.append(time.perf_counter() - t0)
+        del futs
+    return times[1:]
+
+
+def comm_costs(client, sidecar, workers: list[str], repeat: int) -> dict:
+    """Over the M members (which have met): Comm_create_from_group, then Dup of that communicator,
+    then one Allreduce on the duplicate. The member that arrives last waits least: its time is
+    the operation's cost."""
+    ranks_by = {w["id"]: w["pool"]["rank"] for w in sidecar.workers()}
+    ranks = [ranks_by[w] for w in workers]
+
+    def member(tag):
+        import time as _t
+
+        from dask_pmix import pool
+
+        p = pool.current(wait=60)
+        t0 = _t.perf_counter()
+        comm = p.comm(ranks, tag)
+        t1 = _t.perf_counter()
+        dup = comm.Dup()
+        t2 = _t.perf_counter()
+        dup.allreduce(1)
+        t3 = _t.perf_counter()
+        dup.Free()
+        comm.Free()
+        return t1 - t0, t2 - t1, t3 - t2
+
+    rows = []
+    for i in range(repeat):
+        futs = [client.submit(member, f"bench-costs-{i}", workers=[w], pure=False) for w in workers]
+        res = client.gather(futs)
+        rows.append((min(r[0] for r in res), min(r[1] for r in res), max(r[2] for r in res)))
+    med = lambda k: round(statistics.median(r[k] for r in rows) * 1e3, 2)  # noqa: E731
+    return {"create_from_group_ms": med(0), "dup_ms": med(1), "allreduce_on_dup_ms": med(2)}
+
+
+def job_timeline(job_id: str, t0: float, t_end: float, marks: list, wmarks: list, events: list) -> dict:
+    rel = lambda t: round((t - t0) * 1e3, 2)  # noqa: E731
+    tl: dict[str, list[float]] = {}
+
+    def add(name, t):
+        tl.setdefault(name, []).append(rel(t))
+    for t, job, what in marks:
+        if job and job_id not in job and not job.startswith("/v1/jobs?"):
+            continue
+        add(f"{what} {job.replace(job_id, '{id}').split('?')[0]}" if job.startswith("/") else what, t)
+    for t, job, what in wmarks:
+        if job == job_id:
+            add("worker " + what, t)
+    for e in events:
+        for kind, body in e.items():
+            if not isinstance(body, dict) or body.get("jobId") != job_id:
+                continue
+            add(f"sidecar {kind} {body.get('to')}", e["_t"])
+    add("run_mpi returned", t_end)
+    return {k: (v[0] if len(v) == 1 else [min(v), max(v)]) for k, v in sorted(tl.items(), key=lambda kv: min(kv[1]))}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--size", type=int, default=8)
+    p.add_argument("--repeat", type=int, default=20)
+    p.add_argument("--show", type=int, default=2, help="full timelines of this many jobs")
+    args = p.parse_args()
+
+    import dask_pmix.run as run
+    from dask_pmix import run_mpi
+    from dask_pmix.rest import SidecarClient
+
+    cluster, client, sidecar = start_cluster(args.size, pool=True)
+    try:
+        workers = sorted(client.scheduler_info()["workers"])
+        client.run(install_worker_trace)
+        client.run_on_scheduler(install_scheduler_trace)
+        info = client.sync(client.scheduler.dask_pmix_info)
+        events: list = []
+        stop = threading.Event()
+        reader = SidecarClient(info["url"], info.get("token"))
+
+        def follow():
+            try:
+                for e in reader.events():
+                    e["_t"] = datetime.fromisoformat(e["time"].replace("Z", "+00:00")).timestamp()
+                    events.append(e)
+            except Exception:  # noqa: BLE001
+                pass
+        threading.Thread(target=follow, daemon=True).start()
+        orig = {n: getattr(run, n) for n in ("_start_job", "_gather")}
+
+        def wrap(n):
+            async def f(*a, **k):
+                mark("", n + ">")
+                try:
+                    return await orig[n](*a, **k)
+                finally:
+                    mark("", n + "<")
+            return f
+        for n in orig:
+            setattr(run, n, wrap(n))
+        orig_release = run.MPIJob._release
+
+        async def release(self):
+            mark(self.id, "release>")
+            try:
+                return await orig_release(self)
+            finally:
+                mark(self.id, "release<")
+        run.MPIJob._release = release
+
+        body = _body()
+        run_mpi(client, body, workers=workers)  # the first job: first contacts, not measured
+        timelines = []
+        for _ in range(args.repeat):
+            MARKS.clear()
+            t0 = time.time()
+            results = run_mpi(client, body, workers=workers)
+            t_end = time.time()
+            job_id = next(m[1] for m in MARKS if m[2] == "release>")
+            time.sleep(0.3)  # the sidecar's last events, the members' leaves
+            wmarks = [m for ms in client.run(take_worker_marks).values() for m in ms]
+            tl = job_timeline(job_id, t0, t_end, MARKS, wmarks, events)
+            tl["body comm ready"] = [round((min(r["t_comm"] for r in results) - t0) * 1e3, 2),
+                                     round((max(r["t_comm"] for r in results) - t0) * 1e3, 2)]
+            tl["body allreduce done"] = round((max(r["t_allreduce"] for r in results) - t0) * 1e3, 2)
+            timelines.append(tl)
+        floor = dask_floor(client, workers, args.repeat, secede=False)
+        floor_secede = dask_floor(client, workers, args.repeat, secede=True)
+        floor_graph = dask_floor(client, workers, args.repeat, secede=False, one_graph=True)
+        floor_graph_secede = dask_floor(client, workers, args.repeat, secede=True, one_graph=True)
+        costs = comm_costs(client, sidecar, workers, args.repeat)
+        stop.set()
+    finally:
+        client.close()
+        cluster.close()
+
+    def med(name, i):
+        vals = [tl[name] if not isinstance(tl[name], list) else tl[name][i] for tl in timelines if name in tl]
+        return round(statistics.median(vals), 2) if vals else None
+    names = list(timelines[-1])
+    summary = {n: ([med(n, 0), med(n, 1)] if isinstance(timelines[-1][n], list) else med(n, 0)) for n in names}
+    out = {"benchmark": "job_breakdown", "size": args.size, "repeat": args.repeat, "cpus": os.cpu_count(),
+           "load_average": os.getloadavg(), "median_ms_since_call": summary,
+           "dask_floor_ms": {"submit_gather": round(statistics.median(floor) * 1e3, 2),
+                             "submit_secede_gather": round(statistics.median(floor_secede) * 1e3, 2),
+                             "one_graph_gather": round(statistics.median(floor_graph) * 1e3, 2),
+                             "one_graph_secede_gather": round(statistics.median(floor_graph_secede) * 1e3, 2)},
+           "communicator_ms": costs,
+           "examples": timelines[: args.show]}
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
