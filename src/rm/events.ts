@@ -6,6 +6,7 @@ import type { Job, JobState, MemberState, PoolSeat, ProcessSet, Worker, WorkerSt
 export type RmEvent =
   | { kind: 'workerJoined'; worker: Worker }
   | { kind: 'workerLeft'; workerId: string; reason: string }
+  // jobId: the job that froze the worker, or that gave it back.
   | { kind: 'workerStateChanged'; workerId: string; from: WorkerState; to: WorkerState; jobId?: string }
   | { kind: 'workerPoolChanged'; workerId: string; pool: PoolSeat }
   | { kind: 'psetDefined'; pset: ProcessSet }

@@ -613,7 +613,7 @@ export class JobLifecycle {
       for (const m of rt.job.members) {
         if (this.o.workers.get(m.workerId)?.jobId !== rt.job.id) continue;
         this.o.workers.setJob(m.workerId, undefined);
-        this.o.events.emit({ kind: 'workerStateChanged', workerId: m.workerId, from: 'frozen', to: 'available' });
+        this.o.events.emit({ kind: 'workerStateChanged', workerId: m.workerId, from: 'frozen', to: 'available', jobId: rt.job.id });
       }
       const p = rt.job.pset ? this.o.psets.get(rt.job.pset) : undefined;
       if (p && p.jobId === rt.job.id) delete p.jobId;
