@@ -5,6 +5,7 @@ scheduler's loopback only)."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import logging
 import os
@@ -35,6 +36,37 @@ SUPERVISE_INTERVAL = 0.5
 # How long a job request waits in the sidecar's admission line when its workers are busy.
 ADMISSION_WAIT = 60.0
 EVENTS_RECONNECT_DELAY = 0.5
+# An in-process member waits at the plugin's join barrier at most this long before it asks the
+# sidecar again: the barrier learns of a job that ended from the event stream, and of anything
+# the stream missed at the next round.
+JOIN_ROUND = 1.0
+# A member of a job whose members this plugin knows waits this long for the others at the plugin
+# before it tells the sidecar it is there: when all come within it (the usual case), the barrier
+# is met here and the sidecar hears of no join (the communicator's group construct tells it every
+# member is there); a member that waits longer is recorded by the sidecar, which then names the
+# ones that never came if the job's wiring times out.
+JOIN_QUIET = 0.25
+# How many released jobs the plugin remembers (from the event stream) for release_job.
+RELEASED_KEPT = 4096
+
+
+class _JoinBarrier:
+    """The members of one in-process job waiting here until all are there."""
+
+    __slots__ = ("ready", "waiters", "present")
+
+    def __init__(self) -> None:
+        self.ready = False
+        self.waiters: set[asyncio.Future] = set()
+        self.present: dict[str, int] = {}  # worker -> its join calls waiting here now
+
+    def wake(self, ready: bool = False) -> None:
+        """Answers every waiting member: all are there (ready), or ask the sidecar again."""
+        self.ready = self.ready or ready
+        for f in self.waiters:
+            if not f.done():
+                f.set_result(ready)
+        self.waiters.clear()
 
 
 class SidecarPlugin(SchedulerPlugin):
@@ -75,6 +107,12 @@ class SidecarPlugin(SchedulerPlugin):
         self._waits: concurrent.futures.ThreadPoolExecutor | None = None
         self._supervisor: asyncio.Future | None = None
         self._state_dir: str | None = None
+        self._barriers: dict[str, _JoinBarrier] = {}  # in-process jobs whose members are joining
+        # From the event stream: members each active job still holds, and jobs released lately.
+        self._holding: dict[str, set[str]] = {}
+        self._released: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._release_waiters: dict[str, set[asyncio.Future]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # The plugin is pickled on its way to the scheduler: send the configuration only.
     _CONFIG = ("url", "token", "sidecar_args", "sidecar_log", "pool")
@@ -89,6 +127,7 @@ class SidecarPlugin(SchedulerPlugin):
     # -- life cycle -----------------------------------------------------------------------------
     async def start(self, scheduler) -> None:
         self.scheduler = scheduler
+        self._loop = asyncio.get_running_loop()
         self.url = self.url or config.get("sidecar.url")
         self.token = self.token or config.get("sidecar.token")
         if not self.url:
@@ -383,6 +422,10 @@ class SidecarPlugin(SchedulerPlugin):
         seconds: a job whose every rank returned ends when their reports arrive), or one whose
         ranks linger past `grace`, is deleted: aborted, released and forgotten."""
         job: dict | None = None
+        if settle and await self._released_soon(job_id, settle):
+            # Ended by itself and released: the event stream said so, the sidecar need not be asked.
+            self._forget(job_id)
+            return {"id": job_id, "released": True}
         try:
             deadline = time.monotonic() + grace
             settled = time.monotonic() + settle
@@ -439,12 +482,65 @@ class SidecarPlugin(SchedulerPlugin):
             return {"error": str(e), "status": e.status}
 
     async def join_job(self, job_id: str, worker: str, wait: float = 10.0) -> dict:
-        """An in-process member is there; answers when every member is, or after `wait` s."""
+        """An in-process member is there; answers when every member is (ready), or after at most
+        `wait` s (not ready: the member asks again). Members wait here, never in a request held
+        open at the sidecar. The barrier is met here when every member of a job this plugin
+        knows waits here at once; a member left waiting longer than JOIN_QUIET tells the sidecar,
+        which records the join and says whether every member has joined there; either way the
+        answer that all are there wakes them all."""
+        barrier = self._barriers.get(job_id)
+        if barrier is not None and barrier.ready:
+            return {"ready": True}
+        if barrier is None:
+            barrier = self._barriers[job_id] = _JoinBarrier()
+        with self._lock:
+            members = self._frozen.get(job_id)
+        loop = asyncio.get_running_loop()
+        round_end = loop.time() + max(0.0, min(float(wait), JOIN_ROUND))
+        waiter = loop.create_future()
+        barrier.waiters.add(waiter)
+        barrier.present[worker] = barrier.present.get(worker, 0) + 1
         try:
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self._waits, self.rest.join_job, job_id, worker, float(wait))
-        except SidecarError as e:
-            return {"error": e.message, "status": e.status}
+            if members and worker in members and members.issubset(barrier.present):
+                barrier.wake(ready=True)
+                return {"ready": True}
+            if members and worker in members:
+                await asyncio.wait([waiter], timeout=min(JOIN_QUIET, max(0.0, round_end - loop.time())))
+                if waiter.done() and waiter.result():
+                    return {"ready": True}
+            try:
+                answer = await asyncio.to_thread(self.rest.join_job, job_id, worker, 0.0)
+            except SidecarError as e:
+                barrier.wake()  # the others ask again and hear the same
+                return {"error": e.message, "status": e.status}
+            if answer.get("ready") or (waiter.done() and waiter.result()):
+                barrier.wake(ready=True)
+                return {"ready": True}
+            if not waiter.done():
+                await asyncio.wait([waiter], timeout=max(0.0, round_end - loop.time()))
+            return {"ready": bool(waiter.done() and waiter.result())}
+        finally:
+            barrier.waiters.discard(waiter)
+            barrier.present[worker] -= 1
+            if not barrier.present[worker]:
+                del barrier.present[worker]
+            if not barrier.present and self._barriers.get(job_id) is barrier:
+                del self._barriers[job_id]
+
+    def _wake_joiners(self, job_id: str | None = None) -> None:
+        """From the event thread: members waiting to join `job_id` (all, with None) ask the sidecar
+        again (the job ended, or the stream may have missed that it did)."""
+        if self._loop is None or self._loop.is_closed():
+            return
+
+        def wake() -> None:
+            for jid, barrier in list(self._barriers.items()):
+                if job_id is None or jid == job_id:
+                    barrier.wake()
+        try:
+            self._loop.call_soon_threadsafe(wake)
+        except RuntimeError:  # the loop closed meanwhile
+            pass
 
     async def leave_job(self, job_id: str, worker: str, ok: bool, reason: str = "",
                         failed_ranks: list | None = None) -> dict:
@@ -497,11 +593,16 @@ class SidecarPlugin(SchedulerPlugin):
                             last_id = sse.id
                         if sse.event == "jobStateChanged":
                             self._job_changed(sse.json().get("jobStateChanged") or {})
+                        elif sse.event == "workerStateChanged":
+                            self._worker_changed(sse.json().get("workerStateChanged") or {})
+                        elif sse.event == "workerLeft":
+                            self._worker_left(sse.json().get("workerLeft") or {})
             except SidecarError as e:
                 if e.status == 400:
                     last_id = None  # an id this sidecar cannot place: start afresh
             except Exception:  # noqa: BLE001 - a bad event must not end the thread
                 logger.exception("dask-pmix: the event stream failed")
+            self._wake_joiners()  # the stream broke: what it would have said is asked for instead
             if self._stop.wait(EVENTS_RECONNECT_DELAY):
                 return
 
@@ -511,10 +612,13 @@ class SidecarPlugin(SchedulerPlugin):
         if not job_id:
             return
         if changed.get("to") in ACTIVE_STATES:
+            members = {m["workerId"] for m in job.get("members", [])}
             with self._lock:
-                self._frozen[job_id] = {m["workerId"] for m in job.get("members", [])}
+                self._frozen[job_id] = members
+                self._holding.setdefault(job_id, set(members))
         else:
             self._forget(job_id)
+            self._wake_joiners(job_id)
 
     def _resync(self) -> None:
         active = {j["id"]: {m["workerId"] for m in j.get("members", [])}
@@ -522,6 +626,74 @@ class SidecarPlugin(SchedulerPlugin):
         with self._lock:
             self._frozen = active
             self._owners = {job: owner for job, owner in self._owners.items() if job in active}
+            # Jobs ended meanwhile are released without this stream saying so: their release is
+            # read from the sidecar again.
+            self._holding = {job: set(members) for job, members in active.items()}
+        self._wake_joiners()
+
+    def _worker_changed(self, changed: dict) -> None:
+        """A member given back by its job (the sidecar names the job): once the last member of a
+        job is, the job is released, and whoever waits for that hears it without asking."""
+        job_id, worker = changed.get("jobId"), changed.get("workerId")
+        if changed.get("to") == "available" and job_id:
+            self._members_back(worker, [job_id])
+
+    def _worker_left(self, left: dict) -> None:
+        """A worker gone from the sidecar is held by no job any more (its job, if any, failed)."""
+        with self._lock:
+            jobs = [job for job, members in self._holding.items() if left.get("workerId") in members]
+        self._members_back(left.get("workerId"), jobs)
+
+    def _members_back(self, worker: str | None, jobs: list[str]) -> None:
+        released = []
+        with self._lock:
+            for job_id in jobs:
+                holding = self._holding.get(job_id)
+                if holding is None:
+                    continue
+                holding.discard(worker)
+                if holding:
+                    continue
+                del self._holding[job_id]
+                self._released[job_id] = None
+                released.append(job_id)
+            while len(self._released) > RELEASED_KEPT:
+                self._released.popitem(last=False)
+        if released and self._loop is not None and not self._loop.is_closed():
+            try:
+                for job_id in released:
+                    self._loop.call_soon_threadsafe(self._wake_releases, job_id)
+            except RuntimeError:
+                pass
+
+    def _wake_releases(self, job_id: str) -> None:
+        for f in self._release_waiters.pop(job_id, ()):
+            if not f.done():
+                f.set_result(True)
+
+    async def _released_soon(self, job_id: str, seconds: float) -> bool:
+        """Whether the event stream shows the job released within `seconds` (False: it did not,
+        or this stream never saw the job active, and only the sidecar can say)."""
+        with self._lock:
+            if job_id in self._released:
+                return True
+            if job_id not in self._holding:
+                return False
+        waiter = asyncio.get_running_loop().create_future()
+        self._release_waiters.setdefault(job_id, set()).add(waiter)
+        with self._lock:  # released between the look above and the waiter's registration
+            if job_id in self._released:
+                return True
+        try:
+            return await asyncio.wait_for(waiter, timeout=seconds)
+        except asyncio.TimeoutError:
+            return False
+        finally:
+            waiters = self._release_waiters.get(job_id)
+            if waiters is not None:
+                waiters.discard(waiter)
+                if not waiters:
+                    del self._release_waiters[job_id]
 
 
 def _membership_mistake(scheduler, workers: list[str] | None, n: int | None) -> str | None:
