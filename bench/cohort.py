@@ -2,19 +2,21 @@
 
 A cohort: the workers of one host that join the pool together, whose ranks the sidecar declares
 on one node, so that Open MPI moves data between them through shared memory (the sm BTL); without
-one, every rank sits alone on its own virtual node and every pair talks TCP. For each setting a
-fresh LocalCluster of --workers workers (dask-pmix.pool.cohort = 1s, or 0: none):
+one, every rank sits alone on its own virtual node and every pair talks TCP. One LocalCluster of
+--workers workers per setting (dask-pmix.pool.cohort = 1s, or 0: none), one after the other and
+then again (--phases; the machine is shared and its load changes by the minute; one process holds
+one cluster at a time: two sidecar plugins in one process hung a job here):
 
 - later jobs: run_mpi over M = 2, 4, 8 workers (one warm-up job per M first), from the call to
   every rank's result (total) and to every rank past one Allreduce of 8 bytes;
 - point to point: two members, rank 0 Sends --mbytes MiB to rank 1 and back (one warm-up round,
-  then --rounds timed), timed inside the ranks: one-way seconds and GB/s;
+  then --rounds timed, in --p2p-jobs jobs), timed inside the ranks: one-way seconds and GB/s;
 - what Open MPI made of it: the size of each rank's COMM_TYPE_SHARED communicator (the members it
   sees on its own node: 2 in a cohort, 1 alone). python/tests/test_cohort.py shows the transport
   itself: with only the self and sm BTLs allowed, a cohort's job still moves its data.
 
     .venv/bin/python bench/cohort.py                      # writes bench/results/cohort.json
-    .venv/bin/python bench/cohort.py --repeat 3 --rounds 3   # a smoke run
+    .venv/bin/python bench/cohort.py --repeat 3 --p2p-jobs 1   # a smoke run
 """
 
 from __future__ import annotations
@@ -76,61 +78,59 @@ def body_pingpong(comm, nbytes: int, rounds: int):
 def start(n: int, cohort: bool):
     import dask
 
-    from distributed import Client, LocalCluster
-
-    from dask_pmix import SidecarPlugin, wait_for_plugin
-    from dask_pmix.rest import SidecarClient
+    from headline import start_cluster
 
     # The scheduler (and its plugin, which starts the sidecar) runs in this process.
     dask.config.set({"dask-pmix.pool.cohort": "1s" if cohort else 0})
-    cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None)
-    client = Client(cluster)
-    client.register_plugin(SidecarPlugin())
-    info = wait_for_plugin(client)
-    sidecar = SidecarClient(info["url"], info.get("token"))
-    client.wait_for_workers(n, timeout=120)
-    deadline = time.monotonic() + 180
-    while sum((w.get("pool") or {}).get("state") == "ready" for w in sidecar.workers()) < n:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the pool is not ready: {[w.get('pool') for w in sidecar.workers()]}")
-        time.sleep(0.1)
-    return cluster, client, sidecar
+    return start_cluster(n, pool=True)
 
 
-def one_setting(cohort: bool, args) -> dict:
+def _say(*what) -> None:
+    print(time.strftime("%H:%M:%S"), *what, file=sys.stderr, flush=True)
+
+
+def measure(name: str, args, samples: dict) -> None:
+    """One phase: a fresh cluster for the setting, its later jobs and point-to-point transfers
+    appended to `samples`."""
     from dask_pmix import run_mpi
 
-    cluster, client, sidecar = start(args.workers, cohort)
+    limit = args.job_timeout
+    _say("starting", name)
+    cluster, client, sidecar = start(args.workers, name == "cohort")
     try:
         seats = {w["id"]: w["pool"] for w in sidecar.workers()}
-        workers = sorted(seats, key=lambda w: seats[w]["rank"])
-        out: dict = {"cohort_setting": "default" if cohort else "0",
-                     "local_peers": sorted({tuple(s.get("localPeers") or ()) for s in seats.values()})}
-        jobs: dict = {}
+        order = sorted(seats, key=lambda w: seats[w]["rank"])
+        samples.setdefault("local_peers", set()).update(tuple(s.get("localPeers") or ()) for s in seats.values())
         for m in args.sizes:
-            members = workers[:m]
-            run_mpi(client, body_allreduce, workers=members)  # warm-up: first contact between them
-            totals, reduced = [], []
+            _say(name, "M =", m)
+            run_mpi(client, body_allreduce, workers=order[:m], timeout=limit)  # warm-up: first contact
             for _ in range(args.repeat):
                 t0 = time.time()
-                stamps = run_mpi(client, body_allreduce, workers=members)
-                totals.append(time.time() - t0)
-                reduced.append(max(stamps) - t0)
+                stamps = run_mpi(client, body_allreduce, workers=order[:m], timeout=limit)
+                samples.setdefault(f"total{m}", []).append(time.time() - t0)
+                samples.setdefault(f"allreduce{m}", []).append(max(stamps) - t0)
             job = max(sidecar.jobs(), key=lambda j: j["createdAt"])
-            jobs[str(m)] = {"total_median_s": _median(totals), "allreduce_median_s": _median(reduced),
-                            "mode": job["mode"], "repeat": args.repeat}
-        out["later_jobs"] = jobs
-        nbytes = args.mbytes * MiB
-        t0 = time.time()
-        res = run_mpi(client, body_pingpong, nbytes, args.rounds, workers=workers[:2])
-        one_way = res[0]["one_way_s"]
-        out["p2p"] = {"bytes": nbytes, "rounds": args.rounds, "one_way_median_s": _median(one_way),
-                      "GBps": nbytes / _median(one_way) / 1e9, "shared_size": [r["shared_size"] for r in res],
-                      "job_total_s": time.time() - t0}
-        return out
+            samples.setdefault(f"modes{m}", set()).add(job["mode"])
+        _say(name, "point to point")
+        for _ in range(args.p2p_jobs):
+            res = run_mpi(client, body_pingpong, args.mbytes * MiB, args.rounds, workers=order[:2], timeout=limit)
+            samples.setdefault("one_way", []).extend(res[0]["one_way_s"])
+            samples["shared_size"] = [r["shared_size"] for r in res]
     finally:
         client.close()
         cluster.close()
+
+
+def summary(samples: dict, args) -> dict:
+    nbytes = args.mbytes * MiB
+    med = _median(samples["one_way"])
+    return {"local_peers": sorted(samples["local_peers"]),
+            "later_jobs": {str(m): {"total_median_s": _median(samples[f"total{m}"]),
+                                    "allreduce_median_s": _median(samples[f"allreduce{m}"]),
+                                    "modes": sorted(samples[f"modes{m}"]), "jobs": len(samples[f"total{m}"])}
+                           for m in args.sizes},
+            "p2p": {"bytes": nbytes, "samples": len(samples["one_way"]), "one_way_median_s": med,
+                    "GBps": nbytes / med / 1e9, "shared_size": samples["shared_size"]}}
 
 
 def main() -> int:
@@ -139,13 +139,21 @@ def main() -> int:
     p.add_argument("--sizes", default="2,4,8")
     p.add_argument("--repeat", type=int, default=10)
     p.add_argument("--mbytes", type=int, default=64)
-    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=5, help="timed round trips per point-to-point job")
+    p.add_argument("--p2p-jobs", type=int, default=4, help="point-to-point jobs per setting, alternating")
+    p.add_argument("--phases", type=int, default=2, help="cohort then no cohort, this many times (the load changes)")
+    p.add_argument("--job-timeout", type=float, default=300, help="run_mpi's timeout for each job")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "cohort.json"))
     args = p.parse_args()
     args.sizes = [int(s) for s in args.sizes.split(",") if int(s) <= args.workers]
     result = {"benchmark": "cohort", "host": platform.node(), "cpus": os.cpu_count(),
-              "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "load_avg_at_start": os.getloadavg(),
-              "cohort": one_setting(True, args), "no_cohort": one_setting(False, args)}
+              "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "load_avg_at_start": os.getloadavg()}
+    samples: dict = {"cohort": {}, "no_cohort": {}}
+    for phase in range(args.phases):
+        for name in samples:
+            measure(name, args, samples[name])
+    for name in samples:
+        result[name] = summary(samples[name], args)
     result["load_avg_at_end"] = os.getloadavg()
     a, b = result["cohort"], result["no_cohort"]
     result["ratios_cohort_over_no_cohort"] = {
