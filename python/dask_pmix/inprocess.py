@@ -15,6 +15,15 @@ Failures (measured with the Open MPI 5.0.11 wheel, fault tolerance on):
 - When the job fails while the function still runs (a timeout, a DELETE, a failure elsewhere), the
   watcher revokes the communicator; a member still stuck some seconds later (in MPI, or in code
   that ignores MPI) has its worker restarted through its nanny: no worker stays frozen.
+- Building the communicator has a deadline (dask-pmix.timeouts.communicator): a member whose
+  MPI_Comm_create_from_group has not returned by then fails the job saying so, and its worker is
+  restarted like any member stuck after its job failed.
+- One job at a time in MPI per process: a member waits, before it joins, until the rank threads of
+  earlier jobs in this process have left (their job has ended: the sidecar gives a worker to one job
+  at a time; their communicator is revoked at once). Open MPI 5.0.x's ob1 queues a message for a
+  communicator not yet added to the PML on an unlocked list that MPI_Comm_create_from_group scans
+  only once; another thread progressing MPI meanwhile (a cancelled job's rank still in its Barrier)
+  can append there after the scan, and the new communicator's activation then waits forever.
 - A communicator that saw a failure is not freed (kept until the session ends): freeing it and
   reusing its slot while revoke messages are in flight crashed later jobs in ompi_comm_revoke_local.
   No revoke follows an MPI failure either: the failed process is known to all already, and the
@@ -55,6 +64,8 @@ class _Watch:
     revoked: bool = False
     restarted: bool = False
     since: float = field(default_factory=time.monotonic)
+    # How long MPI_Comm_create_from_group may take (None: no bound); see Watcher._check.
+    build_timeout: float | None = None
     # Held while the communicator is revoked or given up: never revoke one that is being freed.
     lock: threading.Lock = field(default_factory=threading.Lock)
     done: bool = False
@@ -70,8 +81,8 @@ class Watcher:
         self._watches: dict[str, _Watch] = {}
         self._thread: threading.Thread | None = None
 
-    def watch(self, job_id: str, calls: SidecarCalls) -> _Watch:
-        w = _Watch(job_id, calls)
+    def watch(self, job_id: str, calls: SidecarCalls, build_timeout: float | None = None) -> _Watch:
+        w = _Watch(job_id, calls, build_timeout=build_timeout)
         with self._lock:
             self._watches[job_id] = w
             if self._thread is None or not self._thread.is_alive():
@@ -94,10 +105,38 @@ class Watcher:
                 except Exception:  # noqa: BLE001 - the watcher must outlive any one job
                     logger.exception("dask-pmix: watching job %s failed", w.job_id)
 
+    def end_now(self, job_id: str, why: str) -> None:
+        """The job has ended (this process is wanted by another one): revoke now, not at the next poll."""
+        with self._lock:
+            w = self._watches.get(job_id)
+        if w is None:
+            return
+        if w.failed_at is None:
+            w.failed_at = time.monotonic()
+            logger.info("dask-pmix: job %s is over (%s) while its member runs", job_id, why)
+        self._revoke(w)
+
+    def _revoke(self, w: _Watch) -> None:
+        with w.lock:
+            if not w.revoked and not w.done and w.comm is not None:
+                w.revoked = True
+                revoke(w.comm)
+
     def _check(self, w: _Watch) -> None:
         now = time.monotonic()
         if now - w.since < self.poll:
             return
+        if w.failed_at is None and w.comm is None and w.build_timeout is not None and now - w.since > w.build_timeout:
+            # MPI_Comm_create_from_group cannot be interrupted: fail the job (every member's watcher
+            # then restarts its stuck worker) instead of leaving run_mpi and the workers waiting.
+            w.failed_at = now
+            reason = (f"building the job's communicator (MPI_Comm_create_from_group) did not finish within "
+                      f"{w.build_timeout:g} s (dask-pmix.timeouts.communicator)")
+            logger.warning("dask-pmix: job %s: %s", w.job_id, reason)
+            try:
+                w.calls.leave(False, reason, [])
+            except Exception as exc:  # noqa: BLE001 - the restart below still ends the member
+                logger.warning("dask-pmix: could not tell the sidecar: %r", exc)
         if w.failed_at is None:
             state = w.calls.state()
             if state.get("state") not in FAILED_STATES:
@@ -105,10 +144,7 @@ class Watcher:
             w.failed_at = now
             logger.info("dask-pmix: job %s %s while this member runs: %s", w.job_id, state.get("state"),
                         state.get("error"))
-        with w.lock:
-            if not w.revoked and not w.done and w.comm is not None:
-                w.revoked = True
-                revoke(w.comm)
+        self._revoke(w)
         if not w.restarted and now - w.failed_at > self.grace:
             w.restarted = True
             reason = (f"its member of job {w.job_id} was still running {self.grace:.0f} s after the job failed"
@@ -118,6 +154,52 @@ class Watcher:
 
 
 _watcher = Watcher()
+
+# The in-process members of this process, by job: present from the member's start until its thread
+# has left every MPI call of its job.
+_members_cond = threading.Condition()
+_members: dict[str, int] = {}
+
+
+def _enter(job_id: str) -> None:
+    with _members_cond:
+        _members[job_id] = _members.get(job_id, 0) + 1
+
+
+def _exit(job_id: str) -> None:
+    with _members_cond:
+        left = _members.get(job_id, 0) - 1
+        if left > 0:
+            _members[job_id] = left
+        else:
+            _members.pop(job_id, None)
+        _members_cond.notify_all()
+
+
+def _wait_for_earlier_jobs(job_id: str, bound: float) -> list[str]:
+    """Waits until no member of another job runs in this process; the jobs still there after
+    ``bound`` seconds. Those jobs have ended (a worker is in one job at a time), so their
+    communicators are revoked at once: their ranks then leave with MPI_ERR_REVOKED, or their
+    watcher restarts this worker."""
+    deadline = time.monotonic() + bound
+    ended: set[str] = set()
+    with _members_cond:
+        while True:
+            others = [j for j in _members if j != job_id]
+            if not others:
+                return []
+            for j in others:
+                if j not in ended:
+                    ended.add(j)
+                    _members_cond.release()
+                    try:
+                        _watcher.end_now(j, f"job {job_id} wants this worker")
+                    finally:
+                        _members_cond.acquire()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return others
+            _members_cond.wait(min(left, 0.05))
 
 
 def revoke(comm) -> None:
@@ -193,8 +275,19 @@ def _describe(exc: BaseException) -> str:
 
 
 def run_member(*, job: dict, rank: int, worker: str, fn: Callable, args: tuple, kwargs: dict, calls: SidecarCalls,
-               wiring_timeout: float) -> Any:
-    """Runs ``fn(comm, *args, **kwargs)`` as ``rank`` of the in-process ``job`` in this thread."""
+               wiring_timeout: float, build_timeout: float | None = None) -> Any:
+    """Runs ``fn(comm, *args, **kwargs)`` as ``rank`` of the in-process ``job`` in this thread.
+    ``build_timeout``: how long building the communicator may take (None: no bound)."""
+    job_id = job["id"]
+    _enter(job_id)
+    try:
+        return _run_member(job, rank, worker, fn, args, kwargs, calls, wiring_timeout, build_timeout)
+    finally:
+        _exit(job_id)
+
+
+def _run_member(job: dict, rank: int, worker: str, fn: Callable, args: tuple, kwargs: dict, calls: SidecarCalls,
+                wiring_timeout: float, build_timeout: float | None) -> Any:
     job_id = job["id"]
 
     def fail(reason: str, cause: BaseException | None = None, failed: list | None = None) -> MPIJobError:
@@ -217,6 +310,13 @@ def run_member(*, job: dict, rank: int, worker: str, fn: Callable, args: tuple, 
         raise fail(f"this worker is in pool {p.namespace}, the job in {job['namespace']}")
     ranks = [m["poolRank"] for m in sorted(job["members"], key=lambda m: m["rank"])]
 
+    # Before joining: the others wait at the sidecar (within the wiring timeout), none in MPI.
+    lingering = _wait_for_earlier_jobs(job_id, min(_watcher.grace + 5.0, max(0.0, deadline - time.monotonic())))
+    if lingering:
+        raise fail(f"a rank of an earlier job ({', '.join(lingering)}) was still running in this worker "
+                   f"{_watcher.grace + 5.0:.0f} s after that job ended (its worker is restarted); a new "
+                   "communicator cannot be built while another thread is inside MPI")
+
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
@@ -227,7 +327,7 @@ def run_member(*, job: dict, rank: int, worker: str, fn: Callable, args: tuple, 
         if answer.get("ready"):
             break
 
-    w = _watcher.watch(job_id, calls)
+    w = _watcher.watch(job_id, calls, build_timeout)
     try:
         # Errors are raised after their except blocks: raised inside, they would carry the
         # exception being handled as their context (see fail).

@@ -94,7 +94,7 @@ def _inprocess_calls(job_id: str, worker_id: str):
 
 
 def _inprocess_task(job: dict, rank: int, worker_id: str, fn: Callable, args: tuple, kwargs: dict,
-                    local: list | None) -> Any:
+                    local: list | None, build_timeout: float | None = None) -> Any:
     """An in-process rank: the worker process itself, in this task's thread."""
     from distributed import secede
 
@@ -104,7 +104,8 @@ def _inprocess_task(job: dict, rank: int, worker_id: str, fn: Callable, args: tu
     if local is not None:
         kwargs = {**kwargs, "local": local}
     return run_member(job=job, rank=rank, worker=worker_id, fn=fn, args=args, kwargs=kwargs,
-                      calls=_inprocess_calls(job["id"], worker_id), wiring_timeout=float(job["wiringTimeoutSeconds"]))
+                      calls=_inprocess_calls(job["id"], worker_id), wiring_timeout=float(job["wiringTimeoutSeconds"]),
+                      build_timeout=build_timeout)
 
 
 def _holders(who_has: dict, futures: list) -> dict[str, list]:
@@ -189,13 +190,15 @@ async def _start_job(client, fn: Callable, args: tuple = (), kwargs: dict | None
         (logger.warning if mode == "inprocess" else logger.info)(
             "dask-pmix: job %s runs in fork mode: %s", job["id"], job["modeReason"])
     mpi_job = MPIJob(client, job, [])
+    build_timeout = config.seconds("timeouts.communicator")
     ranks = []
     for m in mpi_job.members:
         worker_id = m["workerId"]
         mine = local_by_worker.get(worker_id, []) if local_by_worker is not None else None
         key = f"dask-pmix-{job['id']}-rank-{m['rank']}"
         if mpi_job.mode == "inprocess":
-            ranks.append((key, worker_id, _inprocess_task, (job, m["rank"], worker_id, fn, args, kwargs, mine)))
+            ranks.append((key, worker_id, _inprocess_task,
+                          (job, m["rank"], worker_id, fn, args, kwargs, mine, build_timeout)))
         else:
             ranks.append((key, worker_id, _member_task, (job["id"], m["rank"], worker_id, created["envs"][worker_id],
                                                          impl, fn, args, kwargs, timeout, mine)))
