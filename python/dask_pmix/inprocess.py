@@ -24,6 +24,8 @@ Failures (measured with the Open MPI 5.0.11 wheel, fault tolerance on):
   communicator not yet added to the PML on an unlocked list that MPI_Comm_create_from_group scans
   only once; another thread progressing MPI meanwhile (a cancelled job's rank still in its Barrier)
   can append there after the scan, and the new communicator's activation then waits forever.
+- A member that leaves a failed job keeps MPI progressing until the others have left too (at most
+  LINGER s): a peer still sending to it would otherwise wait for good (see _linger).
 - A communicator that saw a failure is not freed (kept until the session ends): freeing it and
   reusing its slot while revoke messages are in flight crashed later jobs in ompi_comm_revoke_local.
   No revoke follows an MPI failure either: the failed process is known to all already, and the
@@ -214,6 +216,9 @@ def revoke(comm) -> None:
 # Communicators that saw a failure, kept instead of freed (see the module docstring); bounded.
 _kept: list = []
 _KEEP = 256
+# How long a member of a failed job keeps MPI progressing for the others (see _linger); below the
+# watcher's grace, after which a member still running has its worker restarted.
+LINGER = 1.0
 
 
 def _give_up(comm, failed: bool) -> None:
@@ -223,6 +228,41 @@ def _give_up(comm, failed: bool) -> None:
             _free(_kept.pop(0))
         return
     _free(comm)
+
+
+def _linger(rank: int, calls: SidecarCalls, bound: float) -> None:
+    """Keeps MPI progressing, after this member left a failed job, until every other member has
+    left it too (the sidecar says so) or ``bound`` seconds have passed.
+
+    Open MPI's TCP transport needs the peer's progress to finish a connection (and a rendezvous):
+    a member still sending to a peer that has gone back to Dask work, with nothing progressing
+    MPI there, waits in mca_pml_ob1_send for good, the revoke notwithstanding (seen with a
+    cancelled job's Barrier: that member's worker had to be restarted). Testing a generalized
+    request, which never completes by itself, runs Open MPI's progress engine without any
+    communicator or message of its own."""
+    MPI = pool_mod.current().MPI
+    req = MPI.Grequest.Start()
+    try:
+        deadline = time.monotonic() + bound
+        next_look = 0.0
+        while time.monotonic() < deadline:
+            req.Test()
+            if time.monotonic() >= next_look:
+                members = calls.state().get("members") or []
+                # A deleted job is forgotten: its members cannot be told apart, so wait out the bound.
+                if members and all(m["state"] != "connected" for m in members if m["rank"] != rank):
+                    return
+                next_look = time.monotonic() + 0.05
+            time.sleep(0.001)
+        logger.debug("dask-pmix: stopped waiting after %.1f s for the other members to leave", bound)
+    except Exception as exc:  # noqa: BLE001
+        logger.debug("dask-pmix: keeping MPI progressing failed: %r", exc)
+    finally:
+        try:
+            req.Complete()
+            req.Wait()
+        except Exception:  # noqa: BLE001
+            pass
 
 
 def _free(comm) -> None:
@@ -352,6 +392,7 @@ def _run_member(job: dict, rank: int, worker: str, fn: Callable, args: tuple, kw
                 _give_up(comm, failed=True)
             error = fail(_describe(exc), exc, failed)
         if error is not None:
+            _linger(rank, calls, LINGER)
             raise error
         with w.lock:
             w.done = True

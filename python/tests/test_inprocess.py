@@ -8,6 +8,7 @@ import signal
 import threading
 import time
 
+import dask
 import numpy as np
 import pytest
 from distributed import wait
@@ -206,6 +207,56 @@ def test_a_timeout_fails_the_job_and_a_member_stuck_outside_mpi_is_restarted(poo
     assert {w["state"] for w in sidecar.workers()} == {"available"}
     results = run_mpi(client, allreduce_ranks, workers=workers_of(client))
     assert [r["total"] for r in results] == [6] * 4
+    assert last_job(sidecar)["mode"] == "inprocess"
+
+
+def never_builds(dask_worker):
+    """Makes this worker's member never get its communicator, as when MPI_Comm_create_from_group
+    hangs (which cannot be provoked at will): Pool.comm blocks; the worker is restarted anyway."""
+    from dask_pmix import pool
+
+    p = pool.current()
+    p.comm = lambda ranks, tag: threading.Event().wait(3600)
+    return os.getpid()
+
+
+def test_a_member_that_cannot_build_the_communicator_fails_the_job_within_the_bound(pool_cluster):
+    # No timeout given: building the communicator has a bound of its own
+    # (dask-pmix.timeouts.communicator), so run_mpi returns with an MPIJobError saying so, and the
+    # stuck workers are restarted through their nannies.
+    _, client, sidecar = pool_cluster
+    workers = workers_of(client)
+    client.run(never_builds, workers=[workers[1]])
+    outcome: dict = {}
+
+    def run() -> None:
+        with dask.config.set({"dask-pmix.timeouts.communicator": "3s"}):
+            try:
+                outcome["results"] = run_mpi(client, allreduce_ranks, workers=workers[:2])
+            except MPIJobError as e:
+                outcome["error"] = e
+
+    t0 = time.monotonic()
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(90)  # bounded: a hang fails the test, not the suite
+    assert not t.is_alive(), "run_mpi did not return"
+    assert "error" in outcome, outcome
+    print(f"a member that cannot build the communicator: MPIJobError after {time.monotonic() - t0:.1f} s")
+    err = outcome["error"]
+    # The other member waits for the stuck one inside MPI (the PMIx group construct): whichever
+    # bound fires first is reported.
+    assert "did not finish within 3 s" in str(err) and err.worker in workers[:2], err
+    # Nobody stays frozen: the stuck workers are restarted through their nannies (the ones outside
+    # the job were never touched and run the next job in-process).
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (any(w in workers_of(client) for w in workers[:2]) or any(
+            w["state"] == "frozen" for w in sidecar.workers())):
+        time.sleep(0.2)
+    assert not any(w in workers_of(client) for w in workers[:2]), workers_of(client)
+    assert not any(w["state"] == "frozen" for w in sidecar.workers())
+    results = run_mpi(client, allreduce_ranks, workers=workers[2:4], timeout=60)
+    assert [r["total"] for r in results] == [1, 1]
     assert last_job(sidecar)["mode"] == "inprocess"
 
 
