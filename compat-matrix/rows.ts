@@ -87,9 +87,13 @@ export function rows(root: string): Row[] {
       extraEnvWhy: 'UCX_TLS=tcp,self: with every UCX transport the port name outgrows MPI_MAX_PORT_NAME',
       sessions: true,
       repeatModes: ['fork', 'reinit'],
+      // Each agent a world of its own; jobs are merge trees of connect/accept (features/inprocess.ts).
+      inprocess: true,
       version: () => '5.0.2',
       known: {
         spawn: SPAWN_REFUSED,
+        'abort/inprocess':
+          "MPICH's MPI_Abort on a communicator other than its own MPI_COMM_WORLD sends every other member an abort active message on which it exits, and calls no PMI abort (src/mpid/ch4/src/ch4_globals.c, MPID_Abort): every member's process ends, and no launcher can tell which one called it",
         'repeat/reinit':
           "MPI_Session_init aborts with 'Internal error' when a process initialises again into a job of another size; into a job of the same size it works, with the same or other members (checked with 2-rank jobs)"
       },

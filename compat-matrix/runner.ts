@@ -36,6 +36,16 @@ const NOT_INPROCESS: Record<string, string> = {
   'connect-accept': 'not measured in-process (the agent has no command for it in this mode)',
 };
 
+/** The same for rows whose in-process members are worlds of their own (MPICH / Intel MPI). */
+const NOT_INPROCESS_WORLDS: Record<string, string> = {
+  'session-world': "does not apply in-process: a member's mpi://WORLD is its own world of size 1; the job is a merge tree of them",
+  'pset-names': 'does not apply in-process: a job is a merge tree of worlds of one, which no process set spans',
+  'pset-group': 'does not apply in-process: a job is a merge tree of worlds of one, which no process set spans',
+  spawn: 'refused on purpose in every mode',
+  'publish-lookup': 'not measured in-process (the agent has no command for it in this mode)',
+  'connect-accept': 'used by every in-process job: its communicator is built by connect/accept (world, repeat)',
+};
+
 export interface RunOptions {
   root: string;
   rows?: string[];
@@ -124,7 +134,7 @@ export async function runMatrix(opts: RunOptions): Promise<RowResult[]> {
         }
       }
       const inprocessColumns = ['world', 'abort', 'member-death', 'repeat'].filter((c) => wanted.has(c));
-      const notInprocess = Object.entries(NOT_INPROCESS).filter(([c]) => wanted.has(c));
+      const notInprocess = Object.entries(row.impl === 'openmpi' ? NOT_INPROCESS : NOT_INPROCESS_WORLDS).filter(([c]) => wanted.has(c));
       if (row.inprocess && (inprocessColumns.length || notInprocess.length) && (!opts.modes || opts.modes.includes('inprocess'))) {
         const result: RowResult = { ...base, mode: 'inprocess', features: {} };
         for (const [c, reason] of notInprocess) result.features[c] = { status: 'unsupported', reason };
@@ -179,7 +189,7 @@ async function main(): Promise<void> {
   const failed = results.flatMap((r) =>
     Object.entries(r.features)
       .filter(([, o]) => o.status === 'fail')
-      .map(([c]) => ({ cell: `${r.impl}/${r.mode}/${c}`, explained: !!known.get(r.impl)?.[c === 'repeat' ? `repeat/${r.mode}` : c] })),
+      .map(([c]) => ({ cell: `${r.impl}/${r.mode}/${c}`, explained: !!known.get(r.impl)?.[c === 'repeat' || r.mode === 'inprocess' ? `${c}/${r.mode}` : c] })),
   );
   // A failure the row's notes explain (an upstream bug) is expected; any other one fails the run.
   const unexpected = failed.filter((f) => !f.explained).map((f) => f.cell);

@@ -14,6 +14,14 @@
  *                         pool mode: a communicator over these pool ranks with this tag,
  *                         Allreduce, free; WHAT: loop=N (N barriers 20 ms apart; reports
  *                         {"looping":true} first) or abort (MPI_Abort on it, status 3)
+ *   winit  K=V ...        world mode (MPICH / Intel MPI): set the env of this process's world
+ *                         (size 1) and MPI_Init once
+ *   wports TAG RANK SIZE  world mode: open a port for each merge step job rank RANK of SIZE
+ *                         accepts at; reports {"job":TAG,"ports":{"STEP":"PORT",..}}
+ *   wjob   TAG RANK SIZE WHAT R.STEP=PORT ...
+ *                         world mode: the job's communicator by the merge tree of accept/connect
+ *                         + Intercomm_merge over these ports (python/dask_pmix/merge_tree.py),
+ *                         Allreduce, free; WHAT as for pjob, or "-"
  *   quit
  *
  * Every job prints one JSON line {"feature":"repeat","job":...,"ok":...}. */
@@ -165,6 +173,109 @@ static void pool_job(const char *job, char *ranks_csv, const char *what) {
 }
 #endif
 
+/* World mode: the merge tree (python/dask_pmix/merge_tree.py is the reference): at step 1, 2,
+ * 4, .. the group of `step` ranks starting at a multiple of 2*step accepts, on its first rank's
+ * port for that step, the group right after it, and both merge, the lower group first. */
+#define MAX_STEPS 32
+static int world_steps[MAX_STEPS], world_nports = 0;
+static char world_ports[MAX_STEPS][MPI_MAX_PORT_NAME];
+
+static void world_close_ports(void) {
+    for (int i = 0; i < world_nports; i++) MPI_Close_port(world_ports[i]);
+    world_nports = 0;
+}
+
+static void world_open_ports(const char *job, int rank, int size) {
+    world_close_ports();
+    printf("{\"feature\":\"%s\",\"job\":\"%s\",\"ports\":{", F, job);
+    for (int step = 1; step < size; step *= 2) {
+        if (rank % (2 * step) || rank + step >= size || world_nports == MAX_STEPS) continue;
+        int rc = MPI_Open_port(MPI_INFO_NULL, world_ports[world_nports]);
+        if (rc != MPI_SUCCESS) continue; /* the runner sees the port missing */
+        world_steps[world_nports] = step;
+        printf("%s\"%d\":\"%s\"", world_nports ? "," : "", step, world_ports[world_nports]);
+        world_nports++;
+    }
+    printf("}}\n");
+}
+
+/* PORTS: "R.STEP=PORT" fields; the port job rank `lower` accepts on at `step`. */
+static const char *world_port_of(char **ports, int n, int lower, int step) {
+    char key[32];
+    snprintf(key, sizeof key, "%d.%d=", lower, step);
+    for (int i = 0; i < n; i++)
+        if (!strncmp(ports[i], key, strlen(key))) return ports[i] + strlen(key);
+    return NULL;
+}
+
+static void world_job_run(const char *job, int rank, int size, const char *what, char **ports, int nports) {
+    double t0 = compat_now();
+    MPI_Comm comm = MPI_COMM_SELF, kept[2 * MAX_STEPS];
+    int nkept = 0, rc = MPI_SUCCESS, ok = 0, sum = 0;
+    MPI_Info info;
+    MPI_Info_create(&info);
+    MPI_Info_set(info, "timeout", "30");
+    for (int step = 1; step < size && rc == MPI_SUCCESS; step *= 2) {
+        int lower = rank / (2 * step) * (2 * step), upper = lower + step;
+        if (upper >= size) continue;
+        const char *port = world_port_of(ports, nports, lower, step);
+        if (!port) {
+            printf("{\"feature\":\"%s\",\"ok\":false,\"error\":\"no port for rank %d step %d\"}\n", F, lower, step);
+            rc = MPI_ERR_PORT;
+            break;
+        }
+        MPI_Comm inter, merged;
+        rc = rank < upper ? MPI_Comm_accept(port, info, 0, comm, &inter) : MPI_Comm_connect(port, info, 0, comm, &inter);
+        if (rc != MPI_SUCCESS) {
+            compat_error(F, rank < upper ? "MPI_Comm_accept" : "MPI_Comm_connect", rc);
+            break;
+        }
+        rc = MPI_Intercomm_merge(inter, rank >= upper, &merged);
+        if (rc != MPI_SUCCESS) {
+            compat_error(F, "MPI_Intercomm_merge", rc);
+            break;
+        }
+        kept[nkept++] = inter;
+        if (comm != MPI_COMM_SELF) kept[nkept++] = comm;
+        comm = merged;
+    }
+    MPI_Info_free(&info);
+    if (rc == MPI_SUCCESS && comm == MPI_COMM_SELF) rc = MPI_Comm_dup(MPI_COMM_SELF, &comm);
+    if (rc == MPI_SUCCESS) {
+        double t1 = compat_now();
+        int r, n;
+        MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+        MPI_Comm_rank(comm, &r);
+        MPI_Comm_size(comm, &n);
+        ok = r == rank && n == size && compat_allreduce_ok(comm, &sum);
+        if (ok && what && !strncmp(what, "loop=", 5)) {
+            printf("{\"feature\":\"%s\",\"job\":\"%s\",\"looping\":true,\"t\":%.6f}\n", F, job, compat_now());
+            fflush(stdout);
+            for (int i = atoi(what + 5); i > 0 && ok; i--) {
+                rc = MPI_Barrier(comm);
+                if (rc != MPI_SUCCESS) {
+                    compat_error(F, "MPI_Barrier", rc);
+                    ok = 0;
+                }
+                usleep(20000);
+            }
+        } else if (ok && what && !strcmp(what, "abort")) {
+            printf("{\"feature\":\"%s\",\"job\":\"%s\",\"aborting\":true,\"t\":%.6f}\n", F, job, compat_now());
+            fflush(stdout);
+            MPI_Abort(comm, 3);
+        }
+        compat_report(F, r, n, ok, "\"job\":\"%s\",\"sum\":%d,\"comm_s\":%.4f", job, sum, t1 - t0);
+    }
+    /* What a failed job built is kept (its peers may still be inside it). */
+    if (ok) {
+        MPI_Comm_free(&comm);
+        while (nkept > 0) MPI_Comm_free(&kept[--nkept]);
+        world_close_ports();
+    }
+    printf("{\"done\":\"%s\"}\n", job);
+    fflush(stdout);
+}
+
 int main(void) {
     char line[65536];
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -181,6 +292,21 @@ int main(void) {
             forked(fields[1], fields + 2, n - 2, fields[0][4] == 'w');
         } else if (!strcmp(fields[0], "exec") && n >= 4) {
             exec_job(fields[1], fields[2], fields[3], fields + 4, n - 4);
+        } else if (!strcmp(fields[0], "winit")) {
+            set_env(fields + 1, n - 1);
+            int provided = 0, rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_SINGLE, &provided), size = 0;
+            if (rc == MPI_SUCCESS) {
+                MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+                MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);
+                MPI_Comm_size(MPI_COMM_WORLD, &size);
+            } else {
+                compat_error(F, "MPI_Init_thread", rc);
+            }
+            printf("{\"pool\":\"%s\",\"world_size\":%d}\n", rc == MPI_SUCCESS && size == 1 ? "ready" : "failed", size);
+        } else if (!strcmp(fields[0], "wports") && n >= 4) {
+            world_open_ports(fields[1], atoi(fields[2]), atoi(fields[3]));
+        } else if (!strcmp(fields[0], "wjob") && n >= 5) {
+            world_job_run(fields[1], atoi(fields[2]), atoi(fields[3]), strcmp(fields[4], "-") ? fields[4] : NULL, fields + 5, n - 5);
         } else if (!strcmp(fields[0], "reinit") && n >= 2) {
             set_env(fields + 2, n - 2);
             session_job(fields[1], compat_now());

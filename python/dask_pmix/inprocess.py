@@ -26,6 +26,13 @@ Failures (measured with the Open MPI 5.0.11 wheel, fault tolerance on):
   can append there after the scan, and the new communicator's activation then waits forever.
 - A member that leaves a failed job keeps MPI progressing until the others have left too (at most
   LINGER s): a peer still sending to it would otherwise wait for good (see _linger).
+- MPICH / Intel MPI (each worker a world of its own, pool.World): the communicator comes from a
+  merge tree of connect/accept over ports the members bring to their join (dask_pmix.merge_tree).
+  MPICH neither reports failed processes nor can revoke (MPIX_Comm_revoke asserts in ch4): a
+  member left inside one of fn's MPI calls after the job failed is restarted as above. The
+  members end the job with a barrier of their own that they poll, so a member leaves MPI only
+  once every function has returned (MPI progresses only while its processes call it) and gives
+  the barrier up when the job fails.
 - A communicator that saw a failure is not freed (kept until the session ends): freeing it and
   reusing its slot while revoke messages are in flight crashed later jobs in ompi_comm_revoke_local.
   No revoke follows an MPI failure either: the failed process is known to all already, and the
@@ -51,7 +58,7 @@ FAILED_STATES = ("failed", "aborted")
 @dataclass
 class SidecarCalls:
     """The sidecar, as a member sees it (through the scheduler); callable from a task thread."""
-    join: Callable[[float], dict]           # wait seconds -> {"ready", "job"} or {"error"}
+    join: Callable[..., dict]               # wait seconds[, ports] -> {"ready", "job"[, "ports"]} or {"error"}
     leave: Callable[[bool, str, list], Any]  # ok, reason, job ranks seen failed
     state: Callable[[], dict]               # the job: {"state", "error", ...}
     restart: Callable[[str], Any]           # reason: restart this worker through its nanny
@@ -71,6 +78,8 @@ class _Watch:
     # Held while the communicator is revoked or given up: never revoke one that is being freed.
     lock: threading.Lock = field(default_factory=threading.Lock)
     done: bool = False
+    # MPICH has no revoke (ULFM is Open MPI's here): its stuck members can only be restarted.
+    revocable: bool = True
 
 
 class Watcher:
@@ -83,8 +92,9 @@ class Watcher:
         self._watches: dict[str, _Watch] = {}
         self._thread: threading.Thread | None = None
 
-    def watch(self, job_id: str, calls: SidecarCalls, build_timeout: float | None = None) -> _Watch:
-        w = _Watch(job_id, calls, build_timeout=build_timeout)
+    def watch(self, job_id: str, calls: SidecarCalls, build_timeout: float | None = None,
+              revocable: bool = True) -> _Watch:
+        w = _Watch(job_id, calls, build_timeout=build_timeout, revocable=revocable)
         with self._lock:
             self._watches[job_id] = w
             if self._thread is None or not self._thread.is_alive():
@@ -95,6 +105,11 @@ class Watcher:
     def unwatch(self, job_id: str) -> None:
         with self._lock:
             self._watches.pop(job_id, None)
+
+    def busy(self) -> bool:
+        """Whether a member of this process is still in its job (maybe inside MPI)."""
+        with self._lock:
+            return bool(self._watches)
 
     def _run(self) -> None:
         while True:
@@ -120,7 +135,7 @@ class Watcher:
 
     def _revoke(self, w: _Watch) -> None:
         with w.lock:
-            if not w.revoked and not w.done and w.comm is not None:
+            if w.revocable and not w.revoked and not w.done and w.comm is not None:
                 w.revoked = True
                 revoke(w.comm)
 
@@ -149,8 +164,9 @@ class Watcher:
         self._revoke(w)
         if not w.restarted and now - w.failed_at > self.grace:
             w.restarted = True
+            building = "MPI_Comm_create_from_group" if w.revocable else "the merge tree of connect/accept"
             reason = (f"its member of job {w.job_id} was still running {self.grace:.0f} s after the job failed"
-                      + (" (inside MPI_Comm_create_from_group)" if w.comm is None else ""))
+                      + (f" (inside {building})" if w.comm is None else ""))
             logger.warning("dask-pmix: restarting this worker: %s", reason)
             w.calls.restart(reason)
 
@@ -221,7 +237,16 @@ _KEEP = 256
 LINGER = 1.0
 
 
+def in_flight() -> bool:
+    """Whether a thread of this process may still be inside MPI: a member runs, or a job failed
+    here and left a communicator behind. Finalizing MPICH then corrupts its heap (measured with
+    the 5.0.2 wheel: "corrupted double-linked list" as a stuck member's worker was restarted)."""
+    return _watcher.busy() or bool(_kept)
+
+
 def _give_up(comm, failed: bool) -> None:
+    """Frees the communicator (or a merge_tree.Tree) of a job that went well; keeps one that saw
+    a failure (bounded)."""
     if failed:
         _kept.append(comm)
         if len(_kept) > _KEEP:
@@ -267,7 +292,7 @@ def _linger(rank: int, calls: SidecarCalls, bound: float) -> None:
 
 def _free(comm) -> None:
     try:
-        comm.Free()
+        comm.free() if hasattr(comm, "build") else comm.Free()
     except Exception as exc:  # noqa: BLE001 - a revoked or broken communicator may refuse
         logger.debug("dask-pmix: freeing a communicator failed: %r", exc)
 
@@ -346,6 +371,9 @@ def _run_member(job: dict, rank: int, worker: str, fn: Callable, args: tuple, kw
     p = pool_mod.current(wait=wiring_timeout)
     if p is None:
         raise fail(f"this worker is not in the MPI pool: {pool_mod.status()['reason']}")
+    if job.get("impl", "openmpi") != "openmpi" or isinstance(p, pool_mod.World):
+        return _run_world_member(job=job, rank=rank, fn=fn, args=args, kwargs=kwargs, calls=calls, world=p,
+                                 deadline=deadline, fail=fail)
     if p.namespace != job["namespace"]:
         raise fail(f"this worker is in pool {p.namespace}, the job in {job['namespace']}")
     ranks = [m["poolRank"] for m in sorted(job["members"], key=lambda m: m["rank"])]
@@ -401,3 +429,108 @@ def _run_member(job: dict, rank: int, worker: str, fn: Callable, args: tuple, kw
         _watcher.unwatch(job_id)
     calls.leave(True, "", [])
     return value
+
+
+# The ports of jobs whose merge tree failed stay open: a connector of such a job still under way
+# must not reach a port of a later job that got the same tag (MPICH reuses a closed port's tag).
+_stale_ports: list[dict] = []
+
+
+def _run_world_member(*, job: dict, rank: int, fn: Callable, args: tuple, kwargs: dict, calls: SidecarCalls,
+                      world, deadline: float, fail: Callable[..., MPIJobError]) -> Any:
+    """An MPICH / Intel MPI member: the merge tree over the members' worlds, fn, a polled barrier."""
+    from . import merge_tree
+
+    job_id = job["id"]
+    if not isinstance(world, pool_mod.World) or world.impl != job["impl"]:
+        have = getattr(world, "impl", "openmpi")
+        raise fail(f"this worker's in-process MPI is {have}, the job is for {job['impl']}")
+    MPI = world.MPI
+    size = len(job["members"])
+    ports = merge_tree.open_ports(MPI, rank, size)
+    built = False
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise fail(f"the other members did not come within {job['wiringTimeoutSeconds']:.0f} s")
+            answer = calls.join(min(10.0, left), ports)
+            if "error" in answer:
+                raise MPIJobError(answer["error"], job_id=job_id, rank=rank, worker=job["members"][rank]["workerId"])
+            if answer.get("ready"):
+                break
+        peers = [m.get("ports") or {} for m in answer.get("ports") or []]
+        if len(peers) != size:
+            raise fail(f"the sidecar sent the ports of {len(peers)} members, not {size}")
+        w = _watcher.watch(job_id, calls, revocable=False)
+        tree = merge_tree.Tree(MPI, MPI.COMM_SELF)
+        try:
+            try:
+                comm = tree.build(rank, size, peers, timeout=max(1.0, deadline - time.monotonic()))
+                _check_tree(MPI, comm, rank, size, job_id)
+            except Exception as exc:  # noqa: BLE001
+                raise fail(f"building the job's communicator failed: {_describe(exc)}", exc) from None
+            built = True
+            w.comm = comm
+            try:
+                value = fn(comm, *args, **kwargs)
+            except BaseException as exc:  # noqa: BLE001
+                # The others may be done: a short barrier lets them leave MPI cleanly.
+                _end_barrier(comm, w, limit=0.5)
+                with w.lock:
+                    w.done = True
+                _give_up(tree, failed=True)
+                raise fail(_describe(exc), exc) from None
+            finished = _end_barrier(comm, w)
+            with w.lock:
+                w.done = True
+            _give_up(tree, failed=not finished)
+        finally:
+            _watcher.unwatch(job_id)
+    finally:
+        if built or not ports:
+            merge_tree.close_ports(MPI, ports)
+        else:
+            _stale_ports.append(ports)
+            if len(_stale_ports) > _KEEP:
+                merge_tree.close_ports(MPI, _stale_ports.pop(0))
+    calls.leave(True, "", [])
+    return value
+
+
+def _check_tree(MPI, comm, rank: int, size: int, job_id: str) -> None:
+    """Every member built the same communicator, in the job's rank order."""
+    import zlib
+
+    if comm.Get_size() != size or comm.Get_rank() != rank:
+        raise RuntimeError(f"the merge tree gave rank {comm.Get_rank()} of {comm.Get_size()}, not {rank} of {size}")
+    import array
+
+    h = zlib.crc32(job_id.encode())
+    out = array.array("q", [0, 0])
+    comm.Allreduce(array.array("q", [h, -h]), out, op=MPI.MAX)
+    if out[0] != h or -out[1] != h:
+        raise RuntimeError("the merge tree joined members of another job")
+
+
+def _end_barrier(comm, w: _Watch, limit: float | None = None) -> bool:
+    """A barrier over the job, polled: True once every member reached it; False when the job
+    failed meanwhile (or after ``limit`` seconds). Polling keeps MPI progressing here until
+    every member is done: a member whose last send still sits in its MPI library must not stop
+    calling MPI before its peer received it."""
+    try:
+        req = comm.Ibarrier()
+    except Exception:  # noqa: BLE001
+        return False
+    t0 = time.monotonic()
+    pause = 0.0
+    while True:
+        try:
+            if req.Test():
+                return True
+        except Exception:  # noqa: BLE001
+            return False
+        if w.failed_at is not None or (limit is not None and time.monotonic() - t0 > limit):
+            return False
+        time.sleep(pause)
+        pause = min(0.001, pause + 0.0001)

@@ -457,10 +457,13 @@ class SidecarPlugin(SchedulerPlugin):
 
     # -- the in-process pool (relayed for the workers; see worker.py and inprocess.py) ----------
     async def join_pool(self, worker: str, host: str = "", pid: int = 0, uid: int | None = None,
-                        gid: int | None = None) -> dict:
-        """A worker process joins the pool, saying who it is (its own host, pid, uid, gid)."""
+                        gid: int | None = None, impl: str | None = None) -> dict:
+        """A worker process joins the pool, saying who it is (its own host, pid, uid, gid) and, for
+        MPICH / Intel MPI, which library it runs (it then joins as a world of its own)."""
         await self._registered([worker])
         identity: dict[str, Any] = {"pid": int(pid)}
+        if impl:
+            identity["impl"] = impl
         if host:
             identity["host"] = host
         if uid is not None:
@@ -481,13 +484,22 @@ class SidecarPlugin(SchedulerPlugin):
         except SidecarError as e:
             return {"error": str(e), "status": e.status}
 
-    async def join_job(self, job_id: str, worker: str, wait: float = 10.0) -> dict:
+    async def join_job(self, job_id: str, worker: str, wait: float = 10.0, ports: dict | None = None) -> dict:
         """An in-process member is there; answers when every member is (ready), or after at most
         `wait` s (not ready: the member asks again). Members wait here, never in a request held
         open at the sidecar. The barrier is met here when every member of a job this plugin
         knows waits here at once; a member left waiting longer than JOIN_QUIET tells the sidecar,
         which records the join and says whether every member has joined there; either way the
-        answer that all are there wakes them all."""
+        answer that all are there wakes them all.
+
+        An MPICH / Intel MPI member (``ports`` given, maybe empty) brings the ports it accepts on
+        and needs everyone's (merge_tree): it joins at the sidecar itself, which holds them."""
+        if ports is not None:
+            try:
+                return await asyncio.get_running_loop().run_in_executor(
+                    self._waits, self.rest.join_job, job_id, worker, float(wait), ports)
+            except SidecarError as e:
+                return {"error": e.message, "status": e.status}
         barrier = self._barriers.get(job_id)
         if barrier is not None and barrier.ready:
             return {"ready": True}

@@ -27,6 +27,10 @@ It blocks until all have called it, cannot be interrupted, and never runs on the
 session runs MPI_THREAD_MULTIPLE: several threads may build and use communicators at once. Two
 processes can share a communicator only when they are in the same epoch (compare ``namespace``).
 
+An MPICH or Intel MPI worker process is a ``World`` instead: an MPI world of its own (size 1),
+initialised once with MPI_Init_thread; each job's communicator is built by a merge tree of
+connect/accept among the members' worlds (dask_pmix.merge_tree), not from pool ranks.
+
 ``status()`` says why there is no pool (``{"state": "absent" | "starting" | "ready" | "failed",
 "reason": ...}``). ``on_close(fn)`` runs ``fn()`` when the worker closes, before the session is
 finalized (no MPI call may follow the finalize).
@@ -81,7 +85,18 @@ class Pool:
     create_comm = comm
 
 
-def current(wait: float | None = None) -> Pool | None:
+@dataclass
+class World:
+    """This MPICH / Intel MPI process as an MPI world of its own, for the process's life."""
+    impl: str
+    namespace: str                 # the world's PMI kvsname
+    MPI: Any
+    init_seconds: float = 0.0      # MPI_Init_thread, once per process
+    epoch: int = 0
+    rank: int = 0
+
+
+def current(wait: float | None = None) -> "Pool | World | None":
     """This process's pool, or None. With ``wait``, waits that long for a session that is still
     being initialised (the worker plugin starts it in the background)."""
     with _cond:
@@ -197,6 +212,10 @@ def start(seat: dict, env: dict[str, str], address: str | None = None,
         _state.update(state="starting", reason="the MPI session is being initialised")
     _environ_before = dict(os.environ)
     os.environ.update(env)
+    if seat.get("impl") in ("mpich", "intelmpi"):
+        t = threading.Thread(target=_initialise_world, args=(seat,), name="dask-pmix-world-init", daemon=True)
+        t.start()
+        return t
     pinned = tcp_interfaces(interfaces, address)
     if pinned and not any(k in os.environ for k in ("OMPI_MCA_btl_tcp_if_include", "OMPI_MCA_btl_tcp_if_exclude")):
         os.environ["OMPI_MCA_btl_tcp_if_include"] = pinned
@@ -233,13 +252,39 @@ def _initialise(seat: dict) -> None:
         _set("failed", f"{type(exc).__name__}: {exc}")
 
 
-def close(timeout: float = 10.0) -> bool:
+def _initialise_world(seat: dict) -> None:
+    try:
+        from . import pmi_connect
+        from .worker_mpi import mpi_module
+
+        # MPI cannot send the world's credential itself: this process binds the connection.
+        pmi_connect.bind(os.environ)
+        MPI = mpi_module()
+        t0 = time.perf_counter()
+        level = MPI.Init_thread(MPI.THREAD_MULTIPLE)
+        if MPI.COMM_WORLD.Get_size() != 1:
+            raise RuntimeError(f"the world has {MPI.COMM_WORLD.Get_size()} processes, not 1")
+        if level != MPI.THREAD_MULTIPLE:
+            raise RuntimeError(f"the MPI library gave thread level {level}, not MPI_THREAD_MULTIPLE")
+        MPI.COMM_WORLD.Set_errhandler(MPI.ERRORS_RETURN)
+        MPI.COMM_SELF.Set_errhandler(MPI.ERRORS_RETURN)
+        _set("ready", pool=World(impl=seat["impl"], namespace=seat["namespace"], MPI=MPI,
+                                 init_seconds=time.perf_counter() - t0))
+    except BaseException as exc:  # noqa: BLE001 - reported, and the worker goes on in fork mode
+        _set("failed", f"{type(exc).__name__}: {exc}")
+
+
+def close(timeout: float = 10.0, in_flight: bool = False) -> bool:
     """Finalizes the session (at worker close), in a thread: a finalize that hangs must not hold
-    the worker's shutdown. True if it finished."""
+    the worker's shutdown. True if it finished. An MPICH / Intel MPI world with a job
+    ``in_flight`` is not finalized (the process exits without it: its PMI connection closing
+    tells the sidecar)."""
     pool = current()
     if pool is None:
         return True
     _set("absent", "the worker closed its MPI session")
+    if in_flight and isinstance(pool, World):
+        return True
     with _cond:
         hooks = list(_on_close)
         _on_close.clear()
@@ -250,6 +295,9 @@ def close(timeout: float = 10.0) -> bool:
                 fn()
             except Exception:  # noqa: BLE001 - one user's failure must not skip the finalize
                 logging.getLogger("dask_pmix").exception("dask-pmix: a pool on_close hook failed")
+        if isinstance(pool, World):
+            pool.MPI.Finalize()
+            return
         try:
             pool.world.Free()
         finally:

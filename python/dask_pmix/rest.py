@@ -108,10 +108,14 @@ class SidecarClient:
             return e.status != 401
         return True
 
-    def join_job(self, job_id: str, worker_id: str, wait: float) -> dict:
-        """In-process jobs: the member is there; answers when all are (ready) or after `wait` s."""
+    def join_job(self, job_id: str, worker_id: str, wait: float, ports: dict | None = None) -> dict:
+        """In-process jobs: the member is there; answers when all are (ready) or after `wait` s.
+        MPICH / Intel MPI members bring their ports (by merge step) and get everyone's."""
+        body: dict = {"waitSeconds": wait}
+        if ports:
+            body["ports"] = ports
         return self._request("POST", f"/v1/jobs/{quote(job_id)}/members/{quote(worker_id)}/join",
-                             {"waitSeconds": wait}, timeout=wait + self.timeout)
+                             body, timeout=wait + self.timeout)
 
     def leave_job(self, job_id: str, worker_id: str, ok: bool, reason: str = "",
                   failed_ranks: list[int] | None = None) -> dict:

@@ -70,9 +70,10 @@ def _inprocess_calls(job_id: str, worker_id: str):
     worker = get_worker()
     state, _ = _sidecar_calls(job_id, worker_id)
 
-    def join(wait: float) -> dict:
+    def join(wait: float, ports: dict | None = None) -> dict:
         try:
-            return sync(worker.loop, worker.scheduler.dask_pmix_join_job, job_id=job_id, worker=worker_id, wait=wait)
+            return sync(worker.loop, worker.scheduler.dask_pmix_join_job, job_id=job_id, worker=worker_id, wait=wait,
+                        **({"ports": ports} if ports is not None else {}))
         except Exception as e:  # noqa: BLE001
             return {"error": f"the scheduler could not be asked: {e}"}
 

@@ -24,7 +24,7 @@ from urllib.parse import urlparse
 from distributed.comm.core import CommClosedError
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from . import pool, worker_mpi
+from . import inprocess, pool, worker_mpi
 
 logger = logging.getLogger("dask_pmix")
 
@@ -60,16 +60,37 @@ def installed_library() -> str | None:
     return f"{name} v{version}"
 
 
+def pool_impl(version: str) -> str:
+    """The in-process flavour of this MPI library: openmpi (a rank of the pool), mpich or intelmpi
+    (a world of its own, joined to others by connect/accept), or unknown."""
+    if "Open MPI" in version:
+        return "openmpi"
+    if "Intel" in version:
+        return "intelmpi"
+    if "MPICH" in version:
+        return "mpich"
+    return "unknown"
+
+
 def pool_capable(version: str) -> str | None:
     """Why this MPI library cannot join the pool, or None."""
-    if "Open MPI" not in version:
-        return f"the worker's MPI library has no in-process pool ({version[:60]})"
     import re
 
-    m = re.search(r"v(\d+)\.", version)
-    if not m or int(m.group(1)) < 5:
-        return f"the pool needs Open MPI 5 or later with MPI Sessions ({version[:60]})"
-    return None
+    impl = pool_impl(version)
+    m = re.search(r"(\d+)\.(\d+)", version)
+    major, minor = (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+    if impl == "openmpi":
+        if major < 5:
+            return f"the pool needs Open MPI 5 or later with MPI Sessions ({version[:60]})"
+        return None
+    if impl == "mpich":
+        # ch4:ucx has dynamic processes (MPI_Comm_connect/accept) from MPICH 4.3 on.
+        if (major, minor) < (4, 3):
+            return f"in-process MPICH jobs need MPICH 4.3 or later (connect/accept over UCX) ({version[:60]})"
+        return None
+    if impl == "intelmpi":
+        return None
+    return f"the worker's MPI library has no in-process pool ({version[:60]})"
 
 
 # The worker of this process that owns the process's one MPI session (workers may share a process).
@@ -94,7 +115,7 @@ class PoolPlugin(WorkerPlugin):
     async def teardown(self, worker) -> None:
         if self._task is not None and not self._task.done():
             self._task.cancel()
-        finished = await asyncio.to_thread(pool.close)
+        finished = await asyncio.to_thread(pool.close, in_flight=inprocess.in_flight())
         if not finished:
             logger.warning("dask-pmix: finalizing the MPI session did not finish in time")
 
@@ -116,8 +137,11 @@ class PoolPlugin(WorkerPlugin):
             return
         try:
             reason = None
+            impl = "openmpi"
             try:
-                reason = pool_capable(installed_library() or await asyncio.to_thread(probe_library))
+                version = installed_library() or await asyncio.to_thread(probe_library)
+                impl = pool_impl(version)
+                reason = pool_capable(version)
             except Exception as e:  # noqa: BLE001
                 reason = str(e)
             if reason is not None:
@@ -133,7 +157,7 @@ class PoolPlugin(WorkerPlugin):
                 logger.debug("dask-pmix: mpi4py could not be loaded ahead: %r", e)
             answer = await worker.scheduler.dask_pmix_join_pool(
                 worker=worker.address, host=urlparse(worker.address).hostname or "", pid=os.getpid(),
-                uid=os.getuid(), gid=os.getgid())
+                uid=os.getuid(), gid=os.getgid(), **({"impl": impl} if impl != "openmpi" else {}))
             if "error" in answer:
                 logger.warning("dask-pmix: this worker cannot join the MPI pool: %s", answer["error"])
                 return
@@ -155,8 +179,11 @@ class PoolPlugin(WorkerPlugin):
                 else:
                     logger.warning("dask-pmix: this worker's MPI session failed; its jobs run in fork mode: %s", reason)
             else:
-                logger.info("dask-pmix: this worker is rank %s of MPI pool %s", answer["pool"]["rank"],
-                            answer["pool"]["namespace"])
+                if impl == "openmpi":
+                    logger.info("dask-pmix: this worker is rank %s of MPI pool %s", answer["pool"]["rank"],
+                                answer["pool"]["namespace"])
+                else:
+                    logger.info("dask-pmix: this worker is %s world %s", impl, answer["pool"]["namespace"])
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - the worker goes on without the pool

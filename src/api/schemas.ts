@@ -137,7 +137,11 @@ export const requests = {
   reportMemberLost: schemaOf('ReportMemberLostRequest', REQ, { reason: { maxLength: 1024 } }),
   joinPool: schemaOf('JoinPoolRequest', REQ, { host: HOST, pid: { minimum: 0 } }),
   leavePool: schemaOf('LeavePoolRequest', REQ, { reason: { maxLength: 1024 } }),
-  joinJob: schemaOf('JoinJobRequest', REQ, { waitSeconds: { minimum: 0, maximum: 60 } }),
+  joinJob: schemaOf('JoinJobRequest', REQ, {
+    waitSeconds: { minimum: 0, maximum: 60 },
+    // At most one port per merge step: 32 steps would be 4 billion members.
+    ports: { maxProperties: 32, propertyNames: { pattern: '^[0-9]{1,10}$' }, additionalProperties: { type: 'string', minLength: 1, maxLength: 1024 } },
+  }),
   leaveJob: schemaOf('LeaveJobRequest', REQ, { reason: { maxLength: 4096 }, failedRanks: { maxItems: 100_000 } }, ['ok']),
 };
 

@@ -36,6 +36,7 @@ export function poolSeatMsg(p: Readonly<PoolSeat>): dask_pmix.v1.PoolSeat {
     state: enumValue(pb.PoolRankState, p.state)!,
     reason: p.reason ?? '',
     localPeers: p.localPeers ?? [],
+    ...(p.impl ? { impl: enumValue(pb.Impl, p.impl)! } : {}),
   });
 }
 
@@ -139,8 +140,10 @@ export const toJson = {
   event: (e: SequencedEvent): Json => pb.Event.toObject(eventMsg(e), EVENT_OPTIONS),
   poolEnv: (workerId: string, seat: Readonly<PoolSeat>, env: Record<string, string>): Json =>
     pb.PoolEnv.toObject(pb.PoolEnv.create({ workerId, pool: poolSeatMsg(seat), env }), JSON_OPTIONS),
-  joinJob: (r: { ready: boolean; job: Readonly<Job> }): Json =>
-    pb.JoinJobResponse.toObject(pb.JoinJobResponse.create({ ready: r.ready, job: jobMsg(r.job) }), JSON_OPTIONS),
+  joinJob: (r: { ready: boolean; job: Readonly<Job>; ports?: Record<string, string>[] }): Json =>
+    pb.JoinJobResponse.toObject(pb.JoinJobResponse.create({
+      ready: r.ready, job: jobMsg(r.job), ...(r.ports ? { ports: r.ports.map((ports) => ({ ports })) } : {}),
+    }), JSON_OPTIONS),
   memberEnv: (m: { jobId: string; workerId: string; rank: number; size: number; impl: Impl; env: Record<string, string> }): Json =>
     pb.MemberEnv.toObject(pb.MemberEnv.create({ ...m, impl: enumValue(pb.Impl, m.impl)! }), JSON_OPTIONS),
   health: (h: { status: string; version: string; pmixVersion: string; uptimeSeconds: number; impls: Impl[]; pmixStalledSeconds?: number }): Json =>

@@ -13,3 +13,5 @@ export { ResourceManager, type RmOptions } from './manager.js';
 export type { LossDecision, Policy } from './policy.js';
 export { Pool, type CohortOptions, type PoolBackend, type PoolCohort, type PoolEpochSpec, type PoolPlan, type PoolUser } from './pool.js';
 export type { WorkerIdentity } from './manager.js';
+export { Worlds, type WorldBackend } from './worlds.js';
+export { acceptSteps, MAX_PORT_NAME } from './merge-tree.js';

@@ -16,6 +16,11 @@
 // once the communicator's group construct (tagged with the job's tag) reaches the server; each
 // member reports over REST when it is done, or that it failed.
 //
+// An in-process MPICH / Intel MPI job runs over workers that are each a world of their own
+// (worlds.ts): its members join with the ports they accept on and get everyone's once all are
+// there (the merge tree of merge-tree.ts builds the communicator in the workers, out of the
+// server's sight); the job runs from then on.
+//
 // Plain TypeScript without I/O. The workers and psets it freezes belong to the facade
 // (ResourceManager), which hands them in.
 import type { JobBackend } from './backend.js';
@@ -28,12 +33,14 @@ import { KvStore } from './kv-store.js';
 import { layoutMembers } from './layout.js';
 import type { NameService } from './name-service.js';
 import type { Policy } from './policy.js';
+import { acceptSteps, MAX_PORT_NAME } from './merge-tree.js';
 import type { Pool, PoolBackend, PoolPlan } from './pool.js';
 import type { ProcessSets } from './process-sets.js';
 import {
   isActive, type Impl, type Job, type JobMember, type JobSpec, type JobState, type MemberState, type ProcessSet, type Worker,
 } from './types.js';
 import type { WorkerPool } from './worker-pool.js';
+import { Worlds } from './worlds.js';
 
 export interface JobLifecycleOptions {
   clock: Clock;
@@ -58,6 +65,8 @@ export interface JobLifecycleOptions {
   onForgotten?: (job: Readonly<Job>) => void;
   /** The in-process pool, if the sidecar has one, and its protocol side. */
   pool: () => { pool: Pool; backend: PoolBackend } | undefined;
+  /** The in-process worlds of MPICH / Intel MPI workers, if the sidecar has them. */
+  worlds?: () => Worlds | undefined;
 }
 
 /** What the core holds for each job beyond its record. */
@@ -71,6 +80,8 @@ interface JobRuntime {
   releasing?: Promise<void>;
   /** In-process jobs: settles once every member joined (or the job ended first). */
   joined?: Deferred;
+  /** In-process jobs over worlds: each member's ports by merge step, in rank order. */
+  ports?: (Record<string, string> | undefined)[];
 }
 
 interface Deferred {
@@ -118,7 +129,8 @@ export class JobLifecycle {
       impls: [],
       prepare: async () => undefined,
       memberEnv: () => ({}),
-      notifyEnded: async (job) => o.pool()?.backend.notifyJobEnded(job),
+      // Worlds (MPICH / Intel MPI) hear of the end from their members' watchers, not from the server.
+      notifyEnded: async (job) => (job.impl === 'openmpi' ? o.pool()?.backend.notifyJobEnded(job) : undefined),
       release: async () => undefined,
       close: async () => undefined,
     };
@@ -163,13 +175,12 @@ export class JobLifecycle {
     // Restored history may hold an id this run's counter would reuse.
     while (!this.o.newJobId && this.jobs.has(id)) id = `j${this.idPrefix}-${++this.jobCounter}`;
     if (this.jobs.has(id)) throw new RmError('conflict', `job id '${id}' is taken`);
-    let plan: PoolPlan | undefined;
-    const inPool = this.o.pool()?.pool;
-    if (spec.mode === 'inprocess') plan = inPool ? inPool.plan(workers, spec.impl) : { reason: 'this sidecar has no in-process pool' };
+    const plan = spec.mode === 'inprocess' ? this.planInprocess(workers, spec.impl) : undefined;
     const inprocess = plan !== undefined && !('reason' in plan);
-    const namespace = plan && !('reason' in plan) ? plan.namespace : this.o.namespaceOf?.(id) ?? `dask-pmix.${id}`;
+    const worlds = inprocess && spec.impl !== 'openmpi';
+    const namespace = plan && !('reason' in plan) && !worlds ? plan.namespace : this.o.namespaceOf?.(id) ?? `dask-pmix.${id}`;
     const members = layoutMembers(workers);
-    if (inprocess) members.forEach((m, i) => (m.poolRank = workers[i]!.pool!.rank));
+    if (inprocess && !worlds) members.forEach((m, i) => (m.poolRank = workers[i]!.pool!.rank));
     const job: Job = {
       id,
       impl: spec.impl,
@@ -226,6 +237,7 @@ export class JobLifecycle {
     this.jobs.set(id, rt);
     if (inprocess) {
       rt.joined = deferred();
+      if (worlds) rt.ports = job.members.map(() => undefined);
       this.byTag.set(job.tag, rt);
     } else {
       this.byNamespace.set(namespace, rt);
@@ -259,9 +271,10 @@ export class JobLifecycle {
     }
     const available = this.o.workers.list().filter((w) => w.state === 'available');
     const pool = this.o.pool()?.pool;
-    if (spec.mode === 'inprocess' && pool) {
-      // Prefer workers that can run the job in-process, all in one epoch.
-      const pooled = pool.inprocessCandidates(available);
+    const worlds = spec.impl !== 'openmpi' ? this.o.worlds?.() : undefined;
+    if (spec.mode === 'inprocess' && (worlds || (pool && spec.impl === 'openmpi'))) {
+      // Prefer workers that can run the job in-process (Open MPI: all in one epoch).
+      const pooled = worlds ? worlds.candidates(available, spec.impl) : pool!.inprocessCandidates(available.filter((w) => !Worlds.isWorld(w.pool)));
       if (pooled.length >= spec.selector!.count) {
         try {
           return { workers: this.o.policy.select(spec.selector!, pooled) };
@@ -279,6 +292,20 @@ export class JobLifecycle {
       }
       throw e;
     }
+  }
+
+  /** Whether the job can run in-process over these workers, or why not. */
+  private planInprocess(workers: readonly Worker[], impl: Impl): PoolPlan {
+    if (impl === 'openmpi') {
+      const inPool = this.o.pool()?.pool;
+      if (!inPool) return { reason: 'this sidecar has no in-process pool' };
+      const other = workers.find((w) => Worlds.isWorld(w.pool));
+      if (other) return { reason: `worker '${other.id}' runs ${other.pool!.impl}, not in the Open MPI pool` };
+      return inPool.plan(workers, impl);
+    }
+    const worlds = this.o.worlds?.();
+    if (!worlds || !worlds.impls.includes(impl)) return { reason: `this sidecar has no in-process seats for ${impl}` };
+    return worlds.plan(workers, impl);
   }
 
   private couldSelectLater(sel: JobSpec['selector'] & object): boolean {
@@ -439,13 +466,18 @@ export class JobLifecycle {
    * ready=true once every member is, or ready=false after `waitMs` (ask again); rejects once the
    * job has ended.
    */
-  async join(jobId: string, workerId: string, waitMs: number): Promise<{ job: Readonly<Job>; ready: boolean }> {
+  async join(jobId: string, workerId: string, waitMs: number, ports?: Readonly<Record<string, string>>): Promise<{ job: Readonly<Job>; ready: boolean; ports?: Record<string, string>[] }> {
     const { rt, m } = this.inprocessMember(jobId, workerId);
     if (!isActive(rt.job.state)) throw new RmError('aborted', `job ${jobId} is ${rt.job.state}${rt.job.error ? `: ${rt.job.error}` : ''}`);
+    if (rt.ports) this.takePorts(rt, m, ports);
     if (m.state === 'assigned') {
       this.setMember(rt, m, 'connected');
       if (rt.job.state === 'pending') this.transition(rt, 'wiring', `rank ${m.rank} joined`);
-      if (rt.job.members.every((x) => x.state === 'connected')) rt.joined!.resolve();
+      if (rt.job.members.every((x) => x.state === 'connected')) {
+        rt.joined!.resolve();
+        // Worlds build the communicator among themselves: the server sees nothing more of it.
+        if (rt.ports) this.started(rt, 'every member joined with its ports');
+      }
     } else if (m.state !== 'connected') {
       throw new RmError('conflict', `rank ${m.rank} of job ${jobId} is already ${m.state}`);
     }
@@ -454,7 +486,22 @@ export class JobLifecycle {
       rt.joined!.promise.then(() => true),
       new Promise<boolean>((resolve) => (timer = this.o.clock.setTimer(waitMs, () => resolve(false)))),
     ]).finally(() => timer?.cancel());
-    return { job: rt.job, ready };
+    return ready && rt.ports ? { job: rt.job, ready, ports: rt.ports.map((p) => ({ ...p })) } : { job: rt.job, ready };
+  }
+
+  /** A world member's ports: exactly one for each merge step it accepts at (merge-tree.ts). */
+  private takePorts(rt: JobRuntime, m: JobMember, ports: Readonly<Record<string, string>> | undefined): void {
+    const want = acceptSteps(m.rank, rt.job.members.length).map(String);
+    const got = Object.keys(ports ?? {});
+    if (got.length !== want.length || !want.every((k) => got.includes(k))) {
+      throw new RmError('bad_request', `rank ${m.rank} of ${rt.job.members.length} accepts at merge steps [${want.join(',')}] and must bring one port for each, not [${got.join(',')}]`);
+    }
+    for (const [k, v] of Object.entries(ports ?? {})) {
+      if (typeof v !== 'string' || v.length === 0 || v.length > MAX_PORT_NAME) throw new RmError('bad_request', `the port for merge step ${k} must be 1-${MAX_PORT_NAME} characters`);
+    }
+    const had = rt.ports![m.rank];
+    if (had && JSON.stringify(had) !== JSON.stringify(ports ?? {})) throw new RmError('conflict', `rank ${m.rank} of job ${rt.job.id} joined already with other ports`);
+    rt.ports![m.rank] = { ...(ports ?? {}) };
   }
 
   /**

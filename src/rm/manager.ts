@@ -21,6 +21,7 @@ import {
   type RankRef, type Worker, type WorkerSpec,
 } from './types.js';
 import { WorkerPool } from './worker-pool.js';
+import { Worlds, type WorldBackend } from './worlds.js';
 
 export interface RmOptions {
   /** The decisions the core asks for (src/policy has the default). */
@@ -79,6 +80,7 @@ export class ResourceManager {
   private readonly backends = new Map<Impl, JobBackend>();
   private readonly jobs: JobLifecycle;
   private poolState: { pool: Pool; backend: PoolBackend } | undefined;
+  private worldsState: Worlds | undefined;
   private readonly idPrefix = Math.floor(Math.random() * 0x10000).toString(16).padStart(4, '0');
 
   constructor(private readonly opts: RmOptions) {
@@ -106,6 +108,7 @@ export class ResourceManager {
       ...(opts.onJobForgotten ? { onForgotten: opts.onJobForgotten } : {}),
       ...(opts.maxWaitingJobs !== undefined ? { maxWaiting: opts.maxWaitingJobs } : {}),
       pool: () => this.poolState,
+      worlds: () => this.worldsState,
     });
     for (const b of opts.backends ?? []) this.addBackend(b);
     if (opts.pool) this.installPool(opts.pool.size, opts.pool.backend, opts.pool.cohort);
@@ -130,6 +133,20 @@ export class ResourceManager {
     });
     this.poolState = { pool, backend };
     for (const w of this.workers.list()) pool.seat(w);
+  }
+
+  /**
+   * Lets MPICH / Intel MPI worker processes be in-process seats, each a world of its own
+   * (worlds.ts), served by `backend` (the PMI listener).
+   */
+  installWorlds(backend: WorldBackend): void {
+    if (this.worldsState) throw new Error('worlds are already installed');
+    this.worldsState = new Worlds({ backend, workers: this.workers, events: this.events, namespaceOf: (n) => `dask-pmix.world-${this.idPrefix}.${n}` });
+  }
+
+  /** The in-process worlds of MPICH / Intel MPI workers, if this sidecar has them. */
+  get worlds(): Worlds | undefined {
+    return this.worldsState;
   }
 
   /** The in-process pool, if this sidecar has one. */
@@ -191,6 +208,7 @@ export class ResourceManager {
   removeWorker(id: string, reason = 'removed'): Readonly<Worker> {
     const w = this.workers.remove(id);
     if (w.jobId) this.jobs.memberGone(w.jobId, id, `its worker left (${reason})`);
+    this.worlds?.retire(w, `its worker left (${reason})`);
     this.pool?.retire(w, `its worker left (${reason})`);
     this.events.emit({ kind: 'workerLeft', workerId: id, reason });
     return w;
@@ -207,22 +225,59 @@ export class ResourceManager {
    * The worker process is about to initialise its MPI session in the pool: records what it says
    * of itself (its own host, pid, uid and gid) and answers its rank and the environment to set.
    */
-  joinPool(workerId: string, who: WorkerIdentity, waitMs = 30_000): Promise<{ worker: Readonly<Worker>; seat: PoolSeat; env: Record<string, string> }> {
-    const pool = this.requirePool();
+  joinPool(workerId: string, who: WorkerIdentity, waitMs = 30_000, impl: Impl = 'openmpi'): Promise<{ worker: Readonly<Worker>; seat: PoolSeat; env: Record<string, string> }> {
+    const worlds = impl === 'openmpi' ? undefined : this.worlds;
+    if (impl !== 'openmpi' && !worlds) throw new RmError('unprocessable', `this sidecar has no in-process seats for ${impl} (no PMI listener, or serve --pool-size 0)`);
+    const pool = worlds ? undefined : this.requirePool();
     const w = this.workers.require(workerId);
     if (who.host !== undefined && who.host !== w.host && w.state !== 'available') {
       throw new RmError('conflict', `worker '${workerId}' is in job ${w.jobId}; its host cannot change now`);
     }
+    if (worlds) {
+      // Its Open MPI pool rank, handed out at registration, will never be used.
+      if (w.pool && !Worlds.isWorld(w.pool)) this.pool?.retire(w, `it runs ${impl}: its in-process seat is a world of its own`);
+      this.workers.identify(workerId, who);
+      const { seat, env } = worlds.join(w, impl);
+      return Promise.resolve({ worker: w, seat, env });
+    }
+    if (Worlds.isWorld(w.pool)) throw new RmError('conflict', `worker '${workerId}' already has its ${w.pool!.impl} world`);
     this.workers.identify(workerId, who);
-    return pool.join(workerId, waitMs).then(({ seat, env }) => ({ worker: this.workers.require(workerId), seat, env }));
+    return pool!.join(workerId, waitMs).then(({ seat, env }) => ({ worker: this.workers.require(workerId), seat, env }));
   }
 
   /** The worker's pool rank is of no use (its session failed to start, or it gives it up). */
   leavePool(workerId: string, reason: string): Readonly<Worker> {
-    const pool = this.requirePool();
     const w = this.workers.require(workerId);
-    pool.retire(w, reason);
+    if (Worlds.isWorld(w.pool)) this.worlds?.retire(w, reason);
+    else if (this.pool || !this.worlds) this.requirePool().retire(w, reason);
     return w;
+  }
+
+  /** Why a connection as this world must be refused, or undefined to admit it. */
+  worldRefusal(namespace: string): string | undefined {
+    return this.worlds?.refusal(namespace) ?? (this.worlds ? undefined : 'this sidecar has no in-process worlds');
+  }
+
+  /** A world's MPI library bound its PMI connection. */
+  worldConnected(namespace: string): void {
+    if (!this.worlds) throw new RmError('unprocessable', 'this sidecar has no in-process worlds');
+    this.worlds.connected(namespace);
+  }
+
+  /**
+   * A world's connection ended: finalized (the worker process exits) or lost (it died). The
+   * world is retired, and the job its worker is in fails at once.
+   */
+  worldGone(namespace: string, reason: string): void {
+    const w = this.worlds?.gone(namespace, reason);
+    if (w?.jobId) this.jobs.memberGone(w.jobId, w.id, reason);
+  }
+
+  /** PMI abort from a world: the job its worker is in is aborted. */
+  worldAbort(namespace: string, status: number, message: string): void {
+    const w = this.worlds?.workerOf(namespace);
+    if (!w) throw new RmError('not_found', `world ${namespace} belongs to no registered worker`);
+    if (w.jobId) this.jobs.abortFrom(w.jobId, w.id, status, message);
   }
 
   isPoolNamespace(namespace: string): boolean {
@@ -387,9 +442,11 @@ export class ResourceManager {
   /**
    * In-process jobs: the member on `workerId` is there. Resolves with ready=true once every member
    * is (then each builds the communicator), or ready=false after `waitMs`; rejects once the job ended.
+   * A member of an MPICH / Intel MPI job brings the ports it accepts on (merge-tree.ts) and gets
+   * every member's, in rank order, once all are there.
    */
-  joinJob(jobId: string, workerId: string, waitMs: number): Promise<{ job: Readonly<Job>; ready: boolean }> {
-    return this.jobs.join(jobId, workerId, waitMs);
+  joinJob(jobId: string, workerId: string, waitMs: number, ports?: Readonly<Record<string, string>>): Promise<{ job: Readonly<Job>; ready: boolean; ports?: Record<string, string>[] }> {
+    return this.jobs.join(jobId, workerId, waitMs, ports);
   }
 
   /**

@@ -31,6 +31,8 @@ export interface PoolSeat {
    * host that joined together and share memory); absent when it is alone on its own node.
    */
   localPeers?: number[];
+  /** Set for MPICH / Intel MPI: the seat is a world of its own, of size 1 (worlds.ts). */
+  impl?: Impl;
 }
 
 export function isActive(state: JobState): boolean {

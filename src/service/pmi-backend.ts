@@ -10,7 +10,7 @@ import { hostname, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { PmiError, PmiListener, newPmiId, type PmiJobCore, type PmiMember, type Trace } from '../pmi/index.js';
-import type { Job, JobBackend, JobMember, ResourceManager, Worker } from '../rm/index.js';
+import type { Impl, Job, JobBackend, JobMember, ResourceManager, Worker } from '../rm/index.js';
 import { DEFAULT_MEMBER_ENV } from './default-env.js';
 import { DEFAULT_PMI_JOB_LIMITS, PmiJobStore, type PmiJobLimits } from './pmi-job-store.js';
 import { RmPmiMember, asPmiError, type PmiJob } from './pmi-member.js';
@@ -43,7 +43,7 @@ export interface PmiBackendOptions {
 }
 
 /** Host names under which a worker runs on the sidecar's own host. */
-const LOCAL_HOSTS = new Set([hostname(), 'localhost', '127.0.0.1', '::1']);
+export const LOCAL_HOSTS = new Set([hostname(), 'localhost', '127.0.0.1', '::1']);
 
 /** Writes this host's hwloc topology as XML; undefined when hwloc's lstopo is not installed. */
 async function writeTopology(): Promise<{ file: string; dir: string } | undefined> {
@@ -62,6 +62,8 @@ export class PmiBackend implements JobBackend, PmiJobCore {
   readonly impls = ['mpich', 'intelmpi'] as const;
   private readonly byPmiId = new Map<string, { pj: PmiJob; rank: number }>();
   private readonly jobs = new Map<string, PmiJob>();
+  /** Members of something else than a job of the core (the in-process worlds, pmi-worlds.ts). */
+  private others: ((pmiId: string) => PmiMember | undefined) | undefined;
 
   private constructor(
     private readonly opts: PmiBackendOptions,
@@ -109,20 +111,29 @@ export class PmiBackend implements JobBackend, PmiJobCore {
 
   memberEnv(job: Readonly<Job>, member: Readonly<JobMember>, _worker: Readonly<Worker>): Record<string, string> {
     const pj = this.require(job.id);
-    const impl = job.impl === 'intelmpi' ? 'intelmpi' : 'mpich';
+    return this.rankEnv(job.impl, pj.pmiIds[member.rank]!, member.host, member.rank, job.members.length);
+  }
+
+  /** What a rank with credential `pmiId` sets to join: the impl's settings and PMI's own. */
+  rankEnv(impl: Impl, pmiId: string, host: string, rank: number, size: number): Record<string, string> {
     return {
-      ...(this.opts.extraEnv ?? DEFAULT_MEMBER_ENV[impl]),
+      ...(this.opts.extraEnv ?? DEFAULT_MEMBER_ENV[impl === 'intelmpi' ? 'intelmpi' : 'mpich']),
       PMI_PORT: this.pmiPort,
       // The credential; whoever starts the rank binds the connection with it and hands it to
       // MPI as PMI_FD (dask_pmix.pmi_connect, see src/pmi/credential.ts).
-      PMI_ID: pj.pmiIds[member.rank]!,
+      PMI_ID: pmiId,
       // Ranks on this host: a UNIX socket the starter prefers to PMI_PORT (no TCP on loopback).
-      ...(LOCAL_HOSTS.has(member.host) && this.listener.socketPath ? { DASK_PMIX_PMI_SOCKET: this.listener.socketPath } : {}),
+      ...(LOCAL_HOSTS.has(host) && this.listener.socketPath ? { DASK_PMIX_PMI_SOCKET: this.listener.socketPath } : {}),
       // Read by MPI clients on a PMI_FD; MPICH 5's auto-detection also takes PMI_SIZE as the
       // sign of a PMI-1 launcher.
-      PMI_RANK: String(member.rank),
-      PMI_SIZE: String(job.members.length),
+      PMI_RANK: String(rank),
+      PMI_SIZE: String(size),
     };
+  }
+
+  /** Serves members that are not ranks of a job of the core too: `attach` answers their credentials. */
+  serveAlso(attach: (pmiId: string) => PmiMember | undefined): void {
+    this.others = attach;
   }
 
   /**
@@ -161,6 +172,10 @@ export class PmiBackend implements JobBackend, PmiJobCore {
 
   attach(pmiId: string): PmiMember {
     const e = this.byPmiId.get(pmiId);
+    if (!e) {
+      const other = this.others?.(pmiId);
+      if (other) return other;
+    }
     // The guess is not echoed: an answer must not help the next one.
     if (!e) throw new PmiError('unknown PMI_ID: no active MPICH/Intel MPI job has such a member');
     const { pj, rank } = e;

@@ -11,6 +11,7 @@ import { isActive, ResourceManager, type CohortOptions, type JobBackend } from '
 import type { RmLimits } from '../rm/manager.js';
 import { DEFAULT_MEMBER_ENV } from './default-env.js';
 import { PmiBackend } from './pmi-backend.js';
+import { PmiWorlds } from './pmi-worlds.js';
 import { PmixBackend } from './pmix-backend.js';
 import { persist, type Persisted } from './persistence.js';
 import { PmixClients } from './pmix-clients.js';
@@ -171,6 +172,8 @@ export class Sidecar {
           onError: (what, err) => log.warn({ err, what }, 'PMI backend call failed'),
         });
         rm.addBackend(pmi);
+        // MPICH / Intel MPI worker processes join in-process jobs as worlds of their own.
+        if (opts.poolSize) rm.installWorlds(new PmiWorlds(rm, pmi));
         log.info({ pmiPort: pmi.pmiPort }, 'PMI-1/PMI-2 listener ready');
       }
       for (const b of (await opts.backends?.(rm)) ?? []) rm.addBackend(b);

@@ -294,7 +294,7 @@ describe('in-process jobs', () => {
     expect(fork.calls[0]).toMatch(/^prepare/);
     await rm.deleteJob(j1.id);
     const j2 = await rm.createJob({ impl: 'mpich', mode: 'inprocess', members: ['a'] });
-    expect([j2.mode, j2.modeReason]).toEqual(['fork', expect.stringMatching(/mpich has no in-process pool/)]);
+    expect([j2.mode, j2.modeReason]).toEqual(['fork', expect.stringMatching(/no in-process seats for mpich/)]);
     await rm.deleteJob(j2.id);
     const j3 = await rm.createJob({ impl: 'openmpi', members: ['a'] });
     expect([j3.mode, j3.modeReason]).toEqual(['fork', undefined]);

@@ -51,7 +51,8 @@ def _from_pool() -> Optional[PoolLink]:
     except ImportError:
         return None
     member = pool.current()
-    if member is None:
+    if member is None or not hasattr(member, "session"):
+        # An MPICH / Intel MPI world (pool.World) has no pool ranks to build communicators from.
         return None
     _watch_pool_close(pool)
     # Two processes share communicators only within one epoch: its PMIx namespace names it.

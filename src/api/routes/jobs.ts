@@ -76,7 +76,7 @@ export const jobRoutes: FastifyPluginAsync<RouteOptions> = async (app, { rm, aut
     },
   }, async (req) => toJson.job(rm.reportMemberLost(req.params.id, req.params.workerId, req.body?.reason || 'reported lost by its worker')));
 
-  app.post<Params<{ id: string; workerId: string }> & Body<{ waitSeconds?: number }>>('/jobs/:id/members/:workerId/join', {
+  app.post<Params<{ id: string; workerId: string }> & Body<{ waitSeconds?: number; ports?: Record<string, string> }>>('/jobs/:id/members/:workerId/join', {
     ...write,
     schema: {
       security: auth.security.write,
@@ -86,7 +86,7 @@ export const jobRoutes: FastifyPluginAsync<RouteOptions> = async (app, { rm, aut
       body: requests.joinJob,
       response: { 200: responses.joinJob, ...errors(400, 401, 404, 409) },
     },
-  }, async (req) => toJson.joinJob(await rm.joinJob(req.params.id, req.params.workerId, (req.body?.waitSeconds ?? 10) * 1000)));
+  }, async (req) => toJson.joinJob(await rm.joinJob(req.params.id, req.params.workerId, (req.body?.waitSeconds ?? 10) * 1000, req.body?.ports)));
 
   app.post<Params<{ id: string; workerId: string }> & Body<{ ok: boolean; reason?: string; failedRanks?: number[] }>>('/jobs/:id/members/:workerId/leave', {
     ...write,

@@ -4,6 +4,7 @@ import type { FastifyPluginAsync } from 'fastify';
 import { requests, responses } from '../schemas.js';
 import { toJson, workerSpec } from '../wire.js';
 import { errors, params, type Body, type Params, type RouteOptions } from './context.js';
+import type { Impl } from '../../rm/index.js';
 
 export const workerRoutes: FastifyPluginAsync<RouteOptions> = async (app, { rm, auth }) => {
   const write = { onRequest: auth.write };
@@ -43,7 +44,7 @@ export const workerRoutes: FastifyPluginAsync<RouteOptions> = async (app, { rm, 
   }, async (req) => toJson.worker(rm.removeWorker(req.params.id, req.query.reason || 'removed over REST')));
 
   // ---- the in-process pool -------------------------------------------------------------------
-  app.post<Params<{ id: string }> & Body<{ host?: string; pid?: number; uid?: number; gid?: number }>>('/workers/:id/pool', {
+  app.post<Params<{ id: string }> & Body<{ host?: string; pid?: number; uid?: number; gid?: number; impl?: Impl }>>('/workers/:id/pool', {
     ...write,
     schema: {
       security: auth.security.write,
@@ -60,7 +61,7 @@ export const workerRoutes: FastifyPluginAsync<RouteOptions> = async (app, { rm, 
       ...(b.pid ? { pid: b.pid } : {}),
       ...(b.uid !== undefined ? { uid: b.uid } : {}),
       ...(b.gid !== undefined ? { gid: b.gid } : {}),
-    });
+    }, undefined, b.impl ?? 'openmpi');
     return toJson.poolEnv(worker.id, seat, env);
   });
 
