@@ -11,7 +11,9 @@ the same workers. Times, from the call to:
 - first_allreduce: every rank past one Allreduce;
 - total: run_mpi returning every rank's result (the launcher: mpirun exiting).
 Also: a 16-worker cluster (in-process, M = 16 and M = 8), and the first contact between two
-workers (Comm_create_from_group and the first Allreduce of a pair that never met, then again).
+workers (Comm_create_from_group and the first Allreduce of a pair that never met, then again;
+MPICH, whose workers are worlds of their own: a 2-member in-process job of a pair that never
+met, then again, from run_mpi's call to both holding the communicator).
 Prints one JSON document (medians; fraction_* = ours / launcher, below 1: ours is faster).
 
     .venv/bin/python bench/headline.py --impl openmpi --sizes 2,4,8 --repeat 10
@@ -205,11 +207,26 @@ def first_contact(client, sidecar, pairs: int) -> dict:
             for phase, rs in out.items()}
 
 
+def first_contact_jobs(client, impl: str, sidecar, pairs: int) -> dict:
+    """MPICH / Intel MPI: a pair of workers that never met runs a 2-member in-process job (the
+    merge tree's one connect/accept), then again."""
+    workers = sorted(client.scheduler_info()["workers"])
+    out: dict = {"first": [], "later": []}
+    for i in range(pairs):
+        for phase in ("first", "later"):
+            out[phase].append(one_job(client, impl, workers[2 * i:2 * i + 2], "inprocess", sidecar))
+    return {phase: {"comm_ready_median_ms": _median([r["comm_ready"] * 1e3 for r in rs]),
+                    "first_allreduce_median_ms": _median([r["first_allreduce"] * 1e3 for r in rs]),
+                    "modes": sorted({r["mode"] for r in rs}), "pairs": len(rs)}
+            for phase, rs in out.items()}
+
+
 def big_cluster(impl: str, n: int, repeat: int) -> dict:
     cluster, client, sidecar = start_cluster(n, pool=True)
     try:
         workers = sorted(client.scheduler_info()["workers"])
-        contact = first_contact(client, sidecar, pairs=min(4, n // 2))
+        contact = (first_contact(client, sidecar, pairs=min(4, n // 2)) if impl == "openmpi"
+                   else first_contact_jobs(client, impl, sidecar, pairs=min(4, n // 2)))
         first = one_job(client, impl, workers, "inprocess", sidecar)
         later = [one_job(client, impl, workers, "inprocess", sidecar) for _ in range(repeat)]
         half = [one_job(client, impl, workers[(i % 2)::2], "inprocess", sidecar) for i in range(repeat)]
@@ -239,7 +256,7 @@ def main() -> int:
     # sidecar hands its members, so that both start the same way.
     mpi_env = {"OMPI_MCA_mpi_yield_when_idle": "1", "OMPI_MCA_btl": "^ofi", "OMPI_MCA_pml": "ob1"} if args.impl == "openmpi" else {}
     launcher = "mpirun" if args.impl == "openmpi" else "mpiexec_hydra"
-    modes = ["inprocess", "fork"] if args.impl == "openmpi" else ["fork"]
+    modes = ["inprocess", "fork"]
     report: dict = {"benchmark": "headline", "impl": args.impl, "cpus": os.cpu_count(), "repeat": args.repeat,
                     "load_average_at_start": os.getloadavg(), "sizes": {}}
     for size in sizes:
@@ -251,7 +268,7 @@ def main() -> int:
                     entry[f"fraction_{mode}_{phase}_{k.replace('_median_s', '')}"] = fraction(entry[mode][phase], entry[launcher], k)
         report["sizes"][str(size)] = entry
         print(json.dumps({"size": size, **entry}), file=sys.stderr, flush=True)
-    if args.impl == "openmpi" and args.big:
+    if args.big:
         report["cluster"] = big_cluster(args.impl, args.big, args.repeat)
         report["cluster"][launcher] = summarize(launcher_runs(args.impl, args.big, max(3, args.repeat // 3), mpi_env))
         print(json.dumps(report["cluster"]), file=sys.stderr, flush=True)

@@ -271,11 +271,12 @@ def run_mpi(client, fn: Callable, *args, n: int | None = None, workers: list[str
     that data; each rank then also gets ``local=[...]``: the values of the futures its own worker
     holds, which do not move. ``comm`` is an mpi4py communicator over exactly the members.
 
-    ``mode="inprocess"`` (the default for Open MPI) runs ``fn`` inside the worker processes
-    themselves, in a task thread, on a communicator built from the workers' long-lived MPI pool
-    session; where that cannot serve (a member outside the pool, members in different pool
-    epochs, MPICH or Intel MPI) the job runs in fork mode instead and the reason is logged (and
-    recorded in the job's ``modeReason``). ``mode="fork"`` runs each rank in a child process of
+    ``mode="inprocess"`` (the default) runs ``fn`` inside the worker processes themselves, in a
+    task thread, on a communicator built from the workers' long-lived MPI state (Open MPI: their
+    pool session; MPICH / Intel MPI: a merge tree of connect/accept among their worlds of one);
+    where that cannot serve (a member outside the pool or without a world of the job's library,
+    members in different pool epochs) the job runs in fork mode instead and the reason is logged
+    (and recorded in the job's ``modeReason``). ``mode="fork"`` runs each rank in a child process of
     its worker, isolated from it. ``impl``, ``mode``, ``timeout`` and ``wiring_timeout`` default
     to the dask-pmix settings (job.impl, job.mode, timeouts.job, timeouts.wiring).
 
