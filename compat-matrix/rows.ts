@@ -127,7 +127,13 @@ export function rows(root: string): Row[] {
       connectEnv: { I_MPI_FABRICS: 'shm:ofi', FI_PROVIDER: 'tcp' },
       sessions: true,
       repeatModes: ['fork'],
-      known: { spawn: SPAWN_REFUSED },
+      // Each agent a world of its own, as for MPICH (features/inprocess.ts).
+      inprocess: true,
+      known: {
+        spawn: SPAWN_REFUSED,
+        'repeat/inprocess':
+          "measured here, not known upstream: connect/accept over libfabric's tcp provider (the only fabric whose MPI_Open_port works here) takes about 12 s a job, and a later job hangs; dask_pmix keeps Intel MPI in fork mode (python/dask_pmix/worker.py, pool_capable)",
+      },
       unavailable: existsSync(join(venvImpi, 'lib', 'libmpi.so.12')) ? undefined : 'impi-rt is not installed (.venv-impi)',
       version: () => '2021.19',
     },

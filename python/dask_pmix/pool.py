@@ -268,10 +268,28 @@ def _initialise_world(seat: dict) -> None:
             raise RuntimeError(f"the MPI library gave thread level {level}, not MPI_THREAD_MULTIPLE")
         MPI.COMM_WORLD.Set_errhandler(MPI.ERRORS_RETURN)
         MPI.COMM_SELF.Set_errhandler(MPI.ERRORS_RETURN)
+        _unlink_own_segments()
         _set("ready", pool=World(impl=seat["impl"], namespace=seat["namespace"], MPI=MPI,
                                  init_seconds=time.perf_counter() - t0))
     except BaseException as exc:  # noqa: BLE001 - reported, and the worker goes on in fork mode
         _set("failed", f"{type(exc).__name__}: {exc}")
+
+
+def _unlink_own_segments() -> None:
+    """Unlinks the shared-memory files MPI_Init mapped into this world of one (MPICH: one
+    /dev/shm/mpich_shm_*). No other process attaches to them, the mapping outlives the name, and
+    a worker killed at close (its nanny kills it after 4 s; a member stuck in MPI is never
+    finalized) would otherwise leave them behind: measured 6 files after a 100-job soak."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "/dev/shm/mpich_shm_" in line}
+    except OSError:
+        return
+    for path in paths:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 def close(timeout: float = 10.0, in_flight: bool = False) -> bool:
