@@ -212,15 +212,23 @@ def run_rank(*, job_id: str, rank: int, worker: str, env: dict, fn: Callable, ar
     `report_lost(reason)` tells the sidecar when the rank's process ended without finishing, so
     the members are released at once instead of when the sidecar notices.
     """
+    reported = False
+
+    def report_once(reason: str) -> None:
+        nonlocal reported
+        if report_lost is None or reported:
+            return
+        reported = True
+        try:
+            report_lost(reason)
+        except Exception:  # noqa: BLE001 - the sidecar notices the loss by itself, later
+            pass
+
     try:
         return _run_rank(job_id, rank, worker, env, impl, fn, args, kwargs, job_state, timeout, poll_interval,
-                         finalize_grace)
+                         finalize_grace, report_once)
     except MPIJobError as e:
-        if report_lost is not None:
-            try:
-                report_lost(e.reason)
-            except Exception:
-                pass
+        report_once(e.reason)
         raise
 
 
@@ -273,7 +281,8 @@ def _spawned_main(fd: int, payload_fd: int, parent: int) -> None:
     _child(fd, env, tag, impl, fn, args, kwargs)
 
 
-def _run_rank(job_id, rank, worker, env, impl, fn, args, kwargs, job_state, timeout, poll_interval, finalize_grace):
+def _run_rank(job_id, rank, worker, env, impl, fn, args, kwargs, job_state, timeout, poll_interval, finalize_grace,
+              report_lost):
     # The MPI library is loaded in the child only. Loaded in the worker, UCX (inside both MPICH's
     # and Open MPI's wheels) hooks dlopen/mmap behind a lock; a fork while another worker thread
     # holds it leaves the child deadlocked in MPI_Session_init (seen with MPICH 5.0.2). A worker
@@ -321,10 +330,13 @@ def _run_rank(job_id, rank, worker, env, impl, fn, args, kwargs, job_state, time
                 _kill(pid)  # the result is in; a finalize that hangs must not hold the worker
                 break
             if deadline is not None and now > deadline and not reader.complete:
-                _kill(pid)
-                # Its own deadline: the rank's report, so that it wins over the loss its kill causes.
-                raise MPIJobError(f"timed out after {timeout:g} s", job_id=job_id, rank=rank, worker=worker,
+                # Its own deadline: the sidecar hears the timeout before the kill, whose closed
+                # connection it would otherwise report first as the job's reason (a lost rank).
+                err = MPIJobError(f"timed out after {timeout:g} s", job_id=job_id, rank=rank, worker=worker,
                                   origin="rank")
+                report_lost(err.reason)
+                _kill(pid)
+                raise err
             if now >= next_poll:
                 next_poll = now + poll_interval
                 state = job_state()
