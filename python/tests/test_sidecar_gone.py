@@ -48,7 +48,10 @@ def test_a_dead_sidecar_fails_the_running_job_within_two_seconds(sig):
         assert "error" in outcome, outcome
         print(f"sidecar {sig.name} -> MPIJobError in {outcome['at'] - t_kill:.2f} s: {outcome['error']}")
         assert outcome["at"] - t_kill < 2.0
-        assert re.search(r"sidecar (exited|received SIGTERM)", str(outcome["error"])), outcome["error"]
+        # The plugin's own report, or (when the restarted sidecar answered first) the restarted
+        # sidecar's: the job it found interrupted in its state directory.
+        assert re.search(r"sidecar (exited|received SIGTERM|stopped before the job ended)", str(outcome["error"])), \
+            outcome["error"]
     finally:
         client.close()
         cluster.close()
