@@ -379,7 +379,10 @@ class Runner:
         while time.monotonic() < deadline:
             try:
                 registered = {w["id"] for w in cluster.rest.workers() if w.get("state") != "gone"}
-                if registered == set(cluster.worker_pids()):
+                # All of them: the plugin may restart the workers after the sidecar came back, and
+                # an empty Dask is not "every worker registered again".
+                dask = set(cluster.worker_pids())
+                if len(dask) == cluster.n_workers and registered == dask:
                     out["workers_back_s"] = round(time.monotonic() - t_fault, 2)
                     break
             except Exception:  # noqa: BLE001
