@@ -126,6 +126,28 @@ static void exec_job(const char *job, const char *program, char *args_csv, char 
 }
 
 #ifdef MPI_SESSION_NULL
+/* What a job does after its first Allreduce: loop=N barriers (member-death cells kill one meanwhile),
+ * or abort. Returns 0 once an MPI call failed. */
+static int job_action(const char *job, MPI_Comm comm, const char *what) {
+    if (what && !strncmp(what, "loop=", 5)) {
+        printf("{\"feature\":\"%s\",\"job\":\"%s\",\"looping\":true,\"t\":%.6f}\n", F, job, compat_now());
+        fflush(stdout);
+        for (int i = atoi(what + 5); i > 0; i--) {
+            int rc = MPI_Barrier(comm);
+            if (rc != MPI_SUCCESS) {
+                compat_error(F, "MPI_Barrier", rc);
+                return 0;
+            }
+            usleep(20000);
+        }
+    } else if (what && !strcmp(what, "abort")) {
+        printf("{\"feature\":\"%s\",\"job\":\"%s\",\"aborting\":true,\"t\":%.6f}\n", F, job, compat_now());
+        fflush(stdout);
+        MPI_Abort(comm, 3);
+    }
+    return 1;
+}
+
 static MPI_Session pool_session = MPI_SESSION_NULL;
 static MPI_Group pool_world;
 
@@ -146,22 +168,7 @@ static void pool_job(const char *job, char *ranks_csv, const char *what) {
         MPI_Comm_rank(comm, &rank);
         MPI_Comm_size(comm, &size);
         int ok = compat_allreduce_ok(comm, &sum);
-        if (ok && what && !strncmp(what, "loop=", 5)) {
-            printf("{\"feature\":\"%s\",\"job\":\"%s\",\"looping\":true,\"t\":%.6f}\n", F, job, compat_now());
-            fflush(stdout);
-            for (int i = atoi(what + 5); i > 0 && ok; i--) {
-                rc = MPI_Barrier(comm);
-                if (rc != MPI_SUCCESS) {
-                    compat_error(F, "MPI_Barrier", rc);
-                    ok = 0;
-                }
-                usleep(20000);
-            }
-        } else if (ok && what && !strcmp(what, "abort")) {
-            printf("{\"feature\":\"%s\",\"job\":\"%s\",\"aborting\":true,\"t\":%.6f}\n", F, job, compat_now());
-            fflush(stdout);
-            MPI_Abort(comm, 3);
-        }
+        if (ok) ok = job_action(job, comm, what);
         compat_report(F, rank, size, ok, "\"job\":\"%s\",\"sum\":%d,\"comm_s\":%.4f,\"pool_rank\":%d", job, sum,
                       t1 - t0, me);
         /* A communicator that saw a failure is kept (freeing it crashed later jobs, research H). */
@@ -248,22 +255,7 @@ static void world_job_run(const char *job, int rank, int size, const char *what,
         MPI_Comm_rank(comm, &r);
         MPI_Comm_size(comm, &n);
         ok = r == rank && n == size && compat_allreduce_ok(comm, &sum);
-        if (ok && what && !strncmp(what, "loop=", 5)) {
-            printf("{\"feature\":\"%s\",\"job\":\"%s\",\"looping\":true,\"t\":%.6f}\n", F, job, compat_now());
-            fflush(stdout);
-            for (int i = atoi(what + 5); i > 0 && ok; i--) {
-                rc = MPI_Barrier(comm);
-                if (rc != MPI_SUCCESS) {
-                    compat_error(F, "MPI_Barrier", rc);
-                    ok = 0;
-                }
-                usleep(20000);
-            }
-        } else if (ok && what && !strcmp(what, "abort")) {
-            printf("{\"feature\":\"%s\",\"job\":\"%s\",\"aborting\":true,\"t\":%.6f}\n", F, job, compat_now());
-            fflush(stdout);
-            MPI_Abort(comm, 3);
-        }
+        if (ok) ok = job_action(job, comm, what);
         compat_report(F, r, n, ok, "\"job\":\"%s\",\"sum\":%d,\"comm_s\":%.4f", job, sum, t1 - t0);
     }
     /* What a failed job built is kept (its peers may still be inside it). */
