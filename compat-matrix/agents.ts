@@ -94,7 +94,9 @@ export async function startAgents(
   for (let i = 0; i < count; i++) {
     const env: Record<string, string> = {};
     for (const k of BASE_ENV_KEYS) if (process.env[k]) env[k] = process.env[k] as string;
-    const proc = spawn(program, [], { env: { ...env, ...baseEnv }, stdio: ['pipe', 'pipe', 'pipe'] });
+    // An agent left inside MPI (an MPICH survivor of a member-death cell spins in its Barrier) dies
+    // with the runner: stop()'s SIGKILL timer does not outlive a runner that exits at once.
+    const proc = spawn('/usr/bin/setpriv', ['--pdeathsig', 'KILL', '--', program], { env: { ...env, ...baseEnv }, stdio: ['pipe', 'pipe', 'pipe'] });
     const agent = new Agent(`${prefix}-${i}`, proc);
     agents.push(agent);
     const ready = await agent.waitFor((l) => l.agent === 'ready', 20_000);
