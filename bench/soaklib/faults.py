@@ -48,6 +48,15 @@ class Call:
         self.thread.join(bound)
         return not self.thread.is_alive()
 
+    def settle(self, rec: dict) -> bool:
+        """Waits for the call within WATCHDOG, records its seconds, and marks it hung if it did not
+        return; whether it returned."""
+        done = self.join(WATCHDOG)
+        rec["seconds"] = round(self.box.get("t_end", time.monotonic()) - self.box["t0"], 3)
+        if not done:
+            rec["outcome"] = "hung"
+        return done
+
 
 def call(cluster: DaskCluster, fn: Callable, args: tuple, *, n: int, impl: str, mode: str | None,
          timeout: float | None = None, submit: bool = False) -> Call:
@@ -234,10 +243,7 @@ class Runner:
         token = f"j{spec.idx}"
         c = call(cluster, bodies.healthy, (token,), n=n, impl=self._impl(spec), mode=spec.mode, submit=spec.submit)
         rec["api"] = "submit_mpi" if spec.submit else "run_mpi"
-        done = c.join(WATCHDOG)
-        rec["seconds"] = round(c.box.get("t_end", time.monotonic()) - c.box["t0"], 3)
-        if not done:
-            rec.update(outcome="hung")
+        if not c.settle(rec):
             return
         err = c.box.get("error")
         if err is not None:
@@ -301,10 +307,7 @@ class Runner:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 rec["victim_gone_already"] = True
-        done = c.join(WATCHDOG)
-        rec["seconds"] = round(c.box.get("t_end", time.monotonic()) - c.box["t0"], 3)
-        if not done:
-            rec.update(outcome="hung")
+        if not c.settle(rec):
             return
         err = c.box.get("error")
         rec["error"] = _error_record(err)
@@ -343,11 +346,7 @@ class Runner:
         rec["ranks_in"] = marks is not None
         t_fault = time.monotonic()
         os.kill(before["pid"], sig)
-        done = c.join(WATCHDOG)
-        rec["seconds"] = round(c.box.get("t_end", time.monotonic()) - c.box["t0"], 3)
-        if not done:
-            rec["outcome"] = "hung"
-        else:
+        if c.settle(rec):
             err = c.box.get("error")
             rec["error"] = _error_record(err)
             rec["latency"] = round(c.box["t_end"] - t_fault, 3)
