@@ -134,7 +134,7 @@ class SidecarPlugin(SchedulerPlugin):
             # The sidecar this plugin starts is never open: without a configured token it gets a
             # fresh one (made here, on the scheduler, so it never travels in the pickled plugin).
             self.token = self.token or secrets.token_urlsafe(32)
-            args = list(self.sidecar_args) or [*config.get("sidecar.args", []), *_serve_args_for(scheduler.address)]
+            args = sidecar_argv(self.sidecar_args, scheduler.address)
             self._state_dir = tempfile.mkdtemp(prefix="dask-pmix-state-")
             self.embedded = EmbeddedSidecar(token=self.token, extra_args=args,
                                             log_path=self.sidecar_log or config.get("sidecar.log"),
@@ -719,6 +719,14 @@ def _membership_mistake(scheduler, workers: list[str] | None, n: int | None) -> 
         return (f"{', '.join(unknown)} {'is not a worker' if len(unknown) == 1 else 'are not workers'} of this "
                 "cluster: pass addresses from client.scheduler_info()['workers']")
     return None
+
+
+def sidecar_argv(given: list[str], scheduler_address: str) -> list[str]:
+    """The embedded sidecar's arguments: those derived from the scheduler's address and the
+    configuration, then the given ones (or, if none, `dask-pmix.sidecar.args`). serve takes the
+    last value of an option, so given arguments override derived ones without dropping the rest
+    (a listener on the scheduler's routable address, the pool's size and cohorts)."""
+    return [*_serve_args_for(scheduler_address), *(list(given) or config.get("sidecar.args", []))]
 
 
 def _serve_args_for(scheduler_address: str) -> list[str]:

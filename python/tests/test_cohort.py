@@ -65,7 +65,7 @@ def test_a_cohort_shares_memory_with_nothing_but_open_mpis_shared_memory_transpo
     # Only the self and sm transports: a communicator over the members can carry data only if
     # Open MPI put them on one node and moves bytes through shared memory.
     only_sm = ["--ompi-env", "OMPI_MCA_btl=self,sm", "--ompi-env", "OMPI_MCA_pml=ob1",
-               "--ompi-env", "OMPI_MCA_mpi_yield_when_idle=1", "--pool-cohort", "1"]  # given args replace the config's
+               "--ompi-env", "OMPI_MCA_mpi_yield_when_idle=1", "--pool-cohort", "1"]  # given args override the config's
     cluster, client, sidecar = start_cluster(4, sidecar_args=only_sm)
     try:
         wait_pool_ready(sidecar, 4)

@@ -83,3 +83,19 @@ def test_the_schema_describes_every_key_and_nothing_else():
             yield from leaves(v) if v.get("type") == "object" else [v]
 
     assert all(leaf.get("description") for leaf in leaves(schema))
+
+
+def test_given_sidecar_args_override_the_derived_ones_without_dropping_them():
+    from dask_pmix.plugin import sidecar_argv
+
+    with dask.config.set({"dask-pmix.pool.size": 64, "dask-pmix.pool.cohort": 1,
+                          "dask-pmix.sidecar.args": ["--log-level", "debug"]}):
+        derived = sidecar_argv([], "tcp://10.1.2.3:8786")
+        given = sidecar_argv(["--pool-size", "8", "--log-level", "info"], "tcp://10.1.2.3:8786")
+    # A scheduler on a routable address: the ranks reach the sidecar there.
+    assert derived[:4] == ["--pmix-if", "10.1.2.3", "--pmi-host", "10.1.2.3"]
+    assert derived[-2:] == ["--log-level", "debug"] and "--pool-cohort" in derived
+    # Given arguments replace the configured extra ones and come last (serve takes an option's
+    # last value), and the listeners, pool size and cohort stay.
+    assert given[:len(derived) - 2] == derived[:-2]
+    assert given[len(derived) - 2:] == ["--pool-size", "8", "--log-level", "info"]
