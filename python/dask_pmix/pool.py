@@ -50,6 +50,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from .activation import GATE
+
 # The environment before the pool's variables were set: what a child started for a fork-mode job
 # gets (the pool's PMIx identity is this process's, not the child's).
 _environ_before: dict[str, str] | None = None
@@ -77,7 +79,8 @@ class Pool:
         with self._lock:  # the WORLD group handle is shared; the collective itself runs unlocked
             group = self.world.Incl(list(ranks))
         try:
-            return self.MPI.Intracomm.Create_from_group(group, stringtag=tag, errhandler=self.MPI.ERRORS_RETURN)
+            with GATE.building():  # no other MPI progress of ours meanwhile (activation.py)
+                return self.MPI.Intracomm.Create_from_group(group, stringtag=tag, errhandler=self.MPI.ERRORS_RETURN)
         finally:
             group.Free()
 

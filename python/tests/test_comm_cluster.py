@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 
 import numpy as np
@@ -202,3 +203,52 @@ def test_worker_added_later_carries_its_traffic_over_mpi(mpi_cluster):
     assert client.submit(lambda x: int(x.sum()), back, workers=[src], pure=False).result(timeout=120) == 32 << 20
     s = client.run(dask_pmix.comm_stats, workers=[new])[new]
     assert s["mpi"]["bytes_received"] >= 64 << 20 and s["mpi"]["bytes_sent"] >= 32 << 20, s
+
+
+def _job_body(comm):
+    comm.Barrier()
+    x = np.full(1 << 16, comm.rank, dtype="f8")
+    y = np.empty_like(x)
+    comm.Allreduce(x, y)
+    return float(y[0])
+
+
+def test_mpi_jobs_on_workers_whose_dask_data_moves_over_mpi_meanwhile(mpi_cluster):
+    # The engine progresses MPI in every worker while jobs build their communicators there: before
+    # the activation gate, 2 runs of this loop hung a job's MPI_Comm_create_from_group (at the 14th
+    # and 18th job), where with it 300 jobs beside 1,100 transfers ran clean.
+    from dask_pmix import run_mpi
+
+    _, client = mpi_cluster
+    workers = sorted(client.scheduler_info()["workers"])
+    stop, moved, errors = threading.Event(), [], []
+
+    def traffic(seed):
+        rng = np.random.default_rng(seed)
+        while not stop.is_set():
+            a, b = rng.choice(workers, 2, replace=False)
+            try:
+                x = client.submit(np.ones, 4 << 20, dtype="u1", workers=[a], pure=False)
+                moved.append(client.submit(lambda v: int(v[:8].sum()), x, workers=[b], pure=False).result(timeout=60))
+            except Exception as exc:  # noqa: BLE001 - counted below
+                errors.append(repr(exc))
+                return
+
+    def mpi_bytes():
+        return sum(client.run(lambda: dask_pmix.comm_stats()["mpi"]["bytes_received"]).values())
+
+    before = mpi_bytes()
+    threads = [threading.Thread(target=traffic, args=(i,), daemon=True) for i in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        rng = np.random.default_rng(7)
+        for i in range(30):
+            members = sorted(rng.choice(workers, int(rng.integers(2, 5)), replace=False))
+            assert run_mpi(client, _job_body, workers=members, timeout=40) == [float(sum(range(len(members))))] * len(members), i
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(70)
+    assert errors == [] and len(moved) >= 10, (errors, len(moved))
+    assert mpi_bytes() - before >= 10 * (4 << 20)  # the data did move over MPI meanwhile

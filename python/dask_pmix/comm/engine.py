@@ -25,6 +25,8 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from ..activation import GATE
+
 logger = logging.getLogger(__name__)
 
 SPIN_SECONDS = 0.002       # poll without sleeping this long after the last post or completion
@@ -132,13 +134,18 @@ class Engine:
         last_progress = last_post = time.monotonic()
         backoff = BACKOFF_MIN
         while not self._stop:
-            if self._take_inbox():
-                last_progress = last_post = time.monotonic()
-                backoff = BACKOFF_MIN
-            if self._drains and time.monotonic() >= self._next_drain:
-                self._probe_drains()
-            if self._requests:
-                if self._test():
+            # Never while a communicator is being built in this process (see activation.py).
+            with GATE.progress():
+                if self._stop:
+                    break
+                if self._take_inbox():
+                    last_progress = last_post = time.monotonic()
+                    backoff = BACKOFF_MIN
+                if self._drains and time.monotonic() >= self._next_drain:
+                    self._probe_drains()
+                tested = self._test() if self._requests else False
+            if self._requests or tested:
+                if tested:
                     last_progress = time.monotonic()
                     backoff = BACKOFF_MIN
                     continue
