@@ -149,7 +149,14 @@ export function pmixHandlers({ rm, clients, log }: PmixHandlerOptions): UpcallHa
     },
 
     async localEvent({ status, source, info: items }) {
-      if (status !== Status.ERR_LOST_CONNECTION && status !== Status.ERR_UNREACH && status !== Status.ERR_PROC_TERM_WO_SYNC) return;
+      // Only libpmix's own word that a connection dropped says that a process is gone.
+      // PROC_TERM_WO_SYNC (registered too) comes from Open MPI's fault tolerance in a *living*
+      // process: one whose TCP link to a peer broke relays its verdict to every local client, as
+      // the event's source, naming the peer (EVENT_AFFECTED_PROC). Counting that source as gone
+      // took a living pool rank off the attached clients, and the next failed job's notice then
+      // named it dead to the others, who marked it failed for good: a later job on the survivors
+      // failed with MPI_ERR_PROC_FAILED naming it while it waited in MPI_Comm_dup forever.
+      if (status !== Status.ERR_LOST_CONNECTION && status !== Status.ERR_UNREACH) return;
       // libpmix batches losses inside its event window: the first proc is the source, the
       // others come as PMIX_PROCID entries.
       const procs: Proc[] = source ? [source] : [];
@@ -157,9 +164,7 @@ export function pmixHandlers({ rm, clients, log }: PmixHandlerOptions): UpcallHa
       for (const p of procs) {
         clients?.lost(p.nspace, p.rank);
         if (rm.isPoolNamespace(p.nspace)) {
-          // A pool rank's connection drops only when its worker process dies. Only libpmix's own
-          // word counts: with fault tolerance on, a pool rank that sees a peer fail notifies
-          // PROC_TERM_WO_SYNC itself, as the source, naming the peer.
+          // A pool rank's connection drops only when its worker process dies.
           if (status !== Status.ERR_LOST_CONNECTION) continue;
           log?.('warn', 'a worker process in the pool died', { nspace: p.nspace, rank: p.rank, status });
           try {

@@ -4,6 +4,7 @@ import { Keys, PmixError, Rank, Status, info, v, type Info, type UpcallHandlers 
 import { ManualClock, ResourceManager, type Job } from '../../src/rm/index.js';
 import { defaultPolicy } from '../../src/policy/index.js';
 import { pmixHandlers } from '../../src/service/pmix-handlers.js';
+import { PmixClients } from '../../src/service/pmix-clients.js';
 import { RecordingBackend } from '../rm/fake-backend.js';
 
 let rm: ResourceManager;
@@ -106,6 +107,21 @@ describe('fence, name service, abort, lifecycle', () => {
     // Other events and unknown namespaces are ignored.
     await h.localEvent({ status: Status.ERR_LOST_CONNECTION, source: { nspace: 'other', rank: 0 }, info: [] });
     await h.localEvent({ status: Status.ERR_TIMEOUT, source: p(0), info: [] });
+  });
+
+  it('keeps the source of a PROC_TERM_WO_SYNC attached: it is the living process that saw a peer fail', async () => {
+    const clients = new PmixClients();
+    h = pmixHandlers({ rm, clients }) as typeof h;
+    await h.clientConnected({ proc: p(0), info: [] });
+    await h.clientConnected({ proc: p(1), info: [] });
+    // Open MPI's fault tolerance in rank 0 relays that rank 1 failed (its TCP link broke).
+    await h.localEvent({ status: Status.ERR_PROC_TERM_WO_SYNC, source: p(0), info: [info(Keys.EVENT_AFFECTED_PROC, v.proc(p(1)))] });
+    expect(clients.snapshot()[job.namespace]).toEqual([0, 1]);
+    expect(job.members.map((m) => m.state)).toEqual(['connected', 'connected']);
+    // libpmix's own word that rank 1's connection dropped is what counts.
+    await h.localEvent({ status: Status.ERR_LOST_CONNECTION, source: p(1), info: [] });
+    expect(clients.snapshot()[job.namespace]).toEqual([0]);
+    expect(job.members.map((m) => m.state)).toEqual(['connected', 'lost']);
   });
 
   it('does not spawn, control jobs, or serve a direct modex', async () => {

@@ -1,0 +1,87 @@
+"""Open MPI in-process jobs after a member was killed mid-job: the survivors run later jobs.
+
+With fault tolerance on, a survivor whose TCP link to the dead member breaks relays that to every
+pool process through the PMIx server (PROC_TERM_WO_SYNC, itself as the source). The sidecar once
+took that source for a process gone; the next failed job's notice then named the living survivor
+dead to the others, who marked it failed for good: a later job on the survivors failed with
+MPI_ERR_PROC_FAILED naming it, while it waited in MPI_Comm_dup (mpi4py's first lowercase
+collective dups the communicator) holding the interpreter lock, its worker frozen."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from dask_pmix import MPIJobError, run_mpi
+
+from .conftest import IMPL, start_cluster
+from .test_inprocess import last_job, wait_pool_ready, workers_of
+from .test_run_mpi import seconds_until_failed
+
+pytestmark = pytest.mark.skipif(IMPL != "openmpi", reason="fault tolerance (ULFM) is Open MPI's")
+
+
+def long_barriers(comm):
+    for _ in range(1000):
+        comm.Barrier()
+        time.sleep(0.01)
+    return comm.rank
+
+
+def ranks_and_sum(comm):
+    # Lowercase: mpi4py dups the communicator first (MPI_Comm_dup, a collective over it).
+    return comm.rank, comm.allreduce(comm.rank)
+
+
+def test_survivors_of_members_killed_mid_job_run_later_jobs():
+    cluster, client, sidecar = start_cluster(4)
+    try:
+        for round_ in range(3):
+            wait_pool_ready(sidecar, 4)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and (len(workers_of(client)) < 4 or any(
+                    w["state"] != "available" for w in sidecar.workers())):
+                time.sleep(0.1)
+            workers = workers_of(client)
+            assert len(workers) == 4
+            pids = client.run(os.getpid)
+            victim = workers[round_ % 3 + 1]
+            survivors = [w for w in workers if w != victim]
+            outcome: dict = {}
+
+            def run() -> None:
+                try:
+                    outcome["results"] = run_mpi(client, long_barriers, workers=workers, timeout=60)
+                except MPIJobError as e:
+                    outcome["error"] = e
+
+            t = threading.Thread(target=run)
+            t.start()
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not any(j["state"] == "running" for j in sidecar.jobs()):
+                time.sleep(0.02)
+            time.sleep(0.3)
+            job = last_job(sidecar)
+            assert job["state"] == "running" and job["mode"] == "inprocess"
+            os.kill(pids[victim], signal.SIGKILL)
+            assert seconds_until_failed(sidecar, job["id"]) < 2.0
+            t.join(60)
+            assert "error" in outcome, outcome
+            # Later jobs on the survivors, in changing order and membership: every one succeeds
+            # and no survivor is restarted (their MPI state is intact).
+            for members in (survivors, survivors[::-1], survivors[:2], survivors[1:], survivors):
+                try:
+                    results = run_mpi(client, ranks_and_sum, workers=members, timeout=20)
+                except MPIJobError as e:
+                    pytest.fail(f"round {round_}: a later job on the survivors {members} failed: {e}")
+                n = len(members)
+                assert results == [(r, n * (n - 1) // 2) for r in range(n)]
+                assert last_job(sidecar)["mode"] == "inprocess"
+            assert all(w in workers_of(client) for w in survivors)
+    finally:
+        client.close()
+        cluster.close()
