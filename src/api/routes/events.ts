@@ -6,7 +6,6 @@
 // of the sidecar), the stream starts with a `resync` event: the reader must re-read its state.
 // A reader that falls too far behind gets an `overflow` event and the stream ends.
 import sseModule, { type fastifySSE } from '@fastify/sse';
-import { once } from 'node:events';
 import type { FastifyPluginAsync, FastifyReply } from 'fastify';
 import type { SequencedEvent } from '../../rm/events.js';
 import { HttpError } from '../errors.js';
@@ -103,9 +102,25 @@ async function streamSse(reply: FastifyReply, feed: EventFeed, gap: { since: num
   out.onClose(() => feed.close());
   out.sendHeaders(200);
   reply.raw.write(': dask-pmix events\n\n');
-  // A write waits for the socket to drain; a socket destroyed meanwhile never drains.
-  const gone = once(reply.raw, 'close').then(() => undefined);
-  const send = (m: { id?: string; event: string; data: string }) => Promise.race([out.send(m), gone]);
+  // A write waits for the socket to drain; a socket destroyed meanwhile never drains. Each
+  // write races a wake of its own: racing one promise for the stream's life left a reaction on
+  // it per event, held until the reader went (the plugin's stream lives as long as the sidecar:
+  // about 8 KB per job).
+  let closed = false;
+  let wake: (() => void) | undefined;
+  reply.raw.once('close', () => {
+    closed = true;
+    wake?.();
+  });
+  const send = async (m: { id?: string; event: string; data: string }) => {
+    if (closed) return;
+    const closing = new Promise<void>((resolve) => (wake = resolve));
+    try {
+      await Promise.race([out.send(m), closing]);
+    } finally {
+      wake = undefined;
+    }
+  };
   try {
     if (gap) {
       const message = `events after ${gap.since} are no longer held (the oldest is ${gap.oldestSeq}): re-read the state`;
@@ -131,9 +146,20 @@ async function streamFrames(reply: FastifyReply, feed: EventFeed): Promise<void>
   raw.writeHead(200, { 'content-type': 'application/x-protobuf', 'cache-control': 'no-cache', connection: 'keep-alive', 'x-accel-buffering': 'no' });
   raw.flushHeaders();
   for (let e = await feed.next(); e && !raw.destroyed; e = await feed.next()) {
-    if (!raw.write(pb.Event.encodeDelimited(eventMsg(e)).finish())) {
-      await Promise.race([once(raw, 'drain'), once(raw, 'close')]);
-    }
+    if (!raw.write(pb.Event.encodeDelimited(eventMsg(e)).finish())) await drainedOrClosed(raw);
   }
   raw.end();
+}
+
+/** Resolves on 'drain' or 'close', whichever comes first, and leaves neither listener behind. */
+function drainedOrClosed(raw: NodeJS.EventEmitter): Promise<void> {
+  return new Promise((resolve) => {
+    const done = () => {
+      raw.off('drain', done);
+      raw.off('close', done);
+      resolve();
+    };
+    raw.on('drain', done);
+    raw.on('close', done);
+  });
 }
