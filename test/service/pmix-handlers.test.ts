@@ -1,7 +1,7 @@
 // The PMIx upcall handlers against the real core, without libpmix: what each upcall answers.
 import { beforeEach, describe, expect, it } from 'vitest';
 import { Keys, PmixError, Rank, Status, info, v, type Info, type UpcallHandlers } from '../../src/pmix/index.js';
-import { ManualClock, ResourceManager, type Job } from '../../src/rm/index.js';
+import { ManualClock, ResourceManager, type Job, type PoolBackend } from '../../src/rm/index.js';
 import { defaultPolicy } from '../../src/policy/index.js';
 import { pmixHandlers } from '../../src/service/pmix-handlers.js';
 import { PmixClients } from '../../src/service/pmix-clients.js';
@@ -61,6 +61,29 @@ describe('group', () => {
     const b = await h.group({ op: 'construct', group: 'g', procs: [p(0), p(1)], directives: dirs });
     expect(b[0]).toEqual(info(Keys.GROUP_CONTEXT_ID, v.size(0xfffffffe)));
     expect(await h.group({ op: 'destruct', group: 'g', procs: [p(0), p(1)], directives: [] })).toEqual([]);
+  });
+
+  it('gives no endpoint data back for a group of pool ranks (libpmix would keep a copy per job)', async () => {
+    // libpmix stores what comes back, qualified by the new context id, and never frees it: every
+    // in-process job added its members' endpoint data to the pool namespace (about 50 KB for
+    // four ranks) and slowed every later store. Pool ranks are all this server's clients already.
+    const pool: PoolBackend = {
+      uid: 1000, gid: 1000,
+      async open() {},
+      rankEnv: () => ({}),
+      async setUser() {},
+      async notifyJobEnded() {},
+      async close() {},
+    };
+    const prm = new ResourceManager({ clock: new ManualClock(), backends: [new RecordingBackend(['openmpi'])], policy: defaultPolicy(), pool: { size: 8, backend: pool } });
+    await prm.pool!.start();
+    const seat = prm.registerWorker({ id: 'w', host: 'h' }).pool!;
+    expect(prm.isPoolNamespace(seat.namespace)).toBe(true);
+    const ph = pmixHandlers({ rm: prm }) as typeof h;
+    const endpt = info(Keys.GROUP_ENDPT_DATA, v.bytes(Buffer.from('ep')));
+    const procs = [{ nspace: seat.namespace, rank: 0 }, { nspace: seat.namespace, rank: 1 }];
+    const out = await ph.group({ op: 'construct', group: 'not-a-job', procs, directives: [info(Keys.GROUP_ASSIGN_CONTEXT_ID, v.bool(true)), endpt] });
+    expect(keysOf(out)).toEqual([Keys.GROUP_CONTEXT_ID, Keys.GROUP_MEMBERSHIP]);
   });
 
   it('refuses a group of an unknown namespace', async () => {
