@@ -129,6 +129,9 @@ def _child(fd: int, env: dict, tag: str, impl: str, fn: Callable, args: tuple, k
         # MPICH / Intel MPI: bind the PMI connection with the job's credential (no-op otherwise).
         pmi_connect.bind(os.environ)
         session, comm = connect(MPI, tag, impl)
+        # The segments MPI just mapped, for the worker to remove should this process die
+        # before it unlinks them (see _Segments).
+        _send(fd, ("shm", sorted(_shm_segments(os.getpid()))))
         try:
             value = fn(comm, *args, **kwargs)
         except BaseException as exc:
@@ -150,21 +153,30 @@ def _child(fd: int, env: dict, tag: str, impl: str, fn: Callable, args: tuple, k
 
 
 class _Reader:
-    def __init__(self):
+    """The messages of the rank's pipe: "shm" reports (the segments it mapped), then its result."""
+
+    def __init__(self, on_shm: Callable[[list], None]):
         self.buf = bytearray()
         self.message: Any = None
         self.complete = False
+        self.on_shm = on_shm
 
     def feed(self, data: bytes) -> None:
         self.buf += data
-        if not self.complete and len(self.buf) >= _HEADER.size:
+        while not self.complete and len(self.buf) >= _HEADER.size:
             (n,) = _HEADER.unpack_from(self.buf)
-            if len(self.buf) >= _HEADER.size + n:
-                self.message = pickle.loads(bytes(self.buf[_HEADER.size:_HEADER.size + n]))
+            if len(self.buf) < _HEADER.size + n:
+                return
+            message = pickle.loads(bytes(self.buf[_HEADER.size:_HEADER.size + n]))
+            del self.buf[:_HEADER.size + n]
+            if message[0] == "shm":
+                self.on_shm(message[1])
+            else:
+                self.message = message
                 self.complete = True
 
 
-def _shm_segments(pid: int) -> set[str]:
+def _shm_segments(pid: int | str) -> set[str]:
     """The /dev/shm files a process has mapped (its MPI library's shared-memory segments)."""
     try:
         with open(f"/proc/{pid}/maps") as f:
@@ -174,11 +186,40 @@ def _shm_segments(pid: int) -> set[str]:
         return set()
 
 
-def _kill(pid: int) -> None:
-    # A rank killed mid-job never unlinks its MPI library's segments (MPICH's mpich_shm_* stay
-    # behind): note them first, remove them once the rank is gone. The other ranks of the job,
-    # the only other users, are failing too; a mapping survives the unlink anyway.
-    segments = _shm_segments(pid)
+class _Segments:
+    """The /dev/shm segments of one rank's process, removed when it ends without finishing.
+
+    An MPI library unlinks its shared-memory segments when its last local rank finalizes (MPICH's
+    mpich_shm_<world>_<node>, named after the job, not the process); a rank killed or aborted
+    before that leaves them behind for good. Their names are learnt while the rank lives: it
+    reports what it mapped once MPI is up (before the job's function runs), and the worker looks
+    at its maps again at each poll. The worker's own mappings (a forked rank inherits them) are
+    never removed. The job's other ranks, the only other users, are failing with it; a mapping
+    outlives the unlink anyway."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.paths: set[str] = set()
+
+    def add(self, paths) -> None:
+        self.paths.update(p for p in paths if isinstance(p, str) and p.startswith("/dev/shm/"))
+
+    def look(self) -> None:
+        self.add(_shm_segments(self.pid))
+
+    def remove(self) -> list[str]:
+        removed = []
+        for path in sorted(self.paths - _shm_segments("self")):
+            try:
+                os.unlink(path)
+                removed.append(path)
+            except OSError:
+                pass
+        return removed
+
+
+def _kill(pid: int, segments: _Segments) -> None:
+    segments.look()
     try:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
@@ -187,11 +228,7 @@ def _kill(pid: int) -> None:
         os.waitpid(pid, 0)
     except ChildProcessError:
         pass
-    for path in segments:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
+    segments.remove()
 
 
 def _exit_description(status: int) -> str:
@@ -297,7 +334,8 @@ def _run_rank(job_id, rank, worker, env, impl, fn, args, kwargs, job_state, time
             os.close(r)
             _child(w, env, tag, impl, fn, args, kwargs or {})
     os.close(w)
-    reader = _Reader()
+    segments = _Segments(pid)
+    reader = _Reader(segments.add)
     deadline = None if timeout is None else time.monotonic() + timeout
     finalize_deadline: float | None = None  # set once the result is in: the child finalizes
     next_poll = 0.0
@@ -322,12 +360,15 @@ def _run_rank(job_id, rank, worker, env, impl, fn, args, kwargs, job_state, time
                 exit_status = status
                 while data := os.read(r, 1 << 20):  # what the child wrote before it exited
                     reader.feed(data)
+                finished = reader.complete and reader.message[0] == "ok"
+                if not (finished and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0):
+                    segments.remove()
                 break
             now = time.monotonic()
             if reader.complete and finalize_deadline is None:
                 finalize_deadline = now + finalize_grace
             if finalize_deadline is not None and now > finalize_deadline:
-                _kill(pid)  # the result is in; a finalize that hangs must not hold the worker
+                _kill(pid, segments)  # the result is in; a finalize that hangs must not hold the worker
                 break
             if deadline is not None and now > deadline and not reader.complete:
                 # Its own deadline: the sidecar hears the timeout before the kill, whose closed
@@ -335,13 +376,14 @@ def _run_rank(job_id, rank, worker, env, impl, fn, args, kwargs, job_state, time
                 err = MPIJobError(f"timed out after {timeout:g} s", job_id=job_id, rank=rank, worker=worker,
                                   origin="rank")
                 report_lost(err.reason)
-                _kill(pid)
+                _kill(pid, segments)
                 raise err
             if now >= next_poll:
                 next_poll = now + poll_interval
+                segments.look()
                 state = job_state()
                 if state.get("state") in ("failed", "aborted"):
-                    _kill(pid)
+                    _kill(pid, segments)
                     if not reader.complete:
                         raise MPIJobError(state.get("error") or f"the job was {state.get('state')}",
                                           job_id=job_id, rank=rank, worker=worker)

@@ -296,3 +296,42 @@ def test_jobs_of_a_client_that_goes_away_are_released(dask_cluster, impl):
     assert {w["state"] for w in sidecar.workers()} == {"available"}
     # An active job is deleted (aborted and forgotten), so it is no longer listed as active.
     assert not [j for j in sidecar.jobs() if j["id"] == created["job"]["id"] and j["state"] in ("pending", "wiring", "running")]
+
+
+def _maps_shm_then_dies(comm, how, listing):
+    """Writes the /dev/shm files this rank's MPI library mapped (not its worker's), meets the
+    others, then dies without finalizing: killed, or MPI_Abort."""
+    def shm(pid):
+        with open(f"/proc/{pid}/maps") as f:
+            return {line.split(None, 5)[5].strip() for line in f
+                    if len(line.split(None, 5)) == 6 and line.split(None, 5)[5].startswith("/dev/shm/")}
+
+    if comm.rank == comm.size - 1:
+        with open(listing, "w") as f:
+            f.write("\n".join(sorted(shm("self") - shm(os.getppid()))))
+    comm.Barrier()
+    if comm.rank == comm.size - 1:
+        if how == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        comm.Abort(3)
+    comm.Barrier()
+
+
+@pytest.mark.parametrize("how", ["kill", "abort"])
+@pytest.mark.parametrize("n", [1, 2])
+def test_a_fork_rank_that_dies_leaves_no_shm_segment(dask_cluster, impl, tmp_path, n, how):
+    """A rank killed or aborted never unlinks its MPI library's shared-memory segments (MPICH's
+    mpich_shm_*: 12 were left after the soak): its worker removes them. Only the files this
+    test's rank mapped are looked at."""
+    _, client, sidecar = dask_cluster
+    listing = tmp_path / "shm.txt"
+    with pytest.raises(MPIJobError):
+        run_mpi(client, _maps_shm_then_dies, how, str(listing), n=n, impl=impl, mode="fork", timeout=60)
+    mapped = [p for p in listing.read_text().split("\n") if p]
+    if impl == "mpich":
+        assert any(os.path.basename(p).startswith("mpich_shm_") for p in mapped), mapped
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(os.path.exists(p) for p in mapped):
+        time.sleep(0.1)
+    assert [p for p in mapped if os.path.exists(p)] == []
+    assert run_mpi(client, allreduce_ranks, n=2, impl=impl, mode="fork")[0]["total"] == 1
