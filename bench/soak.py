@@ -215,7 +215,8 @@ def violations_of(result: dict, records: list[dict]) -> list[str]:
             what = "the next job after a fault" if r.get("follows") is not None else "a healthy job"
             v.append(f"{where}: {what} did not succeed: {r['outcome']} {json.dumps(r.get('error') or r.get('result'))}")
         elif r["fault"] not in (None, "silent") and r["outcome"] != "failed-as-promised":
-            v.append(f"{where}: {r['outcome']} (latency {r.get('latency')} s, bound {r.get('bound')} s): "
+            timeline = f", timeline {json.dumps(r['timeline'])}" if r.get("timeline") else ""
+            v.append(f"{where}: {r['outcome']} (latency {r.get('latency')} s, bound {r.get('bound')} s{timeline}): "
                      f"{json.dumps(r.get('error'))}")
         rec = r.get("recovery")
         if rec is not None:

@@ -65,6 +65,7 @@ def call(cluster: DaskCluster, fn: Callable, args: tuple, *, n: int, impl: str, 
 
     def target() -> None:
         box["t0"] = time.monotonic()
+        box["wall_t0"] = time.time()
         try:
             if submit:
                 futures = submit_mpi(cluster.client, fn, *args, n=n, impl=impl, mode=mode, timeout=timeout)
@@ -80,6 +81,24 @@ def call(cluster: DaskCluster, fn: Callable, args: tuple, *, n: int, impl: str, 
     c = Call(t, box)
     t.start()
     return c
+
+
+def _timeline(cluster: DaskCluster, job_id: str, box: dict) -> dict:
+    """When the job was created, started (every member in: its timeout runs from there), ended
+    and released, and when the call returned, in seconds from the call's start (the sidecar's
+    clock is this machine's): says whether a late failure came before or after the timeout."""
+    from datetime import datetime
+
+    try:
+        job = cluster.rest.job(job_id)
+    except Exception as e:  # noqa: BLE001 - forgotten already, or the sidecar restarting
+        return {"error": str(e)[:200]}
+    out = {}
+    for key in ("createdAt", "startedAt", "endedAt", "releasedAt"):
+        if job.get(key):
+            out[key] = round(datetime.fromisoformat(job[key].replace("Z", "+00:00")).timestamp() - box["wall_t0"], 3)
+    out["returned"] = round(box["wall_end"] - box["wall_t0"], 3)
+    return out
 
 
 def _error_record(e: BaseException | None) -> dict | None:
@@ -323,6 +342,8 @@ class Runner:
         elif how.startswith("hang"):
             rec["latency"] = rec["seconds"]
             rec["bound"] = HANG_BOUND
+            if isinstance(err, MPIJobError) and err.job_id:
+                rec["timeline"] = _timeline(cluster, err.job_id, c.box)
             rec["says_timeout"] = err is not None and bool(re.search(r"time(d)? ?out", str(err), re.I))
         ok = isinstance(err, MPIJobError) and "latency" in rec and rec["latency"] <= rec["bound"]
         if how.startswith("hang"):
