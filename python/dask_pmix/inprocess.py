@@ -194,6 +194,13 @@ def _exit(job_id: str) -> None:
         _members_cond.notify_all()
 
 
+def running(job_id: str) -> bool:
+    """Whether a member of ``job_id`` still runs in this process (asked by the scheduler plugin,
+    dask_pmix.stuck_members, after the job failed)."""
+    with _members_cond:
+        return job_id in _members
+
+
 def _wait_for_earlier_jobs(job_id: str, bound: float) -> list[str]:
     """Waits until no member of another job runs in this process; the jobs still there after
     ``bound`` seconds. Those jobs have ended (a worker is in one job at a time), so their

@@ -23,6 +23,7 @@ from . import config, http
 from .embedded import EmbeddedSidecar
 from .errors import SidecarError
 from .rest import SidecarClient
+from .stuck_members import StuckMembers
 
 logger = logging.getLogger("dask_pmix")
 
@@ -113,6 +114,8 @@ class SidecarPlugin(SchedulerPlugin):
         self._released: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._release_waiters: dict[str, set[asyncio.Future]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Members of failed in-process jobs still stuck later are restarted from here (see there).
+        self._stuck: StuckMembers | None = None
 
     # The plugin is pickled on its way to the scheduler: send the configuration only.
     _CONFIG = ("url", "token", "sidecar_args", "sidecar_log", "pool")
@@ -128,6 +131,7 @@ class SidecarPlugin(SchedulerPlugin):
     async def start(self, scheduler) -> None:
         self.scheduler = scheduler
         self._loop = asyncio.get_running_loop()
+        self._stuck = StuckMembers(scheduler, self.restart_worker)
         self.url = self.url or config.get("sidecar.url")
         self.token = self.token or config.get("sidecar.token")
         if not self.url:
@@ -187,6 +191,8 @@ class SidecarPlugin(SchedulerPlugin):
         # sidecar, which is about to stop (an embedded one) or keeps its own state (a shared one).
         self._closed = True
         self._stop.set()
+        if self._stuck is not None:
+            self._stuck.close()
         if self._background:
             await asyncio.wait(list(self._background), timeout=5)
         if self._waits is not None:
@@ -631,6 +637,17 @@ class SidecarPlugin(SchedulerPlugin):
         else:
             self._forget(job_id)
             self._wake_joiners(job_id)
+            if job.get("mode") == "inprocess" and changed.get("to") in ("failed", "aborted"):
+                self._check_stuck(job_id, [m["workerId"] for m in job.get("members", [])])
+
+    def _check_stuck(self, job_id: str, workers: list[str]) -> None:
+        """From the event thread: the failed in-process job's members are checked a little later."""
+        if self._stuck is None or self._closed or self._loop is None or self._loop.is_closed():
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._stuck.job_ended, job_id, workers)
+        except RuntimeError:  # the loop closed meanwhile
+            pass
 
     def _resync(self) -> None:
         active = {j["id"]: {m["workerId"] for m in j.get("members", [])}

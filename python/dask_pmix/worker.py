@@ -25,6 +25,7 @@ from distributed.comm.core import CommClosedError
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from . import inprocess, pool, worker_mpi
+from .stuck_members import HANDLER
 
 logger = logging.getLogger("dask_pmix")
 
@@ -103,6 +104,10 @@ def pool_capable(version: str) -> str | None:
     return f"the worker's MPI library has no in-process pool ({version[:60]})"
 
 
+def _member_running(job_id: str) -> bool:
+    return inprocess.running(job_id)
+
+
 # The worker of this process that owns the process's one MPI session (workers may share a process).
 _claim = threading.Lock()
 _claimed_by: str | None = None
@@ -120,6 +125,8 @@ class PoolPlugin(WorkerPlugin):
         self._task: asyncio.Task | None = None
 
     def setup(self, worker) -> None:
+        # Answered from the event loop, so that no answer means a frozen process (stuck_members).
+        worker.handlers[HANDLER] = _member_running
         self._task = asyncio.ensure_future(self._join(worker))
 
     async def teardown(self, worker) -> None:

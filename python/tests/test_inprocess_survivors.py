@@ -85,3 +85,48 @@ def test_survivors_of_members_killed_mid_job_run_later_jobs():
     finally:
         client.close()
         cluster.close()
+
+
+def fails_or_freezes(comm):
+    if comm.rank == 0:
+        raise RuntimeError("rank 0 fails")
+    # Holds the interpreter lock (PyDLL calls do not release it), as a member stuck in MPI_Comm_dup
+    # did: its worker runs no Python at all, so its own watcher cannot restart it.
+    import ctypes
+
+    ctypes.PyDLL(None).sleep(600)
+
+
+def test_a_member_frozen_holding_the_interpreter_lock_after_its_job_failed_is_restarted():
+    cluster, client, sidecar = start_cluster(4)
+    try:
+        wait_pool_ready(sidecar, 4)
+        workers = workers_of(client)
+        pids = client.run(os.getpid)
+        t0 = time.monotonic()
+        with pytest.raises(MPIJobError, match="rank 0 fails"):
+            run_mpi(client, fails_or_freezes, workers=workers[:2], timeout=60)
+        # The scheduler plugin asks the members 10 s after the job failed and restarts the one
+        # that gives no answer within 10 s through its nanny (generous bound: a loaded machine).
+        deadline = t0 + 60
+        while time.monotonic() < deadline and workers[1] in workers_of(client):
+            time.sleep(0.2)
+        frozen_for = time.monotonic() - t0
+        print(f"the frozen member's worker was replaced after {frozen_for:.1f} s")
+        assert workers[1] not in workers_of(client), "the frozen worker was left frozen"
+        with pytest.raises(ProcessLookupError):
+            for _ in range(100):  # the nanny kills it (after its own bound of a few seconds)
+                os.kill(pids[workers[1]], 0)
+                time.sleep(0.2)
+        assert workers[0] in workers_of(client)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(workers_of(client)) < 4:
+            time.sleep(0.2)
+        wait_pool_ready(sidecar, 4)
+        now = workers_of(client)
+        results = run_mpi(client, ranks_and_sum, workers=now, timeout=30)
+        assert results == [(r, 6) for r in range(4)]
+        assert last_job(sidecar)["mode"] == "inprocess"
+    finally:
+        client.close()
+        cluster.close()
