@@ -64,12 +64,16 @@ export function startRank(cmd: string, args: string[], env: Record<string, strin
   const segments = new Set<string>();
   const note = () => child.pid && shmSegments(child.pid).forEach((f) => segments.add(f));
   const watch = setInterval(note, 200);
+  // Resolved once its output has been read too: 'exit' can come before the last lines a rank
+  // printed reach us ('close'), which made a test miss a rank's final line under load. A rank
+  // whose output stays open after it exited (a child of its own holds it) is not waited for long.
+  const closed = new Promise<void>((resolve) => child.on('close', () => resolve()));
   const exited = new Promise<number | string>((resolve) => {
     child.on('exit', (code, signal) => {
       clearTimeout(timer);
       clearInterval(watch);
       if (code !== 0) segments.forEach((f) => rmSync(f, { force: true }));
-      resolve(code ?? signal ?? -1);
+      void Promise.race([closed, new Promise((r) => setTimeout(r, 5_000))]).then(() => resolve(code ?? signal ?? -1));
     });
   });
   const kill = (signal: NodeJS.Signals = 'SIGKILL') => {

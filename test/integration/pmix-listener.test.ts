@@ -93,7 +93,7 @@ describe('the PMIx listener against connections that jammed it', () => {
     const child = spawn(bin('pmix_client'), ['fence'], { env: cleanEnv(j.envs[0]!), uid: NOBODY, gid: NOBODY, stdio: ['ignore', 'pipe', 'pipe'] });
     let out = '';
     child.stdout.on('data', (d: Buffer) => (out += d.toString()));
-    const code = await new Promise<number | null>((r) => child.on('exit', (c) => r(c)));
+    const code = await new Promise<number | null>((r) => child.on('close', (c) => r(c)));
     // libpmix's PMIx_Init reports every refused connection as PMIX_ERR_UNREACH; the gate said why.
     expect(code, out).toBe(2);
     expect(JSON.parse(out.trim().split('\n')[0]!)).toMatchObject({ error: 'init', status: Status.ERR_UNREACH });

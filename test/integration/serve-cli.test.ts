@@ -101,7 +101,7 @@ describe('dask-pmix serve', () => {
       const child = spawn(join(ROOT, 'bin', 'dask-pmix'), ['serve', '--port', String(port), '--log-level', 'silent'], { stdio: ['ignore', 'pipe', 'pipe'] });
       let err = '';
       child.stderr.on('data', (d: Buffer) => (err += d.toString()));
-      const code = await new Promise<number | null>((r) => child.on('exit', (c) => r(c)));
+      const code = await new Promise<number | null>((r) => child.on('close', (c) => r(c)));
       expect(code).not.toBe(0);
       expect(err).toMatch(/EADDRINUSE/);
     } finally {
@@ -113,7 +113,7 @@ describe('dask-pmix serve', () => {
     const child = spawn(join(ROOT, 'bin', 'dask-pmix'), ['serve', '--port', 'many'], { stdio: ['ignore', 'pipe', 'pipe'] });
     let err = '';
     child.stderr.on('data', (d: Buffer) => (err += d.toString()));
-    const code = await new Promise<number | null>((r) => child.on('exit', (c) => r(c)));
+    const code = await new Promise<number | null>((r) => child.on('close', (c) => r(c)));
     expect(code).not.toBe(0);
     expect(err).toMatch(/--port must be a non-negative number/);
   });
