@@ -15,7 +15,7 @@ import shutil
 import tempfile
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
@@ -479,9 +479,20 @@ class SidecarPlugin(SchedulerPlugin):
         try:
             # Not the loop's default executor (a few threads): the workers that start together all
             # wait here at once while the sidecar gathers them into cohorts.
-            return await asyncio.get_running_loop().run_in_executor(self._waits, self.rest.join_pool, worker, identity)
+            return await self._in_waits(self.rest.join_pool, worker, identity)
         except SidecarError as e:
             return {"error": str(e), "status": e.status}
+
+    async def _in_waits(self, fn: Callable[..., dict], *args: Any) -> dict:
+        """fn(*args) on a thread of the waits pool. A worker asking while the scheduler closes (a
+        restarted one joining the pool) is told so; the pool is shut down by then, and Dask would
+        log the RuntimeError with its traceback."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._waits, fn, *args)
+        except RuntimeError:
+            if not self._closed:
+                raise
+            return {"error": "the scheduler is closing", "status": 503}
 
     async def leave_pool(self, worker: str, reason: str) -> dict:
         await self._registered([worker])
@@ -502,8 +513,7 @@ class SidecarPlugin(SchedulerPlugin):
         and needs everyone's (merge_tree): it joins at the sidecar itself, which holds them."""
         if ports is not None:
             try:
-                return await asyncio.get_running_loop().run_in_executor(
-                    self._waits, self.rest.join_job, job_id, worker, float(wait), ports)
+                return await self._in_waits(self.rest.join_job, job_id, worker, float(wait), ports)
             except SidecarError as e:
                 return {"error": e.message, "status": e.status}
         barrier = self._barriers.get(job_id)

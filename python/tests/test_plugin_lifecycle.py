@@ -65,3 +65,19 @@ def test_a_job_whose_member_env_cannot_be_fetched_is_released_at_once():
                 assert plugin.frozen_workers() == set()
 
     asyncio.run(run())
+
+
+def test_a_worker_joining_the_pool_while_the_scheduler_closes_is_told_so():
+    # A worker restarted during the close asks to join the pool after the plugin shut its wait
+    # threads down: it gets an answer, and Dask logs no "cannot schedule new futures" traceback.
+    import concurrent.futures
+
+    import pytest
+
+    plugin = SidecarPlugin(url="http://127.0.0.1:9")
+    plugin._waits = concurrent.futures.ThreadPoolExecutor(1)
+    plugin._waits.shutdown()
+    with pytest.raises(RuntimeError):  # not closing: a real fault, raised
+        asyncio.run(plugin._in_waits(dict))
+    plugin._closed = True
+    assert asyncio.run(plugin._in_waits(dict)) == {"error": "the scheduler is closing", "status": 503}
