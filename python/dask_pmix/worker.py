@@ -132,6 +132,15 @@ class PoolPlugin(WorkerPlugin):
     async def teardown(self, worker) -> None:
         if self._task is not None and not self._task.done():
             self._task.cancel()
+        from distributed.core import Status
+
+        if worker.status == Status.closing:
+            # Dask stops the heartbeat only after every plugin's teardown; finalizing MPI can take
+            # seconds, and a heartbeat to a scheduler that closed meanwhile logs a traceback.
+            for name in ("heartbeat", "keep-alive"):
+                pc = worker.periodic_callbacks.get(name)
+                if pc is not None:
+                    pc.stop()
         finished = await asyncio.to_thread(pool.close, in_flight=inprocess.in_flight())
         if not finished:
             logger.warning("dask-pmix: finalizing the MPI session did not finish in time")
