@@ -22,8 +22,9 @@ does not hold; --check exits 1 on any):
   - at the end: no frozen worker (sidecar REST and the plugin), the sidecar's workers are Dask's,
     no active job, no PMIx namespace left in the sidecar's tmpdir, no orphaned /dev/shm file of
     the soak's processes, none left once the clusters stop (soaklib/shm.py: a private /dev/shm),
-    no process left behind, and the sidecar's RSS flat (least squares over each process's life
-    after a warm-up).
+    no process left behind, and the sidecar's memory flat: outside V8's heap (RSS minus the heap's
+    size) and the heap in use, each a least-squares line over each process's life after a warm-up
+    (soaklib/rss.py says why not RSS itself, which is reported beside them).
 Prints one JSON document (and writes it to --out): the invariants, the violations, the findings
 (what went wrong, by the fault it followed), the faults by kind, the sidecar's RSS, each job's record.
 """
@@ -252,8 +253,9 @@ def violations_of(result: dict, records: list[dict]) -> list[str]:
     for name, segs in result["rss"].items():
         for seg in segs:
             if seg.get("flat") is False:
-                v.append(f"{name}: sidecar pid {seg['pid']} RSS not flat over jobs {seg['jobs']} ({seg['check']}): "
-                         f"{ {k: seg.get(k) for k in ('rss_mb', 'growth_mb_per_1000_jobs', 'second_half_over_first_mb')} }")
+                grew = {k: g for k, g in seg["checked"].items() if not g["flat"]}
+                v.append(f"{name}: sidecar pid {seg['pid']} memory not flat over jobs {seg['jobs']}: {grew} "
+                         f"(RSS {seg['rss_mb']}, fitted {seg.get('growth_mb_per_1000_jobs')} MB per 1,000 jobs)")
     return v
 
 
@@ -314,9 +316,10 @@ def main() -> int:
         def sample(i: int) -> None:
             for n, c in clusters.items():
                 side = c.sidecar()
-                from soaklib.cluster import rss_kb
+                from soaklib.cluster import rss_kb, sidecar_heap_kb
 
-                rss_samples[n].append({"job": i, "pid": side["pid"], "rss_kb": rss_kb(side["pid"])})
+                heap = sidecar_heap_kb(c.url, c.token)  # then RSS at once, for RSS minus the heap's size
+                rss_samples[n].append({"job": i, "pid": side["pid"], "rss_kb": rss_kb(side["pid"]), **heap})
             s = ledger.sample(f"after job {i}")
             shm_samples.append({"job": i, "files": s["files"], "orphaned": len(s["orphaned"])})
 
@@ -372,7 +375,8 @@ def main() -> int:
                                 for r in records if r["fault"] in ("sidecar-term", "sidecar-kill")]
     result["silent"] = [r["silent"] for r in records if r.get("silent")]
     result["rss"] = {n: segments(s, RSS_WARMUP, RSS_LIMIT_MB, RSS_SHORT_MARGIN_MB) for n, s in rss_samples.items()}
-    result["rss_samples"] = {n: [(s["job"], s["rss_kb"]) for s in ss] for n, ss in rss_samples.items()}
+    result["rss_samples"] = {n: [(s["job"], s["rss_kb"], s.get("heap_total_kb"), s.get("heap_used_kb")) for s in ss]
+                             for n, ss in rss_samples.items()}
     v = violations_of(result, records)
     result["violations"] = v
     result["ok"] = not v
@@ -390,6 +394,10 @@ def main() -> int:
         "rss_flat": {n: [s.get("flat") for s in segs] for n, segs in result["rss"].items()},
         "rss_growth_mb_per_1000_jobs": {n: [s.get("growth_mb_per_1000_jobs") for s in segs]
                                         for n, segs in result["rss"].items()},
+        "native_growth_mb_per_1000_jobs": {n: [s["checked"].get("native", {}).get("growth_mb_per_1000_jobs")
+                                               for s in segs] for n, segs in result["rss"].items()},
+        "heap_used_growth_mb_per_1000_jobs": {n: [s["checked"].get("heap_used", {}).get("growth_mb_per_1000_jobs")
+                                                  for s in segs] for n, segs in result["rss"].items()},
     }
     result["records"] = records
     text = json.dumps(result, indent=1, default=str)

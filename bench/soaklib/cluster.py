@@ -178,5 +178,22 @@ class DaskCluster:
         return {"killed_after_timeout": unclean, "exit_codes": [p.returncode for p in self.procs]}
 
 
+def sidecar_heap_kb(url: str, token: str) -> dict:
+    """The sidecar's V8 heap, its size and what is in use (kB), from its /metrics; {} when it does
+    not answer."""
+    import httpx
+
+    try:
+        text = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {token}"} if token else {}, timeout=5).text
+    except httpx.HTTPError:
+        return {}
+    out = {}
+    for key, metric in (("heap_total_kb", "nodejs_heap_size_total_bytes"), ("heap_used_kb", "nodejs_heap_size_used_bytes")):
+        m = re.search(rf"^{metric} ([0-9.e+]+)$", text, re.M)
+        if m:
+            out[key] = int(float(m.group(1)) / 1024)
+    return out
+
+
 def read_json(path: Path) -> dict:
     return json.loads(path.read_text())
