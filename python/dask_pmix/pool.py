@@ -97,6 +97,11 @@ class World:
     init_seconds: float = 0.0      # MPI_Init_thread, once per process
     epoch: int = 0
     rank: int = 0
+    pmi_fd: int | None = None      # the PMI connection MPI speaks on (pmi_connect.bind)
+    # MPI_Finalize runs on the thread that called MPI_Init_thread (MPI-4.1 11.2.2: "MPI_FINALIZE
+    # ... should be called by the same thread that initialized MPI"); that thread waits for this.
+    _finalize: threading.Event = field(default_factory=threading.Event, repr=False)
+    _finalized: threading.Event = field(default_factory=threading.Event, repr=False)
 
 
 def current(wait: float | None = None) -> "Pool | World | None":
@@ -203,7 +208,8 @@ def _resolve(host: str) -> str:
 def start(seat: dict, env: dict[str, str], address: str | None = None,
           interfaces: str | Sequence[str] | None = None) -> threading.Thread:
     """Sets the pool rank's environment and initialises the session in a background thread.
-    Called once per process (by the worker plugin); ``current(wait=...)`` waits for it.
+    Called once per process (by the worker plugin); ``current(wait=...)`` waits for it (an MPICH
+    world's thread lives on after that, as MPI's main thread, until ``close()``).
 
     ``address``: the IP the worker is reached at; ``interfaces``: the pool setting that pins Open
     MPI's TCP transport (see tcp_interfaces). An OMPI_MCA_btl_tcp_if_include/exclude already in
@@ -261,7 +267,7 @@ def _initialise_world(seat: dict) -> None:
         from .worker_mpi import mpi_module
 
         # MPI cannot send the world's credential itself: this process binds the connection.
-        pmi_connect.bind(os.environ)
+        pmi_fd = pmi_connect.bind(os.environ)
         MPI = mpi_module()
         t0 = time.perf_counter()
         level = MPI.Init_thread(MPI.THREAD_MULTIPLE)
@@ -272,10 +278,41 @@ def _initialise_world(seat: dict) -> None:
         MPI.COMM_WORLD.Set_errhandler(MPI.ERRORS_RETURN)
         MPI.COMM_SELF.Set_errhandler(MPI.ERRORS_RETURN)
         _unlink_own_segments()
-        _set("ready", pool=World(impl=seat["impl"], namespace=seat["namespace"], MPI=MPI,
-                                 init_seconds=time.perf_counter() - t0))
+        world = World(impl=seat["impl"], namespace=seat["namespace"], MPI=MPI, init_seconds=time.perf_counter() - t0,
+                      pmi_fd=pmi_fd)
+        _set("ready", pool=world)
     except BaseException as exc:  # noqa: BLE001 - reported, and the worker goes on in fork mode
         _set("failed", f"{type(exc).__name__}: {exc}")
+        return
+    # This thread is MPI's main thread from now on: it lives until close() asks it to finalize.
+    world._finalize.wait()
+    try:
+        if _pmi_server_gone(world.pmi_fd):
+            # MPICH's MPI_Finalize sends PMI finalize and reads the reply; on a connection the
+            # sidecar has closed (it stopped before this worker closed) the PMI client indexes
+            # the empty reply at [-1] and the process dies of SIGSEGV (MPICH 5.0.2, measured).
+            # The process ends without it, as a worker killed at close does.
+            logging.getLogger("dask_pmix").info("dask-pmix: the sidecar has closed this world's PMI connection; "
+                                                "the MPI world is left unfinalized")
+        else:
+            MPI.Finalize()
+    finally:
+        world._finalized.set()
+
+
+def _pmi_server_gone(fd: int | None) -> bool:
+    """Whether the PMI server has closed ``fd`` (nothing else is ever sent on an idle world's
+    connection, so readable means end of file or a broken connection)."""
+    if fd is None:
+        return False
+    import select
+
+    try:
+        p = select.poll()
+        p.register(fd, select.POLLIN | select.POLLRDHUP)
+        return bool(p.poll(0))
+    except (OSError, ValueError):
+        return True
 
 
 def _unlink_own_segments() -> None:
@@ -317,7 +354,8 @@ def close(timeout: float = 10.0, in_flight: bool = False) -> bool:
             except Exception:  # noqa: BLE001 - one user's failure must not skip the finalize
                 logging.getLogger("dask_pmix").exception("dask-pmix: a pool on_close hook failed")
         if isinstance(pool, World):
-            pool.MPI.Finalize()
+            pool._finalize.set()  # its init thread finalizes (see World)
+            pool._finalized.wait(timeout)
             return
         try:
             pool.world.Free()
@@ -327,4 +365,6 @@ def close(timeout: float = 10.0, in_flight: bool = False) -> bool:
     t = threading.Thread(target=finalize, name="dask-pmix-pool-finalize", daemon=True)
     t.start()
     t.join(timeout)
+    if isinstance(pool, World):
+        return pool._finalized.is_set()
     return not t.is_alive()

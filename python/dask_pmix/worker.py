@@ -132,6 +132,8 @@ class PoolPlugin(WorkerPlugin):
     async def teardown(self, worker) -> None:
         if self._task is not None and not self._task.done():
             self._task.cancel()
+        if _claimed_by not in (None, worker.address):
+            return  # the process's session is another worker's (see _join): it finalizes it
         from distributed.core import Status
 
         if worker.status == Status.closing:
@@ -187,9 +189,9 @@ class PoolPlugin(WorkerPlugin):
             if "error" in answer:
                 logger.warning("dask-pmix: this worker cannot join the MPI pool: %s", answer["error"])
                 return
-            init = pool.start(answer["pool"], answer["env"], address=urlparse(worker.address).hostname,
-                              interfaces=getattr(self, "interfaces", None))
-            await asyncio.to_thread(init.join, self.session_timeout)
+            pool.start(answer["pool"], answer["env"], address=urlparse(worker.address).hostname,
+                       interfaces=getattr(self, "interfaces", None))
+            await asyncio.to_thread(pool.current, self.session_timeout)
             st = pool.status()
             if st["state"] != "ready":
                 reason = st["reason"] if st["state"] == "failed" else f"the MPI session did not start within {self.session_timeout:.0f} s"

@@ -24,6 +24,11 @@ def test_closing_the_scheduler_logs_nothing_from_dask_pmix(caplog):
         while len(await asyncio.to_thread(plugin.rest.workers)) < 2:
             assert asyncio.get_running_loop().time() < deadline
             await asyncio.sleep(0.1)
+        # The workers are attached once this process's MPI session has started (or failed): an
+        # MPICH world whose sidecar hangs up in the middle of MPI_Init_thread dies there (its PMI
+        # client exits the process, or reads the empty reply out of bounds), which is MPICH's.
+        joins = [w.plugins["dask-pmix-pool"]._task for w in workers]
+        await asyncio.wait_for(asyncio.gather(*joins), timeout=deadline - asyncio.get_running_loop().time())
         await client.close()
         await scheduler.close()  # stops the sidecar while the workers are still attached
         for w in workers:
