@@ -147,7 +147,8 @@ class Watcher:
             # MPI_Comm_create_from_group cannot be interrupted: fail the job (every member's watcher
             # then restarts its stuck worker) instead of leaving run_mpi and the workers waiting.
             w.failed_at = now
-            reason = (f"building the job's communicator (MPI_Comm_create_from_group) did not finish within "
+            building = "MPI_Comm_create_from_group" if w.revocable else "the merge tree of connect/accept"
+            reason = (f"building the job's communicator ({building}) did not finish within "
                       f"{w.build_timeout:g} s (dask-pmix.timeouts.communicator)")
             logger.warning("dask-pmix: job %s: %s", w.job_id, reason)
             try:
@@ -380,7 +381,7 @@ def _run_member(job: dict, rank: int, worker: str, fn: Callable, args: tuple, kw
         raise fail(f"this worker is not in the MPI pool: {pool_mod.status()['reason']}")
     if job.get("impl", "openmpi") != "openmpi" or isinstance(p, pool_mod.World):
         return _run_world_member(job=job, rank=rank, fn=fn, args=args, kwargs=kwargs, calls=calls, world=p,
-                                 deadline=deadline, fail=fail)
+                                 deadline=deadline, fail=fail, build_timeout=build_timeout)
     if p.namespace != job["namespace"]:
         raise fail(f"this worker is in pool {p.namespace}, the job in {job['namespace']}")
     ranks = [m["poolRank"] for m in sorted(job["members"], key=lambda m: m["rank"])]
@@ -444,7 +445,8 @@ _stale_ports: list[dict] = []
 
 
 def _run_world_member(*, job: dict, rank: int, fn: Callable, args: tuple, kwargs: dict, calls: SidecarCalls,
-                      world, deadline: float, fail: Callable[..., MPIJobError]) -> Any:
+                      world, deadline: float, fail: Callable[..., MPIJobError],
+                      build_timeout: float | None = None) -> Any:
     """An MPICH / Intel MPI member: the merge tree over the members' worlds, fn, a polled barrier."""
     from . import merge_tree
 
@@ -452,6 +454,13 @@ def _run_world_member(*, job: dict, rank: int, fn: Callable, args: tuple, kwargs
     if not isinstance(world, pool_mod.World) or world.impl != job["impl"]:
         have = getattr(world, "impl", "openmpi")
         raise fail(f"this worker's in-process MPI is {have}, the job is for {job['impl']}")
+    # A member of an earlier job still running here (a cancelled or failed job: MPICH has no revoke
+    # to get it out of MPI) has its worker restarted by the watcher; this job cannot share it.
+    lingering = _wait_for_earlier_jobs(job_id, min(_watcher.grace + 5.0, max(0.0, deadline - time.monotonic())))
+    if lingering:
+        raise fail(f"a rank of an earlier job ({', '.join(lingering)}) was still running in this worker "
+                   f"{_watcher.grace + 5.0:.0f} s after that job ended (its worker is restarted: MPICH cannot "
+                   "revoke its communicator)")
     MPI = world.MPI
     size = len(job["members"])
     ports = merge_tree.open_ports(MPI, rank, size)
@@ -469,25 +478,33 @@ def _run_world_member(*, job: dict, rank: int, fn: Callable, args: tuple, kwargs
         peers = [m.get("ports") or {} for m in answer.get("ports") or []]
         if len(peers) != size:
             raise fail(f"the sidecar sent the ports of {len(peers)} members, not {size}")
-        w = _watcher.watch(job_id, calls, revocable=False)
+        w = _watcher.watch(job_id, calls, build_timeout, revocable=False)
         tree = merge_tree.Tree(MPI, MPI.COMM_SELF)
         try:
+            # Errors are raised after their except blocks: raised inside, they would carry the
+            # (mpi4py) exception being handled as their context, and Dask pickles it to the client.
+            error = None
             try:
                 comm = tree.build(rank, size, peers, timeout=max(1.0, deadline - time.monotonic()))
                 _check_tree(MPI, comm, rank, size, job_id)
             except Exception as exc:  # noqa: BLE001
-                raise fail(f"building the job's communicator failed: {_describe(exc)}", exc) from None
+                error = fail(f"building the job's communicator failed: {_describe(exc)}", exc)
+            if error is not None:
+                raise error
             built = True
             w.comm = comm
+            raised: BaseException | None = None
             try:
                 value = fn(comm, *args, **kwargs)
             except BaseException as exc:  # noqa: BLE001
+                raised = exc
+            if raised is not None:
                 # The others may be done: a short barrier lets them leave MPI cleanly.
                 _end_barrier(comm, w, limit=0.5)
                 with w.lock:
                     w.done = True
                 _give_up(tree, failed=True)
-                raise fail(_describe(exc), exc) from None
+                raise fail(_describe(raised), raised)
             finished = _end_barrier(comm, w)
             with w.lock:
                 w.done = True

@@ -23,7 +23,6 @@ from .test_run_mpi import seconds_until_failed
 OPENMPI = IMPL == "openmpi"
 pytestmark = pytest.mark.skipif(IMPL not in ("openmpi", "mpich"), reason=f"no in-process jobs for {IMPL}")
 # In-process MPICH is opt-in (experimental); these clusters turn it on (nannies pass it on).
-MPICH_OPT_IN = "off" if OPENMPI else "in-process MPICH (experimental, off by default) fails this test"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -172,7 +171,7 @@ def raises_an_mpi_error(comm):
 with Client(sys.argv[1], set_as_default=False) as client:
     # Each rank's own error, fetched (unpickled) here: run_mpi may answer with the sidecar's
     # reason before a rank's error is in, and then never fetches it.
-    futures = submit_mpi(client, raises_an_mpi_error, n=2, mode="inprocess")
+    futures = submit_mpi(client, raises_an_mpi_error, n=2, mode="inprocess", impl=sys.argv[2])
     for f in futures:
         e = f.exception(timeout=60)
         print(type(e).__name__, getattr(e, "origin", None), "MPI error" in str(e))
@@ -180,7 +179,6 @@ with Client(sys.argv[1], set_as_default=False) as client:
 """
 
 
-@pytest.mark.skipif(not OPENMPI, reason=MPICH_OPT_IN)
 def test_an_mpi_error_in_fn_reaches_the_client_without_loading_mpi_there(pool_cluster):
     """The client never imports mpi4py (the README): a member's MPI exception travels as text, not
     as the mpi4py object in its cause or context (unpickling that initialised MPI in the client
@@ -189,7 +187,7 @@ def test_an_mpi_error_in_fn_reaches_the_client_without_loading_mpi_there(pool_cl
     import sys
 
     cluster, _, _ = pool_cluster
-    out = subprocess.run([sys.executable, "-c", _CLIENT_OF_AN_MPI_ERROR, cluster.scheduler_address],
+    out = subprocess.run([sys.executable, "-c", _CLIENT_OF_AN_MPI_ERROR, cluster.scheduler_address, IMPL],
                          capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.strip().splitlines()
@@ -235,15 +233,18 @@ def test_a_timeout_fails_the_job_and_a_member_stuck_outside_mpi_is_restarted(poo
 
 def never_builds(dask_worker):
     """Makes this worker's member never get its communicator, as when MPI_Comm_create_from_group
-    hangs (which cannot be provoked at will): Pool.comm blocks; the worker is restarted anyway."""
-    from dask_pmix import pool
+    (Open MPI) or a connect/accept of the merge tree (MPICH) hangs, which cannot be provoked at
+    will: Pool.comm / Tree.build blocks; the worker is restarted anyway."""
+    from dask_pmix import merge_tree, pool
 
     p = pool.current()
-    p.comm = lambda ranks, tag: threading.Event().wait(3600)
+    if isinstance(p, pool.World):
+        merge_tree.Tree.build = lambda self, *args, **kwargs: threading.Event().wait(3600)
+    else:
+        p.comm = lambda ranks, tag: threading.Event().wait(3600)
     return os.getpid()
 
 
-@pytest.mark.skipif(not OPENMPI, reason=MPICH_OPT_IN)
 def test_a_member_that_cannot_build_the_communicator_fails_the_job_within_the_bound(pool_cluster):
     # No timeout given: building the communicator has a bound of its own
     # (dask-pmix.timeouts.communicator), so run_mpi returns with an MPIJobError saying so, and the
@@ -256,7 +257,7 @@ def test_a_member_that_cannot_build_the_communicator_fails_the_job_within_the_bo
     def run() -> None:
         with dask.config.set({"dask-pmix.timeouts.communicator": "3s"}):
             try:
-                outcome["results"] = run_mpi(client, allreduce_ranks, workers=workers[:2])
+                outcome["results"] = run_mpi(client, allreduce_ranks, workers=workers[:2], impl=IMPL)
             except MPIJobError as e:
                 outcome["error"] = e
 
@@ -279,7 +280,7 @@ def test_a_member_that_cannot_build_the_communicator_fails_the_job_within_the_bo
         time.sleep(0.2)
     assert not any(w in workers_of(client) for w in workers[:2]), workers_of(client)
     assert not any(w["state"] == "frozen" for w in sidecar.workers())
-    results = run_mpi(client, allreduce_ranks, workers=workers[2:4], timeout=60)
+    results = run_mpi(client, allreduce_ranks, workers=workers[2:4], timeout=60, impl=IMPL)
     assert [r["total"] for r in results] == [1, 1]
     assert last_job(sidecar)["mode"] == "inprocess"
 
