@@ -27,10 +27,10 @@ def workers_of(client, n: int = 4):
     return client.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.workers))
 
 
-def wait_until(predicate, timeout: float, what: str):
+def wait_until(predicate, timeout: float, what):
     deadline = time.monotonic() + timeout
     while not predicate():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
+        assert time.monotonic() < deadline, f"{what() if callable(what) else what}: not within {timeout} s"
         time.sleep(0.05)
 
 
@@ -115,7 +115,7 @@ def test_cancelling_the_futures_ends_the_job_and_releases_its_members(dask_clust
             members = {m["workerId"] for m in job["members"]}
             wait_until(lambda: not members & set(client.scheduler_info()["workers"]), 60, "stuck members restarted")
             wait_until(lambda: len([w for w in sidecar.workers() if (w.get("pool") or {}).get("state") == "ready"])
-                       >= 4, 120, "the restarted workers back in the pool")
+                       >= 4, 120, lambda: f"the restarted workers back in the pool: {[(w['id'], w['state'], w.get('pool')) for w in sidecar.workers()]}")
             print(f"cancel -> stuck members restarted and back in {time.monotonic() - t0:.2f} s")
         # The same workers serve the next job at once (bounded: a hang fails the test, not the suite).
         results = run_mpi(client, rank_info_and_lingering, n=4, impl=IMPL, timeout=60)
