@@ -422,11 +422,20 @@ class SidecarPlugin(SchedulerPlugin):
             return f"the dask-pmix sidecar at {self.url} has not answered for {now - self._unreachable_since:.1f} s"
         return None
 
-    async def release_job(self, job_id: str, grace: float = 5.0, settle: float = 0.0) -> dict | None:
+    async def release_job(self, job_id: str, grace: float = 5.0, settle: float = 0.0,
+                          wait: float | None = None) -> dict | None:
         """Gives the members back. A job that ended stays in the sidecar's history and is released
         there once its ranks have gone (at once, normally); one still active (after `settle`
         seconds: a job whose every rank returned ends when their reports arrive), or one whose
-        ranks linger past `grace`, is deleted: aborted, released and forgotten."""
+        ranks linger past `grace`, is deleted: aborted, released and forgotten. With `wait`, the
+        answer comes after at most that many seconds ({"id", "releasing": True} if the release is
+        not done) and the release goes on here in the background."""
+        if wait is not None:
+            task = self._soon(self.release_job(job_id, grace, settle))
+            try:
+                return await asyncio.wait_for(asyncio.shield(task), wait)
+            except asyncio.TimeoutError:
+                return {"id": job_id, "releasing": True}
         job: dict | None = None
         if settle and await self._released_soon(job_id, settle):
             # Ended by itself and released: the event stream said so, the sidecar need not be asked.
@@ -583,11 +592,20 @@ class SidecarPlugin(SchedulerPlugin):
         logger.warning("dask-pmix: restarting worker %s: %s", worker, reason)
 
         async def restart() -> None:
+            # Out of the sidecar first, which releases its job: released while it still lived,
+            # it was available, and a job created before it went got it and failed at once.
+            try:
+                await asyncio.to_thread(self.rest.remove_worker, worker)
+            except SidecarError as e:
+                if e.status != 404:
+                    logger.warning("dask-pmix: could not remove worker %s before its restart: %s", worker, e)
             try:
                 await self.scheduler.restart_workers([worker], timeout=60, wait_for_workers=False, on_error="return",
                                                      stimulus_id=f"dask-pmix-restart-{time.time()}")
             except Exception:  # noqa: BLE001
                 logger.exception("dask-pmix: restarting worker %s failed", worker)
+            if worker in self.scheduler.workers:  # not restarted after all: it serves again
+                self._register_soon(worker)
 
         asyncio.ensure_future(restart())
         return {"restarting": worker}

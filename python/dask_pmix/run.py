@@ -21,6 +21,10 @@ POLL = 0.25  # how often run_mpi looks at the job while its ranks run
 TIMEOUT_GRACE = 5.0
 # A job that ended while a rank's task has not finished: how long before that rank is given up.
 ENDED_GRACE = 5.0
+# A failed job's error waits at most this long for its members to be given back; the scheduler
+# finishes the release. A member stuck outside MPI goes only when its watcher restarts its worker
+# (3 s later): waiting for that held a hung job's timeout error back 3.1 s (7.1 s with timeout=4).
+RELEASE_WAIT = 1.0
 
 
 def _sidecar_calls(job_id: str, worker_id: str) -> tuple[Callable[[], dict], Callable[[str], None]]:
@@ -123,7 +127,8 @@ class MPIJob:
     """A job created on the sidecar with one Dask future per rank, each left on its worker.
 
     ``futures`` are in rank order; ``release()`` gives the members back (cancelling the ranks
-    that have not finished). run_mpi gathers and releases; submit_mpi hands the futures over.
+    that have not finished; those of a failed job still running past RELEASE_WAIT are given back
+    by the scheduler afterwards). run_mpi gathers and releases; submit_mpi hands the futures over.
     """
 
     def __init__(self, client, job: dict, futures: list):
@@ -140,7 +145,10 @@ class MPIJob:
             await self.client._cancel(unfinished)
         # Every rank returned: the job ends by itself as their reports reach the sidecar.
         finished = bool(self.futures) and all(f.status == "finished" for f in self.futures)
-        await self.client.scheduler.dask_pmix_release_job(job_id=self.id, settle=2.0 if finished else 0.0)
+        if finished:
+            await self.client.scheduler.dask_pmix_release_job(job_id=self.id, settle=2.0)
+        else:
+            await self.client.scheduler.dask_pmix_release_job(job_id=self.id, wait=RELEASE_WAIT)
 
     def release(self):
         return self.client.sync(self._release)
