@@ -15,6 +15,10 @@ Failures (measured with the Open MPI 5.0.11 wheel, fault tolerance on):
 - When the job fails while the function still runs (a timeout, a DELETE, a failure elsewhere), the
   watcher revokes the communicator; a member still stuck some seconds later (in MPI, or in code
   that ignores MPI) has its worker restarted through its nanny: no worker stays frozen.
+  Meanwhile the watcher keeps MPI progressing for it (see _progress_for), so that a peer whose
+  first contact with a member hung in Python was under way is not left in its send. A member that
+  holds the interpreter lock inside MPI stops the watcher too: the scheduler plugin restarts it
+  from outside (dask_pmix.stuck_members).
 - Building the communicator has a deadline (dask-pmix.timeouts.communicator): a member whose
   MPI_Comm_create_from_group has not returned by then fails the job saying so, and its worker is
   restarted like any member stuck after its job failed.
@@ -163,6 +167,8 @@ class Watcher:
             logger.info("dask-pmix: job %s %s while this member runs: %s", w.job_id, state.get("state"),
                         state.get("error"))
         self._revoke(w)
+        if w.revocable and not w.done and not w.restarted:
+            _progress_for(w)
         if not w.restarted and now - w.failed_at > self.grace:
             w.restarted = True
             building = "MPI_Comm_create_from_group" if w.revocable else "the merge tree of connect/accept"
@@ -170,6 +176,39 @@ class Watcher:
                       + (f" (inside {building})" if w.comm is None else ""))
             logger.warning("dask-pmix: restarting this worker: %s", reason)
             w.calls.restart(reason)
+
+
+# How long the watcher keeps MPI progressing at each look at a failed job whose member still runs.
+PROGRESS_BURST = 0.02
+
+
+def _progress_for(w: _Watch) -> None:
+    """Keeps MPI progressing, from the watcher, for a member still running after its job failed.
+
+    Such a member may be one that calls no MPI (hung in Python): a peer whose first contact with
+    this process was still under way then waits in its send for good (Open MPI's TCP transport
+    finishes a connection only with both sides progressing; the revoke does not end that send),
+    and had its worker restarted together with this one (seen in 3 of 4 hang loops). With this
+    process progressing, the peer's send completes, the revoke ends its collective, and it goes
+    back to Dask work; only this member is restarted."""
+    from .activation import GATE
+
+    if GATE.busy():  # never beside a communicator being built here (activation.py)
+        return
+    try:
+        MPI = pool_mod.current().MPI
+        with GATE.progress():
+            req = MPI.Grequest.Start()
+            try:
+                end = time.monotonic() + PROGRESS_BURST
+                while time.monotonic() < end:
+                    req.Test()
+                    time.sleep(0.001)
+            finally:
+                req.Complete()
+                req.Wait()
+    except Exception as exc:  # noqa: BLE001
+        logger.debug("dask-pmix: keeping MPI progressing for job %s failed: %r", w.job_id, exc)
 
 
 _watcher = Watcher()

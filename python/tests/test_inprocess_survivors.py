@@ -130,3 +130,44 @@ def test_a_member_frozen_holding_the_interpreter_lock_after_its_job_failed_is_re
     finally:
         client.close()
         cluster.close()
+
+
+def rank_one_hangs_in_python(comm):
+    if comm.rank == 1:
+        time.sleep(3600)  # calls no MPI: its process does not progress MPI by itself
+    for _ in range(1000):
+        comm.Barrier()
+        time.sleep(0.01)
+    return comm.rank
+
+
+def test_survivors_of_a_member_hung_in_python_are_not_restarted_with_it():
+    # The hung member never talked to the others before (a fresh worker each round): their first
+    # Barrier messages to it wait for the TCP connection, which needs its process's progress.
+    cluster, client, sidecar = start_cluster(4)
+    try:
+        for round_ in range(2):
+            wait_pool_ready(sidecar, 4)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and (len(workers_of(client)) < 4 or any(
+                    w["state"] != "available" for w in sidecar.workers())):
+                time.sleep(0.1)
+            workers = workers_of(client)
+            hung = workers[1] if round_ == 0 else next(w for w in workers if w not in before)
+            members = [workers[0], hung, workers[2] if workers[2] != hung else workers[3]]
+            survivors = [members[0], members[2]]
+            with pytest.raises(MPIJobError, match="timeout"):
+                run_mpi(client, rank_one_hangs_in_python, workers=members, timeout=4)
+            # The hung member's worker is restarted 3 s after the job failed; the survivors left.
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and hung in workers_of(client):
+                time.sleep(0.2)
+            assert hung not in workers_of(client)
+            time.sleep(1.0)
+            now = workers_of(client)
+            assert all(w in now for w in survivors), f"round {round_}: a survivor was restarted with the hung member"
+            assert run_mpi(client, ranks_and_sum, workers=survivors, timeout=20) == [(0, 1), (1, 1)]
+            before = now
+    finally:
+        client.close()
+        cluster.close()
