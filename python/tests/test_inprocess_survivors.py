@@ -37,16 +37,21 @@ def ranks_and_sum(comm):
     return comm.rank, comm.allreduce(comm.rank)
 
 
+def four_available(client, sidecar) -> list[str]:
+    """The workers, once all four are back, in the pool, and held by no job."""
+    wait_pool_ready(sidecar, 4)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (len(workers_of(client)) < 4 or any(
+            w["state"] != "available" for w in sidecar.workers())):
+        time.sleep(0.1)
+    return workers_of(client)
+
+
 def test_survivors_of_members_killed_mid_job_run_later_jobs():
     cluster, client, sidecar = start_cluster(4)
     try:
         for round_ in range(3):
-            wait_pool_ready(sidecar, 4)
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and (len(workers_of(client)) < 4 or any(
-                    w["state"] != "available" for w in sidecar.workers())):
-                time.sleep(0.1)
-            workers = workers_of(client)
+            workers = four_available(client, sidecar)
             assert len(workers) == 4
             pids = client.run(os.getpid)
             victim = workers[round_ % 3 + 1]
@@ -147,12 +152,7 @@ def test_survivors_of_a_member_hung_in_python_are_not_restarted_with_it():
     cluster, client, sidecar = start_cluster(4)
     try:
         for round_ in range(2):
-            wait_pool_ready(sidecar, 4)
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and (len(workers_of(client)) < 4 or any(
-                    w["state"] != "available" for w in sidecar.workers())):
-                time.sleep(0.1)
-            workers = workers_of(client)
+            workers = four_available(client, sidecar)
             hung = workers[1] if round_ == 0 else next(w for w in workers if w not in before)
             members = [workers[0], hung, workers[2] if workers[2] != hung else workers[3]]
             survivors = [members[0], members[2]]
@@ -167,7 +167,7 @@ def test_survivors_of_a_member_hung_in_python_are_not_restarted_with_it():
             now = workers_of(client)
             assert all(w in now for w in survivors), f"round {round_}: a survivor was restarted with the hung member"
             assert run_mpi(client, ranks_and_sum, workers=survivors, timeout=20) == [(0, 1), (1, 1)]
-            before = now
+            before = workers  # the next round's hung member is the one that replaced this one
     finally:
         client.close()
         cluster.close()
