@@ -88,8 +88,9 @@ def pool_capable(version: str) -> str | None:
         from . import config
 
         if not config.get("pool.mpich", False):
-            # Opt-in: a clean-clone run of the suite with it on crashed a process finalizing its
-            # world, and the cancel, MPI-error and communicator-bound tests failed under MPICH.
+            # Opt-in: without revoke, the survivors of a failed or cancelled job stay inside MPI
+            # and their workers are restarted, so the next job can find the cluster short (the
+            # suite's rank-exception and cancel tests fail with it on; fork mode has no such gap).
             return "in-process MPICH is experimental and off (dask-pmix.pool.mpich: true turns it on): fork mode"
         # ch4:ucx has dynamic processes (MPI_Comm_connect/accept) from MPICH 4.3 on.
         if (major, minor) < (4, 3):

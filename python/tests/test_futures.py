@@ -113,7 +113,7 @@ def test_cancelling_the_futures_ends_the_job_and_releases_its_members(dask_clust
             # MPICH cannot revoke: the members' threads stay in their Barrier, and each member's
             # watcher restarts its worker (after its grace); the next job runs on the new ones.
             members = {m["workerId"] for m in job["members"]}
-            wait_until(lambda: not members & set(client.scheduler_info()["workers"]), 60, "stuck members restarted")
+            wait_until(lambda: not members & {w["id"] for w in sidecar.workers()}, 60, "stuck members restarted")
             wait_until(lambda: len([w for w in sidecar.workers() if (w.get("pool") or {}).get("state") == "ready"])
                        >= 4, 120, lambda: f"the restarted workers back in the pool: {[(w['id'], w['state'], w.get('pool')) for w in sidecar.workers()]}")
             print(f"cancel -> stuck members restarted and back in {time.monotonic() - t0:.2f} s")
