@@ -52,6 +52,34 @@ def wait_pool_ready(sidecar, n: int, timeout: float = 120.0) -> list[dict]:
         time.sleep(0.1)
 
 
+def in_background(call) -> tuple[threading.Thread, dict]:
+    """call() in a thread of its own: its result lands in outcome["results"], or its MPIJobError in
+    outcome["error"] with the time it came in outcome["at"]."""
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["results"] = call()
+        except MPIJobError as e:
+            outcome["error"] = e
+            outcome["at"] = time.monotonic()
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t, outcome
+
+
+def running_inprocess_job(sidecar, settle: float) -> dict:
+    """The job once it runs (bounded), `settle` s later: every member inside its function."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(j["state"] == "running" for j in sidecar.jobs()):
+        time.sleep(0.02)
+    time.sleep(settle)
+    job = last_job(sidecar)
+    assert job["state"] == "running" and job["mode"] == "inprocess"
+    return job
+
+
 def last_job(sidecar) -> dict:
     return max(sidecar.jobs(), key=lambda j: j["createdAt"])
 
@@ -336,23 +364,8 @@ def test_a_member_killed_between_jobs_and_during_a_job():
                 time.sleep(0.02)
             return comm.rank
 
-        outcome: dict = {}
-
-        def run() -> None:
-            try:
-                outcome["results"] = run_mpi(client, long_barriers, workers=workers[:3], impl=IMPL)
-            except MPIJobError as e:
-                outcome["error"] = e
-                outcome["at"] = time.monotonic()
-
-        t = threading.Thread(target=run)
-        t.start()
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not any(j["state"] == "running" for j in sidecar.jobs()):
-            time.sleep(0.05)
-        time.sleep(0.5)
-        job = last_job(sidecar)
-        assert job["state"] == "running" and job["mode"] == "inprocess"
+        t, outcome = in_background(lambda: run_mpi(client, long_barriers, workers=workers[:3], impl=IMPL))
+        job = running_inprocess_job(sidecar, settle=0.5)
         t_kill = time.monotonic()
         os.kill(pids[workers[1]], signal.SIGKILL)
         failed_after = seconds_until_failed(sidecar, job["id"])

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 
 import pytest
@@ -19,7 +18,7 @@ import pytest
 from dask_pmix import MPIJobError, run_mpi
 
 from .conftest import IMPL, start_cluster
-from .test_inprocess import last_job, wait_pool_ready, workers_of
+from .test_inprocess import in_background, last_job, running_inprocess_job, wait_pool_ready, workers_of
 from .test_run_mpi import seconds_until_failed
 
 pytestmark = pytest.mark.skipif(IMPL != "openmpi", reason="fault tolerance (ULFM) is Open MPI's")
@@ -56,22 +55,8 @@ def test_survivors_of_members_killed_mid_job_run_later_jobs():
             pids = client.run(os.getpid)
             victim = workers[round_ % 3 + 1]
             survivors = [w for w in workers if w != victim]
-            outcome: dict = {}
-
-            def run() -> None:
-                try:
-                    outcome["results"] = run_mpi(client, long_barriers, workers=workers, timeout=60)
-                except MPIJobError as e:
-                    outcome["error"] = e
-
-            t = threading.Thread(target=run)
-            t.start()
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and not any(j["state"] == "running" for j in sidecar.jobs()):
-                time.sleep(0.02)
-            time.sleep(0.3)
-            job = last_job(sidecar)
-            assert job["state"] == "running" and job["mode"] == "inprocess"
+            t, outcome = in_background(lambda: run_mpi(client, long_barriers, workers=workers, timeout=60))
+            job = running_inprocess_job(sidecar, settle=0.3)
             os.kill(pids[victim], signal.SIGKILL)
             assert seconds_until_failed(sidecar, job["id"]) < 2.0
             t.join(60)
