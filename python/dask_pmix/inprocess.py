@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from . import pool as pool_mod
+from .activation import GATE
 from .errors import MPIJobError
 
 logger = logging.getLogger("dask_pmix")
@@ -282,6 +283,9 @@ _KEEP = 256
 # How long a member of a failed job keeps MPI progressing for the others (see _linger); below the
 # watcher's grace, after which a member still running has its worker restarted.
 LINGER = 1.0
+# How long a job waits for the comm backend's pair communicators already agreed on (activation.py):
+# their builds need only their peer's call, normally milliseconds.
+PAIRS_WAIT = 10.0
 
 
 def in_flight() -> bool:
@@ -443,6 +447,11 @@ def _run_member(job: dict, rank: int, worker: str, fn: Callable, args: tuple, kw
             break
 
     w = _watcher.watch(job_id, calls, build_timeout)
+    # No new pair communicator of the comm backend while this job builds and uses its own, and
+    # none still being built when it starts (activation.py).
+    if not GATE.job_begins(PAIRS_WAIT):
+        logger.warning("dask-pmix: job %s: a pair communicator of the comm backend was still being built "
+                       "after %.0f s; building the job's anyway", job_id, PAIRS_WAIT)
     try:
         # Errors are raised after their except blocks: raised inside, they would carry the
         # exception being handled as their context (see fail).
@@ -473,6 +482,7 @@ def _run_member(job: dict, rank: int, worker: str, fn: Callable, args: tuple, kw
             w.done = True
             _give_up(comm, failed=w.revoked)
     finally:
+        GATE.job_ends()
         _watcher.unwatch(job_id)
     calls.leave(True, "", [])
     return value

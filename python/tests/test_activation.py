@@ -80,3 +80,56 @@ def test_builders_do_not_wait_for_each_other():
     for t in threads:
         t.join(10)
     assert errors == []
+
+
+def test_no_new_pair_is_agreed_on_while_a_job_runs_and_a_job_waits_for_those_agreed_on():
+    gate = Gate()
+    token = gate.reserve_pair()                # a pair agreed on, being built
+    assert token is not None
+    started = threading.Event()
+
+    def job():
+        assert gate.job_begins(5)
+        started.set()
+
+    t = in_thread(job)
+    assert not started.wait(0.3), "the job built its communicator beside a pair's construction"
+    gate.pair_done(token)
+    assert started.wait(5)
+    t.join(5)
+    assert gate.reserve_pair() is None         # the job runs: this Dask connection stays TCP
+    gate.job_ends()
+    gate.pair_done(gate.reserve_pair())
+
+
+def test_a_job_waits_a_bounded_time_for_a_pair_that_never_finishes():
+    gate = Gate()
+    assert gate.reserve_pair() is not None     # never done: its peer never came
+    t0 = time.monotonic()
+    assert gate.job_begins(0.2) is False
+    assert time.monotonic() - t0 < 2
+    gate.job_ends()
+    t0 = time.monotonic()
+    assert gate.job_begins(0.2) is False       # a stale reservation does not hold jobs up again
+    assert time.monotonic() - t0 < 0.1
+    gate.job_ends()
+
+
+def test_a_construction_that_hangs_holds_progress_back_for_a_bounded_time_only():
+    # A pair's construction that never ends (its peer never called it) must not stall every other
+    # MPI transfer of the process.
+    gate, entered = Gate(hold=0.3), threading.Event()
+    release = threading.Event()
+
+    def stuck_builder():
+        with gate.building():
+            release.wait(10)
+
+    b = in_thread(stuck_builder)
+    time.sleep(0.05)
+    t0 = time.monotonic()
+    with gate.progress():
+        entered.set()
+    assert 0.15 < time.monotonic() - t0 < 3
+    release.set()
+    b.join(5)

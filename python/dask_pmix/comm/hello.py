@@ -30,6 +30,7 @@ from typing import Any, Optional
 
 import msgpack
 
+from ..activation import GATE
 from . import stats
 from .engine import Engine
 from .link import PoolLink, current_link, pool_starting
@@ -133,8 +134,18 @@ async def offer(stream, timeout: float, chunk_bytes: int) -> tuple[Optional[Rout
         _fallback("pair-unusable")
         return None, None
     theirs = set(reply.get("pairs", ()))
-    name = next((n for n in reg.names(peer) if n in theirs), None) or reg.new_name(peer)
-    fut = reg.start(name, peer)
+    name = next((n for n in reg.names(peer) if n in theirs), None)
+    reserved = None
+    if name is None:
+        # A new pair communicator is built only while neither process runs a job (activation.py);
+        # otherwise this connection stays TCP and a later one builds it.
+        reserved = GATE.reserve_pair() if reply.get("can_build", True) else None
+        if reserved is None:
+            await _write(stream, {"mpi": False, "why": "job"})
+            _fallback("job")
+            return None, None
+        name = reg.new_name(peer)
+    fut = reg.start(name, peer, reserved=reserved)
     await _write(stream, {"mpi": True, "pair": name, "tag": tag})
     comm = await _built(reg, fut, peer, timeout)
     return Route(_engine(link, chunk_bytes), comm, peer_index(link.rank, peer), int(reply["tag"]), tag, name, peer), None
@@ -157,13 +168,23 @@ async def answer(stream, timeout: float, chunk_bytes: int) -> Optional[Route]:
         await _write(stream, {"mpi": False, "why": "listener", **mine})
         _fallback("pair-unusable")
         return None
-    await _write(stream, {"mpi": True, "rank": link.rank, "pairs": reg.names(peer), "tag": tag})
-    choice = await asyncio.wait_for(_read(stream), timeout)
+    # Whether a new pair communicator may be built here now (no job runs: activation.py); held
+    # until the connector's choice says whether it is needed.
+    reserved = GATE.reserve_pair()
+    try:
+        await _write(stream, {"mpi": True, "rank": link.rank, "pairs": reg.names(peer), "tag": tag,
+                              "can_build": reserved is not None})
+        choice = await asyncio.wait_for(_read(stream), timeout)
+    except BaseException:
+        GATE.pair_done(reserved)
+        raise
     if not choice.get("mpi"):
+        GATE.pair_done(reserved)
         _fallback(str(choice.get("why", "connector")))
         return None
     name = str(choice["pair"])
-    comm = await _built(reg, reg.start(name, peer), peer, timeout)
+    # start() lets the reservation go when the communicator exists or another connection builds it.
+    comm = await _built(reg, reg.start(name, peer, reserved=reserved), peer, timeout)
     return Route(_engine(link, chunk_bytes), comm, peer_index(link.rank, peer), int(choice["tag"]), tag, name, peer)
 
 

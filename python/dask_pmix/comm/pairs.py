@@ -24,6 +24,7 @@ import threading
 import time
 from typing import Optional
 
+from ..activation import GATE
 from . import stats
 from .link import PoolLink
 
@@ -56,7 +57,13 @@ class PairRegistry:
         lo, hi = sorted((self.link.rank, peer))
         return f"{NAME_PREFIX}:{self.epoch_key}:{lo}-{hi}:{self.link.rank}.{next(self._seq)}"
 
-    def start(self, name: str, peer: int) -> concurrent.futures.Future:
+    def building_new(self, name: str, peer: int) -> bool:
+        """Whether start(name, peer) would build a communicator here (none of that name exists or
+        is being built)."""
+        with self._lock:
+            return name not in self._pairs.get(peer, {})
+
+    def start(self, name: str, peer: int, reserved: Optional[int] = None) -> concurrent.futures.Future:
         """The communicator called name with peer: built in a thread of its own (the collective
         blocks until the peer calls it too, and two processes may be building communicators with
         each other in opposite orders), or the one already built or being built."""
@@ -64,13 +71,14 @@ class PairRegistry:
             pairs = self._pairs.setdefault(peer, {})
             fut = pairs.get(name)
             if fut is not None:
+                GATE.pair_done(reserved)  # someone else builds it: this reservation is not needed
                 return fut
             fut = pairs[name] = concurrent.futures.Future()
-        threading.Thread(target=self._build, args=(name, peer, fut), name=f"dask-pmix-pair-{peer}",
+        threading.Thread(target=self._build, args=(name, peer, fut, reserved), name=f"dask-pmix-pair-{peer}",
                          daemon=True).start()
         return fut
 
-    def _build(self, name: str, peer: int, fut: concurrent.futures.Future) -> None:
+    def _build(self, name: str, peer: int, fut: concurrent.futures.Future, reserved: Optional[int]) -> None:
         ranks = sorted({self.link.rank, peer})
         t0 = time.perf_counter()
         try:
@@ -80,6 +88,8 @@ class PairRegistry:
             stats.note("pair_comm_failures")
             fut.set_exception(exc)
             return
+        finally:
+            GATE.pair_done(reserved)
         dt = time.perf_counter() - t0
         self.create_seconds.append(dt)
         stats.note("pair_comms")
