@@ -25,6 +25,11 @@ ENDED_GRACE = 5.0
 # finishes the release. A member stuck outside MPI goes only when its watcher restarts its worker
 # (3 s later): waiting for that held a hung job's timeout error back 3.1 s (7.1 s with timeout=4).
 RELEASE_WAIT = 1.0
+# How long a failed job's error waits for the rank the sidecar blames to report why itself (its
+# exception reaches the client through Dask after the sidecar saw the rank go; 0.3 s was too short
+# for an MPICH fork rank in a clean-clone run). A rank whose worker died never reports: its error
+# comes this much later.
+OWN_ERROR_WAIT = 1.0
 
 
 def _sidecar_calls(job_id: str, worker_id: str) -> tuple[Callable[[], dict], Callable[[str], None]]:
@@ -370,7 +375,7 @@ async def _job_error(client, job: MPIJob) -> MPIJobError:
         await settle(job.futures, 1.0)
         culprit = next((m for m in members_now if m.get("state") == "lost"), None)
     if culprit is not None:
-        await settle([job.futures[culprit["rank"]]], 0.3)
+        await settle([job.futures[culprit["rank"]]], OWN_ERROR_WAIT)
         own = _own_error((await _exceptions([job.futures[culprit["rank"]]]))[0])
         if own is not None:
             return own
