@@ -13,7 +13,8 @@ import { PmiError, PmiListener, newPmiId, type PmiJobCore, type PmiMember, type 
 import type { Impl, Job, JobBackend, JobMember, ResourceManager, Worker } from '../rm/index.js';
 import { DEFAULT_MEMBER_ENV } from './default-env.js';
 import { DEFAULT_PMI_JOB_LIMITS, PmiJobStore, type PmiJobLimits } from './pmi-job-store.js';
-import { RmPmiMember, asPmiError, type PmiJob } from './pmi-member.js';
+import { RmPmiMember, type PmiJob } from './pmi-member.js';
+import { asPmiError } from './pmi-names.js';
 
 export interface PmiBackendOptions {
   rm: ResourceManager;

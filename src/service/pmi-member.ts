@@ -8,8 +8,9 @@
 // members' fences complete in one synchronous step in the core, and each commit runs before any
 // further command can be read, so no rank sees a half-committed epoch.
 import { PmiError, type KvsLookup, type PmiMember, type PmiMemberInfo } from '../pmi/index.js';
-import { isActive, isRmError, type Job, type ResourceManager } from '../rm/index.js';
+import { isActive, type Job, type ResourceManager } from '../rm/index.js';
 import type { PmiJobStore } from './pmi-job-store.js';
+import { asPmiError, core, coreAsync, lookupName, publishName, unpublishName } from './pmi-names.js';
 
 /** The collective a PMI-1 barrier and a PMI-2 kvs-fence join: the same one a PMIx fence joins. */
 export const FENCE = 'fence';
@@ -26,28 +27,6 @@ export interface PmiJob {
   connected: boolean[];
   /** Released by the core: nothing of it is reported any more. */
   released: boolean;
-}
-
-/** The core's errors are the client's to hear; anything else stays a bug for the server to report. */
-export function asPmiError(e: unknown): unknown {
-  return isRmError(e) ? new PmiError(e.message) : e;
-}
-
-/** Runs a call into the core, turning its errors into PMI errors. */
-function core<T>(f: () => T): T {
-  try {
-    return f();
-  } catch (e) {
-    throw asPmiError(e);
-  }
-}
-
-async function coreAsync<T>(p: () => Promise<T>): Promise<T> {
-  try {
-    return await p();
-  } catch (e) {
-    throw asPmiError(e);
-  }
 }
 
 /** Keys of node attributes inside the job's store: control characters never occur in PMI keys. */
@@ -134,24 +113,17 @@ export class RmPmiMember implements PmiMember {
 
   publish(service: string, port: string): void {
     this.live();
-    core(() => this.rm.names.publish(this.publisher, [{ key: service, value: port }], { range: 'session' }));
+    publishName(this.rm, this.publisher, service, port);
   }
 
-  async lookup(service: string): Promise<string> {
+  lookup(service: string): Promise<string> {
     this.live();
-    const [d] = await coreAsync(() => this.rm.names.lookup(this.publisher, [service], { range: 'session' }));
-    const v = d?.value as unknown;
-    if (typeof v === 'string') return v;
-    // Published through PMIx by an Open MPI job: a typed value.
-    if (v && typeof v === 'object' && typeof (v as { value?: unknown }).value === 'string') return (v as { value: string }).value;
-    throw new PmiError(`service ${service} was published with a value PMI cannot carry`);
+    return lookupName(this.rm, this.publisher, service);
   }
 
   unpublish(service: string): void {
     this.live();
-    if (core(() => this.rm.names.unpublish(this.publisher, [service])) === 0) {
-      throw new PmiError(`service ${service} is not published by this process`);
-    }
+    unpublishName(this.rm, this.publisher, service);
   }
 
   abort(exitCode: number, message: string): void {

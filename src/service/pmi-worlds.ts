@@ -6,8 +6,9 @@
 // without PMI finalize (MPICH 5 finalizes PMI only at process exit), and the job the worker is in
 // fails at once.
 import { newPmiId, PmiError, type KvsLookup, type PmiMember, type PmiMemberInfo } from '../pmi/index.js';
-import { isRmError, type Impl, type ResourceManager, type WorldBackend, type Worker } from '../rm/index.js';
+import { type Impl, type ResourceManager, type WorldBackend, type Worker } from '../rm/index.js';
 import { LOCAL_HOSTS, type PmiBackend } from './pmi-backend.js';
+import { asPmiError, core, lookupName, publishName, unpublishName } from './pmi-names.js';
 
 /**
  * What a world's process needs beyond a job member's settings. MPICH builds the job's
@@ -79,7 +80,7 @@ export class PmiWorlds implements WorldBackend {
     try {
       this.rm.worldConnected(world.namespace);
     } catch (e) {
-      throw isRmError(e) ? new PmiError(e.message) : e;
+      throw asPmiError(e);
     }
     world.attached = true;
     const local = LOCAL_HOSTS.has(world.host);
@@ -143,23 +144,19 @@ class WorldMember implements PmiMember {
   }
 
   publish(service: string, port: string): void {
-    wrap(() => this.rm.names.publish(this.publisher, [{ key: service, value: port }], { range: 'session' }));
+    publishName(this.rm, this.publisher, service, port);
   }
 
-  async lookup(service: string): Promise<string> {
-    const [d] = await wrapAsync(() => this.rm.names.lookup(this.publisher, [service], { range: 'session' }));
-    const v = d?.value as unknown;
-    if (typeof v === 'string') return v;
-    if (v && typeof v === 'object' && typeof (v as { value?: unknown }).value === 'string') return (v as { value: string }).value;
-    throw new PmiError(`service ${service} was published with a value PMI cannot carry`);
+  lookup(service: string): Promise<string> {
+    return lookupName(this.rm, this.publisher, service);
   }
 
   unpublish(service: string): void {
-    if (wrap(() => this.rm.names.unpublish(this.publisher, [service])) === 0) throw new PmiError(`service ${service} is not published by this process`);
+    unpublishName(this.rm, this.publisher, service);
   }
 
   abort(exitCode: number, message: string): void {
-    wrap(() => this.rm.worldAbort(this.world.namespace, exitCode, message));
+    core(() => this.rm.worldAbort(this.world.namespace, exitCode, message));
   }
 
   finalize(): void {
@@ -177,18 +174,3 @@ class WorldMember implements PmiMember {
   }
 }
 
-function wrap<T>(f: () => T): T {
-  try {
-    return f();
-  } catch (e) {
-    throw isRmError(e) ? new PmiError(e.message) : e;
-  }
-}
-
-async function wrapAsync<T>(f: () => Promise<T>): Promise<T> {
-  try {
-    return await f();
-  } catch (e) {
-    throw isRmError(e) ? new PmiError(e.message) : e;
-  }
-}
