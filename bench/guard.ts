@@ -80,16 +80,24 @@ export function judge(recorded: Record<string, number>, now: Record<string, numb
   return { ok: is >= was / factor, recorded: was, now: is, verdicts };
 }
 
+/** The ratios a results file records, or why there are none (a file with none guards nothing, so it fails). */
+export function recordedRatios(file: string): Record<string, number> | string {
+  if (!existsSync(file)) return `${file} does not exist`;
+  const ratios = (JSON.parse(readFileSync(file, 'utf8')) as { guard?: GuardSection }).guard?.ratios;
+  if (!ratios || Object.keys(ratios).length === 0) return `${file} has no guard.ratios`;
+  return ratios;
+}
+
 async function main(): Promise<void> {
   const { values } = parseArgs({ options: { only: { type: 'string' }, factor: { type: 'string', default: '2' } } });
   const factor = Number(values.factor);
   const only = values.only?.split(',');
   let failed = false;
   for (const g of GUARDED.filter((x) => !only || only.includes(x.name))) {
-    const file = join(ROOT, 'bench', 'results', g.recorded);
-    const recorded = existsSync(file) ? (JSON.parse(readFileSync(file, 'utf8')) as { guard?: GuardSection }).guard?.ratios : undefined;
-    if (!recorded) {
-      console.log(`[perf-guard] ${g.name}: no recorded ratios in bench/results/${g.recorded}, nothing to guard`);
+    const recorded = recordedRatios(join(ROOT, 'bench', 'results', g.recorded));
+    if (typeof recorded === 'string') {
+      console.log(`[perf-guard] ${g.name}: FAIL, ${recorded}: record a full run (node dist/bench/${g.script})`);
+      failed = true;
       continue;
     }
     const { doc, seconds } = await quickRun(g);

@@ -192,7 +192,7 @@ async function main(): Promise<void> {
         job_ops: 'job operations per second: two per create+delete pair',
         member_env: 'GET /v1/jobs/{id}/env/{workerId} (PMIx_server_setup_fork + overrides)',
         health_ops_per_s: 'GET /v1/health at the same concurrency right before and after the measurement (means of ops/s and of p50): the baseline of guard.ratios (health_p50_ms / latency.p50_ms)',
-        client: 'the benchmark client (Node fetch) runs on the same 2 cores as the sidecar',
+        client: 'the benchmark client (node:http with a keep-alive agent) runs on the same 2 cores as the sidecar',
       },
       results,
       targets,

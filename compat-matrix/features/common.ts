@@ -162,11 +162,25 @@ export function brief(text: string): string {
  * Every rank ended on its own, exited 0 without a signal, and printed an ok line that passes
  * `check` (the program's own verdict is not enough: a rank may print ok and then crash).
  */
-export function allPassed(runs: RankRun[], feature: string, ended: boolean, check: (line: Line) => boolean = () => true): boolean {
+export function allPassed(
+  runs: RankRun[],
+  feature: string,
+  ended: boolean,
+  check: (line: Line, run: RankRun) => boolean = () => true,
+): boolean {
   return ended && runs.every((r) => {
     const line = outputOf(r, feature).find((l) => 'ok' in l);
-    return line?.ok === true && check(line) && r.exit?.status === 0 && r.exit?.signal === 0;
+    return line?.ok === true && check(line, r) && r.exit?.status === 0 && r.exit?.signal === 0;
   });
+}
+
+/**
+ * The rank saw the job's whole communicator: its size is the member count and its rank is the
+ * one the job gave it. Without this, ranks that each ran as a singleton (size 1, rank 0) would
+ * pass an Allreduce check, since 1 == 1*2/2.
+ */
+export function sawWholeJob(members: number): (line: Line, run: RankRun) => boolean {
+  return (line, run) => line.size === members && line.rank === run.rank;
 }
 
 /** The MPI call the first failing rank named, if the library itself answered an error. */
@@ -208,7 +222,7 @@ export async function timed<T>(f: () => Promise<T>): Promise<[T, number]> {
   return [v, (performance.now() - t0) / 1000];
 }
 
-/** Runs a program once on `members` and checks every rank printed ok. */
+/** Runs a program once on `members` and checks every rank printed ok from a communicator of them all. */
 export async function simpleJob(
   ctx: Ctx,
   feature: string,
@@ -224,7 +238,17 @@ export async function simpleJob(
     const runs = await startRanks(ctx, job, program, opts.args, opts.delayMs);
     const ended = await waitRanks(runs, job.id, opts.timeoutMs ?? 60_000);
     const seconds = (performance.now() - t0) / 1000;
-    if (allPassed(runs, feature, ended)) return { status: 'pass', seconds };
+    const whole = sawWholeJob(members.length);
+    if (allPassed(runs, feature, ended, whole)) return { status: 'pass', seconds };
+    if (allPassed(runs, feature, ended)) {
+      const r = runs.find((run) => !whole(outputOf(run, feature).find((l) => 'ok' in l)!, run))!;
+      const line = outputOf(r, feature).find((l) => 'ok' in l)!;
+      return {
+        status: 'fail',
+        seconds,
+        reason: `rank ${r.rank} saw rank ${String(line.rank)} of size ${String(line.size)}, not rank ${r.rank} of ${members.length}`,
+      };
+    }
     const state = await ctx.sidecar.job(job.id).catch(() => undefined);
     return failed(runs, feature, ended, seconds, `job ${state?.state ?? '?'}${state?.error ? `: ${state.error}` : ''}`);
   } finally {

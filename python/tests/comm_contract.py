@@ -335,11 +335,99 @@ async def run_all(addr: str, checks: dict, timeout: float = 120) -> dict:
     return results
 
 
+PAIR_PAYLOAD = 8 << 20       # bytes of each large echo: frames of their own, over MPI when routed
+PAIR_CONNECTIONS = 4         # concurrent connections of the connector, sharing one pair communicator
+
+
+async def _echo_server(addr: str, addr_file: str, timeout: float) -> dict:
+    """Rank 0 of a two-rank launcher world: listens, publishes its contact address in addr_file,
+    echoes every message until the connector says stop."""
+    stop = asyncio.Event()
+    echoed = 0
+
+    async def handler(comm):
+        nonlocal echoed
+        try:
+            while True:
+                msg = await comm.read()
+                if msg.get("op") == "stop":
+                    stop.set()
+                    return
+                await comm.write(msg)
+                echoed += 1
+        except CommClosedError:
+            pass
+        finally:
+            await comm.close()
+
+    async with listen(addr, handler) as listener:
+        tmp = addr_file + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(listener.contact_address)
+        os.replace(tmp, addr_file)
+        await asyncio.wait_for(stop.wait(), timeout)
+    return {"echoed": echoed}
+
+
+async def _echo_client(addr_file: str, timeout: float) -> dict:
+    """Rank 1: connects to rank 0 (another process), checks small and large echoes on one
+    connection and then on several at once, and tells rank 0 to stop."""
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(addr_file):
+        assert time.monotonic() < deadline, "rank 0 published no address"
+        await asyncio.sleep(0.05)
+    with open(addr_file) as f:
+        contact = f.read()
+    big = os.urandom(1 << 20) * (PAIR_PAYLOAD >> 20)
+
+    async def session(key: int) -> None:
+        comm = await connect(contact)
+        try:
+            for i in range(10):
+                await comm.write({"op": "ping", "data": (key, i)})
+                assert await comm.read() == {"op": "ping", "data": (key, i)}
+            await comm.write({"op": "big", "x": to_serialize(big)})
+            got = await comm.read()
+            assert got["op"] == "big" and bytes(got["x"]) == big, "large echo differs"
+        finally:
+            await comm.close()
+
+    await session(-1)
+    await asyncio.gather(*(session(k) for k in range(PAIR_CONNECTIONS)))
+    comm = await connect(contact)
+    await comm.write({"op": "stop"})
+    await comm.close()
+    return {"sessions": PAIR_CONNECTIONS + 1}
+
+
+def main_pair(link_world, addr_file: str, timeout: float = 120) -> dict:
+    """Two ranks, two processes: the connection runs over a pair communicator between them."""
+    addr = scheme_addr("tcp+mpi")
+    if link_world.rank == 0:
+        return asyncio.run(asyncio.wait_for(_echo_server(addr, addr_file, timeout), timeout + 10))
+    return asyncio.run(asyncio.wait_for(_echo_client(addr_file, timeout), timeout + 10))
+
+
 def main() -> None:
-    """Under an MPI launcher: join its world, run our checks (and distributed's, when here)."""
+    """Under an MPI launcher: join its world, run our checks (and distributed's, when here).
+    With DASK_PMIX_CONTRACT_PAIR naming a file, two ranks instead run an echo between them."""
     from dask_pmix.comm import comm_stats, link
 
     world = link.join_launcher_world()
+    pair_file = os.environ.get("DASK_PMIX_CONTRACT_PAIR")
+    if pair_file:
+        link.set_link(world)
+        out: dict = {"rank": world.rank}
+        try:
+            out.update(main_pair(world, pair_file))
+            out["ok"] = True
+        except BaseException as exc:
+            out["ok"] = False
+            out["error"] = f"{type(exc).__name__}: {exc}"
+        out["stats"] = comm_stats()
+        print("RESULT " + json.dumps(out), flush=True)
+        link.leave_launcher_world(world)
+        return
     link.set_link(world)
     addr = scheme_addr("tcp+mpi")
     out = {"results": asyncio.run(run_all(addr, CHECKS))}

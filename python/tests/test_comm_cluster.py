@@ -16,7 +16,6 @@ from distributed import Client, LocalCluster, wait
 import dask_pmix
 from dask_pmix import SidecarPlugin, wait_for_plugin
 
-pool = pytest.importorskip("dask_pmix.pool", reason="the in-process pool (dask_pmix.pool) is not in this checkout")
 
 IMPL = os.environ.get("DASK_PMIX_TEST_IMPL", "openmpi")
 pytestmark = pytest.mark.skipif(IMPL != "openmpi", reason="the in-process pool is Open MPI only")

@@ -1,14 +1,17 @@
 """The embedded sidecar killed outright comes back: the plugin restarts it (reaping the dead one),
-registers the live workers again, the psets it had are back from its state directory, a job it
-was running reads as failed, and the next run_mpi works."""
+registers the live workers again, the psets it had are back from its state directory, the job it
+was running when it died fails its caller and reads as failed from the restarted sidecar, and the
+next run_mpi works. The job across the kill runs in fork mode, whose ranks are children of the
+workers, so the workers stay; in-process members' own fate when the sidecar dies is another test's."""
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
-from dask_pmix import run_mpi
+from dask_pmix import MPIJobError, run_mpi
 from dask_pmix.rest import SidecarClient
 
 from .conftest import IMPL, start_cluster
@@ -16,6 +19,13 @@ from .conftest import IMPL, start_cluster
 
 def _size(comm):
     return comm.allreduce(1)
+
+
+def _long_job(comm):
+    for _ in range(600):
+        comm.Barrier()
+        time.sleep(0.05)
+    return comm.rank
 
 
 def _plugin_proc(client):
@@ -35,7 +45,27 @@ def test_a_killed_sidecar_is_restarted_with_its_psets_and_workers(tmp_path):
         pid, restarts = _plugin_proc(client)
         assert restarts == 0
 
+        # A job running on the pset when the sidecar dies (fork mode: the workers stay).
+        outcome: dict = {}
+
+        def run():
+            try:
+                outcome["results"] = run_mpi(client, _long_job, pset="kept", impl=IMPL, mode="fork")
+            except MPIJobError as e:
+                outcome["error"] = e
+
+        caller = threading.Thread(target=run)
+        caller.start()
+        deadline = time.monotonic() + 30
+        while not (running := [j for j in sidecar.jobs() if j["state"] == "running"]):
+            assert time.monotonic() < deadline and caller.is_alive(), outcome
+            time.sleep(0.1)
+        job_id = running[0]["id"]
+
         os.kill(pid, signal.SIGKILL)
+        caller.join(30)
+        assert not caller.is_alive(), "run_mpi still waits on a job whose sidecar was killed"
+        assert "error" in outcome, outcome
         deadline = time.monotonic() + 60
         while True:
             new_pid, restarts = _plugin_proc(client)
@@ -52,6 +82,7 @@ def test_a_killed_sidecar_is_restarted_with_its_psets_and_workers(tmp_path):
             assert time.monotonic() < deadline, again.workers()
             time.sleep(0.2)
         assert [(p["name"], p["members"]) for p in again.psets()] == [("kept", workers[:2])]
+        assert again.job(job_id)["state"] == "failed", again.job(job_id)
         assert run_mpi(client, _size, pset="kept", impl=IMPL) == [2, 2]
         assert run_mpi(client, _size, n=3, impl=IMPL) == [3, 3, 3]
     finally:

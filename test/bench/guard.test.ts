@@ -1,6 +1,9 @@
 // The perf guard's verdict: ratios compared with their record, never absolute times.
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { geomean, judge } from '../../bench/guard.js';
+import { geomean, judge, recordedRatios } from '../../bench/guard.js';
 import { guardSection } from '../../bench/lib/guard.js';
 
 describe('perf guard', () => {
@@ -28,6 +31,20 @@ describe('perf guard', () => {
 
   it('fails when the runs share no key', () => {
     expect(judge(recorded, { other: 1 }, 2).ok).toBe(false);
+  });
+
+  it('reads a record, and refuses a results file without a guard section or without the file', () => {
+    const dir = mkdtempSync(join(tmpdir(), 'guard-'));
+    const with_ = join(dir, 'with.json');
+    const without = join(dir, 'without.json');
+    const empty = join(dir, 'empty.json');
+    writeFileSync(with_, JSON.stringify({ guard: { ratios: { a: 1.5 } } }));
+    writeFileSync(without, JSON.stringify({ results: {} }));
+    writeFileSync(empty, JSON.stringify({ guard: { ratios: {} } }));
+    expect(recordedRatios(with_)).toEqual({ a: 1.5 });
+    expect(recordedRatios(without)).toMatch(/has no guard\.ratios/);
+    expect(recordedRatios(empty)).toMatch(/has no guard\.ratios/);
+    expect(recordedRatios(join(dir, 'absent.json'))).toMatch(/does not exist/);
   });
 
   it('records only finite positive ratios', () => {

@@ -46,10 +46,7 @@ def current_link() -> Optional[PoolLink]:
 
 
 def _from_pool() -> Optional[PoolLink]:
-    try:
-        from .. import pool  # the in-process pool (issue 9)
-    except ImportError:
-        return None
+    from .. import pool
     member = pool.current()
     if member is None or not hasattr(member, "session"):
         # An MPICH / Intel MPI world (pool.World) has no pool ranks to build communicators from.
@@ -83,10 +80,7 @@ def _leave_pool() -> None:
 
 def pool_starting() -> bool:
     """Whether this process is joining a pool right now (its session is being initialised)."""
-    try:
-        from .. import pool
-    except ImportError:
-        return False
+    from .. import pool
     status = getattr(pool, "status", None)
     return status is not None and status().get("state") == "starting"
 
