@@ -2,6 +2,7 @@
 #include <napi.h>
 
 #include "constants.h"
+#include "pmi/engine.h"
 #include "relay.h"
 #include "roundtrip.h"
 #include "server.h"
@@ -15,6 +16,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   dpmix::InitWatchdog(env, exports);
   dpmix::InitRoundTrip(env, exports);
   dpmix::InitRelay(env, exports);
+  dpmix::pmi::InitPmiEngine(env, exports);
   return exports;
 }
 

@@ -6,8 +6,14 @@
 // closing before finalize tells the core the member is lost, so no job waits on a dead peer.
 // The server itself closes a connection only when it cannot be framed any more or an unbound
 // client's initack is refused: MPICH 5's client crashes on EOF while it awaits a reply.
+//
+// A connection starts on its Node socket. Once bound to a member whose job the native engine
+// serves (`member.engine`), nothing more is read here: when the bind's reply has gone out, the
+// socket goes to the engine (engine.ts) with whatever was received after the bind, and from then
+// on this object answers only the frames the engine passes up, through the engine.
 import type { Socket } from 'node:net';
 import { ConnectionState } from './connection-state.js';
+import type { EngineConnEvent, EngineFrame, PmiEngine } from './engine.js';
 import { PmiError, errorMessage } from './errors.js';
 import type { PmiJobCore } from './job-core.js';
 import { formatPmi1Error, parsePmi1Line } from './pmi1-codec.js';
@@ -40,11 +46,17 @@ export class PmiConnection {
   /** PMI-1 frames whose reply has not gone out. */
   private pmi1Pending = 0;
   private readonly closedPromise: Promise<void>;
+  private resolveClosed!: () => void;
+  /** The hand-over to the engine: none, waiting for the bind's reply to go out, done. */
+  private handover: 'none' | 'waiting' | 'done' = 'none';
+  /** Bytes that arrived while the hand-over waited. */
+  private held: Buffer[] = [];
 
   constructor(
     readonly id: number,
     private readonly socket: Socket,
     core: PmiJobCore,
+    private readonly engine?: PmiEngine,
     private readonly trace?: Trace,
     private readonly onError?: (what: string, err: unknown) => void,
     bindTimeoutMs = 30_000,
@@ -67,75 +79,145 @@ export class PmiConnection {
     }, bindTimeoutMs);
     bindTimer.unref();
     this.closedPromise = new Promise((resolve) => {
-      socket.on('close', () => {
-        clearTimeout(bindTimer);
-        this.onClose();
-        resolve();
-      });
+      this.resolveClosed = resolve;
+    });
+    socket.on('close', () => {
+      clearTimeout(bindTimer);
+      // Handed over: the socket closed here is this process's copy; the engine reports the end.
+      if (this.handover === 'done') return;
+      this.onClose();
     });
   }
 
-  /** Resolves once the socket has closed and the core has been told. */
+  /** Resolves once the connection has closed and the core has been told. */
   get done(): Promise<void> {
     return this.closedPromise;
   }
 
   /** Hangs up (listener shutdown). The member, if not finalized, is reported lost. */
   destroy(): void {
-    this.socket.destroy();
+    if (this.handover === 'done') this.engine!.closeConn(this.id);
+    else this.socket.destroy();
   }
 
   private onData(chunk: Buffer): void {
-    for (const frame of this.framer.push(chunk)) this.dispatch(frame);
+    if (this.handover !== 'none') {
+      this.held.push(chunk);
+      return;
+    }
+    this.framer.append(chunk);
+    for (let frame = this.framer.take(); frame; frame = this.framer.take()) {
+      this.dispatch(frame);
+      if (this.handover === 'none' && this.state.phase === 'bound' && this.state.member?.engine && this.engine) {
+        // Bound to a member the engine serves: nothing more is read or answered here.
+        this.handover = 'waiting';
+        this.socket.pause();
+        this.handOver();
+        return;
+      }
+    }
   }
 
-  private dispatch(frame: Frame): void {
+  /** Hands the socket to the engine once every reply of this side has been written. */
+  private handOver(): void {
+    if (this.handover !== 'waiting' || this.closed || this.inFlight > 0) return;
+    if (this.socket.writableLength > 0) {
+      this.socket.once('drain', () => this.handOver());
+      return;
+    }
+    const seat = this.state.member!.engine!;
+    const fd = (this.socket as unknown as { _handle?: { fd?: number } })._handle?.fd;
+    // Whatever Node has buffered comes through onData (held) when read out.
+    this.socket.read();
+    const rest = this.framer.rest();
+    const leftover = rest.bytes + Buffer.concat(this.held).toString('latin1');
+    this.held = [];
+    if (typeof fd !== 'number' || fd < 0) {
+      this.fail(new Error('the PMI connection has no file descriptor to hand to the engine'));
+      return;
+    }
+    try {
+      this.engine!.adopt(fd, this.id, (ev) => this.fromEngine(ev), seat.job, seat.rank, {
+        escapes: this.state.pmi2Escapes,
+        fullinitDue: this.state.boundBy === 'initack',
+        skipLine: rest.skipLine,
+        skipBytes: rest.skipBytes,
+      }, leftover);
+    } catch (e) {
+      this.fail(e);
+      return;
+    }
+    this.handover = 'done';
+    this.socket.destroy();
+  }
+
+  private fromEngine(ev: EngineConnEvent): void {
+    switch (ev.type) {
+      case 'frame':
+        // The engine's view of the connection is the one that counts.
+        this.state.phase = ev.phase;
+        this.state.pmi2Escapes = ev.escapes;
+        if (this.state.boundBy) this.state.boundBy = ev.fullinitDue ? 'initack' : 'fullinit';
+        this.dispatch(engineFrame(ev), ev.seq);
+        return;
+      case 'closed':
+        this.state.phase = ev.phase;
+        this.onClose();
+        return;
+      case 'trace':
+        this.trace?.({ conn: this.id, dir: ev.dir, text: ev.text });
+        return;
+    }
+  }
+
+  /** Handles one frame; `seq` is the engine's number for it once the engine reads the socket. */
+  private dispatch(frame: Frame, seq?: number): void {
     // A refused PMI_ID: whatever else the client sent along is not looked at (no second guess).
     if (this.state.phase === 'refused') return;
     switch (frame.kind) {
       case 'line': {
-        this.traceIn(frame.text);
+        if (seq === undefined) this.traceIn(frame.text);
         let cmd;
         try {
           cmd = parsePmi1Line(frame.text);
         } catch (e) {
           const name = /^cmd=([A-Za-z0-9_-]{1,40})/.exec(frame.text)?.[1];
           const response = (name && PMI1_RESPONSE[name]) ?? PMI1_UNKNOWN_RESPONSE;
-          this.inOrder(() => formatPmi1Error(response, asPmiError(e)));
+          this.inOrder(() => formatPmi1Error(response, asPmiError(e)), seq);
           return;
         }
         // Lines queued behind a refused initack were dispatched before it ran.
-        this.inOrder(() => (this.state.phase === 'refused' ? null : this.pmi1.handleLine(cmd)));
+        this.inOrder(() => (this.state.phase === 'refused' ? null : this.pmi1.handleLine(cmd)), seq);
         return;
       }
       case 'block':
-        this.traceIn(frame.lines.join('\\n'));
-        this.inOrder(() => this.pmi1.handleSpawnBlock(frame.lines));
+        if (seq === undefined) this.traceIn(frame.lines.join('\\n'));
+        this.inOrder(() => this.pmi1.handleSpawnBlock(frame.lines), seq);
         return;
       case 'pmi2': {
-        this.traceIn(frame.body);
+        if (seq === undefined) this.traceIn(frame.body);
         let cmd;
         try {
           cmd = parsePmi2Body(frame.body);
         } catch (e) {
           const name = /^cmd=([A-Za-z0-9_-]{1,40})/.exec(frame.body)?.[1] ?? 'error';
-          this.send({ text: formatPmi2Error(`${name}-response`, asPmiError(e)) });
+          this.send({ text: formatPmi2Error(`${name}-response`, asPmiError(e)) }, seq);
           return;
         }
-        this.track(this.pmi2.handle(cmd).then((r) => this.send(r), (e) => this.fail(e)));
+        this.track(this.pmi2.handle(cmd).then((r) => this.send(r, seq), (e) => this.fail(e)));
         return;
       }
       case 'error': {
-        this.traceIn(`<framing error: ${frame.message}>`);
+        if (seq === undefined) this.traceIn(`<framing error: ${frame.message}>`);
         const err = new PmiError(frame.message);
         const text = frame.wire === 2 ? formatPmi2Error('error-response', err) : formatPmi1Error(PMI1_UNKNOWN_RESPONSE, err);
         if (frame.fatal) {
           // Nothing after this can be framed: answer, then hang up.
-          this.inOrder(() => ({ text, close: true }));
+          this.inOrder(() => ({ text, close: true }), seq);
         } else if (frame.wire === 2) {
-          this.send(text);
+          this.send(text, seq);
         } else {
-          this.inOrder(() => text);
+          this.inOrder(() => text, seq);
         }
         return;
       }
@@ -147,7 +229,7 @@ export class PmiConnection {
    * at once (most commands: no promise, no queue); once one waits (a barrier), later frames
    * queue behind it.
    */
-  private inOrder(work: () => Out | Promise<Out>): void {
+  private inOrder(work: () => Out | Promise<Out>, seq: number | undefined): void {
     if (this.pmi1Pending === 0) {
       let r: Out | Promise<Out>;
       try {
@@ -157,36 +239,37 @@ export class PmiConnection {
         return;
       }
       if (!(r instanceof Promise)) {
-        this.send(r);
+        this.send(r, seq);
         return;
       }
-      this.queued(r);
+      this.queued(r, seq);
       return;
     }
-    this.queued(this.serial.then(work));
+    this.queued(this.serial.then(work), seq);
   }
 
   /** A PMI-1 reply still to come: later frames wait for it, and it counts as in flight. */
-  private queued(r: Promise<Out>): void {
+  private queued(r: Promise<Out>, seq: number | undefined): void {
     this.pmi1Pending++;
     this.started();
     this.serial = r.then(
       (x) => {
         this.pmi1Pending--;
+        this.send(x, seq);
         this.settled();
-        this.send(x);
       },
       (e: unknown) => {
         this.pmi1Pending--;
-        this.settled();
         this.fail(e);
+        this.settled();
       },
     );
   }
 
   /**
    * Counts commands not yet answered. A client that keeps sending without reading its replies
-   * is stopped being read from, so its queue (and our memory) stays bounded.
+   * is stopped being read from, so its queue (and our memory) stays bounded. (Once handed over,
+   * the engine counts them.)
    */
   private track(p: Promise<void>): void {
     this.started();
@@ -194,14 +277,23 @@ export class PmiConnection {
   }
 
   private started(): void {
-    if (++this.inFlight === MAX_IN_FLIGHT) this.socket.pause();
+    if (++this.inFlight === MAX_IN_FLIGHT && this.handover === 'none') this.socket.pause();
   }
 
   private settled(): void {
-    if (--this.inFlight === RESUME_BELOW && !this.closed) this.socket.resume();
+    --this.inFlight;
+    if (this.handover === 'waiting') this.handOver();
+    else if (this.inFlight === RESUME_BELOW && !this.closed && this.handover === 'none') this.socket.resume();
   }
 
-  private send(r: Out): void {
+  /** The reply to a frame: through the engine once it reads the socket (`seq`), else on the socket. */
+  private send(r: Out, seq: number | undefined): void {
+    if (seq !== undefined) {
+      if (this.closed) return;
+      const text = r === null ? null : typeof r === 'string' ? r : r.text;
+      this.engine!.reply(this.id, seq, text, typeof r === 'object' && r !== null && r.close === true);
+      return;
+    }
     if (!r || this.closed) return;
     if (typeof r === 'string') {
       this.trace?.({ conn: this.id, dir: 'out', text: r });
@@ -220,7 +312,8 @@ export class PmiConnection {
   private fail(e: unknown): void {
     this.trace?.({ conn: this.id, dir: 'close', text: `internal error: ${errorMessage(e)}` });
     this.onError?.('PMI command handler', e);
-    this.socket.destroy();
+    if (this.handover === 'done') this.engine!.closeConn(this.id);
+    else this.socket.destroy();
   }
 
   private traceIn(text: string): void {
@@ -231,14 +324,24 @@ export class PmiConnection {
     if (this.closed) return;
     this.closed = true;
     const { member, phase } = this.state;
-    this.trace?.({ conn: this.id, dir: 'close', text: phase });
-    if (!member) return;
+    if (this.handover !== 'done') this.trace?.({ conn: this.id, dir: 'close', text: phase });
     try {
-      member.disconnected(phase === 'bound' ? 'its PMI connection closed before PMI finalize' : `connection closed after ${phase}`);
+      if (member) member.disconnected(phase === 'bound' ? 'its PMI connection closed before PMI finalize' : `connection closed after ${phase}`);
     } catch (e) {
       // The core's trouble, not this connection's.
       this.onError?.('member disconnect', e);
+    } finally {
+      this.resolveClosed();
     }
+  }
+}
+
+function engineFrame(ev: EngineFrame): Frame {
+  switch (ev.kind) {
+    case 'line': return { kind: 'line', text: ev.text };
+    case 'block': return { kind: 'block', lines: ev.text.split('\n') };
+    case 'pmi2': return { kind: 'pmi2', body: ev.text };
+    case 'error': return { kind: 'error', wire: ev.wire, message: ev.text, fatal: ev.fatal };
   }
 }
 

@@ -11,6 +11,8 @@
 // and the core fails the job, which rejects every pending fence and node-attribute wait of the
 // job's other members and makes their later calls fail).
 
+import type { EngineJob } from './engine.js';
+
 export interface PmiMemberInfo {
   readonly jobId: string;
   /** The PMI kvsname (PMI-2 jobid) clients must quote; the job's namespace in the core. */
@@ -46,9 +48,16 @@ export interface SpawnRequest {
   readonly preput: readonly (readonly [string, string])[];
 }
 
-/** A member as one connection sees it. Every call may throw an Error meant for the client. */
+/**
+ * A member as one connection sees it. Every call may throw an Error meant for the client.
+ *
+ * With `engine` set, the core runs the member's job in the native engine (engine.ts): once bound,
+ * the connection is handed over, and the key-value and fence calls (put, get, fence, putNodeAttr,
+ * getNodeAttr) are the engine's, never made here.
+ */
 export interface PmiMember {
   readonly info: PmiMemberInfo;
+  readonly engine?: { readonly job: EngineJob; readonly rank: number };
 
   /** Stages a key; other ranks see it after the next fence, this rank at once. */
   put(key: string, value: string): void;

@@ -8,6 +8,7 @@ import { createServer, type Server, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { PmiConnection, type Trace } from './connection.js';
+import { PmiEngine } from './engine.js';
 import type { PmiJobCore } from './job-core.js';
 
 export interface PmiListenerOptions {
@@ -43,6 +44,8 @@ export class PmiListener {
     readonly host: string,
     readonly port: number,
     private readonly local: { server: Server; dir: string; path: string } | undefined,
+    /** Serves the bound connections of jobs the core runs in it (engine.ts). */
+    readonly engine: PmiEngine,
   ) {}
 
   /** The UNIX socket for ranks on this host, if any. */
@@ -86,7 +89,7 @@ export class PmiListener {
         throw e;
       }
     }
-    self = new PmiListener(server, host, addr.port, local);
+    self = new PmiListener(server, host, addr.port, local, new PmiEngine(opts.trace !== undefined, opts.onError));
     for (const s of early) self.accept(s, opts);
     return self;
   }
@@ -107,12 +110,13 @@ export class PmiListener {
     const conns = [...this.connections];
     for (const c of conns) c.destroy();
     await Promise.all(conns.map((c) => c.done));
+    this.engine.stop();
     await Promise.all(closed);
     if (this.local) rmSync(this.local.dir, { recursive: true, force: true });
   }
 
   private accept(socket: Socket, opts: PmiListenerOptions): void {
-    const conn = new PmiConnection(this.nextId++, socket, opts.core, opts.trace, opts.onError, opts.bindTimeoutMs ?? BIND_TIMEOUT_MS);
+    const conn = new PmiConnection(this.nextId++, socket, opts.core, this.engine, opts.trace, opts.onError, opts.bindTimeoutMs ?? BIND_TIMEOUT_MS);
     this.connections.add(conn);
     void conn.done.then(() => this.connections.delete(conn));
     const max = opts.maxUnbound ?? MAX_UNBOUND;

@@ -30,21 +30,36 @@ export class WireFramer {
 
   /** Feeds bytes; returns the frames completed by them. */
   push(chunk: Buffer | string): Frame[] {
-    if (this.dead) return [];
-    this.buf += typeof chunk === 'string' ? chunk : chunk.toString('latin1');
+    this.append(chunk);
     const out: Frame[] = [];
-    for (;;) {
-      if (this.skip && !this.skipAhead()) break;
-      const frame = this.next();
-      if (!frame) break;
-      out.push(frame);
-      if (frame.kind === 'error' && frame.fatal) {
-        this.dead = true;
-        this.buf = '';
-        break;
-      }
-    }
+    for (let frame = this.take(); frame; frame = this.take()) out.push(frame);
     return out;
+  }
+
+  /** Feeds bytes without framing them yet (see take). */
+  append(chunk: Buffer | string): void {
+    if (!this.dead) this.buf += typeof chunk === 'string' ? chunk : chunk.toString('latin1');
+  }
+
+  /** The next complete frame, or null until more bytes come. */
+  take(): Frame | null {
+    if (this.dead) return null;
+    if (this.skip && !this.skipAhead()) return null;
+    const frame = this.cut();
+    if (frame?.kind === 'error' && frame.fatal) {
+      this.dead = true;
+      this.buf = '';
+    }
+    return frame;
+  }
+
+  /**
+   * What is buffered and not framed, and what is being skipped (the rest of an over-long line,
+   * or `bytes` more of an over-long PMI-2 body): for whoever reads the stream on from here.
+   */
+  rest(): { bytes: string; skipLine: boolean; skipBytes: number } {
+    const s = this.skip;
+    return { bytes: this.buf, skipLine: s?.until === 'newline', skipBytes: s?.until === 'bytes' ? s.left : 0 };
   }
 
   /** Bytes buffered but not yet framed (bounded by the frame limits). */
@@ -72,7 +87,7 @@ export class WireFramer {
     return true;
   }
 
-  private next(): Frame | null {
+  private cut(): Frame | null {
     const b = this.buf;
     if (b.length === 0) return null;
     if (b.startsWith('cmd=')) return this.line();

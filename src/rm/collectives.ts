@@ -43,10 +43,32 @@ interface Instance {
 
 export type CollectiveObserver = (name: string, seconds: number, outcome: 'ok' | 'failed' | 'timeout') => void;
 
+/**
+ * Carries out one collective of the job somewhere else (the PMI engine runs a PMI job's `fence`
+ * on its own thread), under this model's rules: the core still decides which ranks are gone and
+ * when the job ends, and tells the delegate, whose pending and later instances fail with the
+ * messages it is given.
+ */
+export interface CollectiveDelegate {
+  rankGone(rank: number, message: string): void;
+  close(message: string): void;
+}
+
+/** What a delegate starts from, and where it reports each instance that ended. */
+export interface DelegatedCollective {
+  readonly timeoutMs: number;
+  /** Ranks already gone, with the message their collectives fail with. */
+  readonly gone: readonly (readonly [number, string])[];
+  /** Set if the job has ended already. */
+  readonly closed: string | undefined;
+  observe(seconds: number, outcome: 'ok' | 'failed' | 'timeout'): void;
+}
+
 export class Collectives {
   private readonly pending = new Map<string, Instance>();
   private readonly epochs = new Map<string, number>();
   private readonly dead = new Map<number, string>();
+  private readonly delegates = new Map<string, CollectiveDelegate>();
   private closedReason: string | undefined;
   /** Every rank, made once: most joins are over the whole job, and a join must cost O(contributors), not O(size). */
   private everyone: { list: readonly number[]; set: ReadonlySet<number> } | undefined;
@@ -66,8 +88,24 @@ export class Collectives {
     }
   }
 
+  /**
+   * Hands the collective `name` over to `delegate` (see CollectiveDelegate); joins of it here
+   * are refused from now on.
+   */
+  delegate(name: string, delegate: CollectiveDelegate): DelegatedCollective {
+    if (this.delegates.has(name)) throw new RmError('conflict', `collective '${name}' is already carried out elsewhere`);
+    this.delegates.set(name, delegate);
+    return {
+      timeoutMs: this.defaultTimeoutMs,
+      gone: [...this.dead].map(([r, why]) => [r, goneMessage(name, r, why)] as const),
+      closed: this.closedReason,
+      observe: (seconds, outcome) => this.observer?.(name, seconds, outcome),
+    };
+  }
+
   private joinOrThrow(req: JoinRequest): Promise<CollectiveResult> {
     if (this.closedReason !== undefined) throw new RmError('aborted', this.closedReason);
+    if (this.delegates.has(req.name)) throw new RmError('conflict', `collective '${req.name}' of this job is carried out elsewhere`);
     let participants: readonly number[];
     let pset: ReadonlySet<number>;
     if (req.participants === 'all') {
@@ -95,7 +133,7 @@ export class Collectives {
       // A rank that is gone and has not joined this instance never will.
       if (pset.has(r) && !req.contributors.includes(r) && !inst?.arrived.has(r)) {
         for (const c of req.contributors) this.epochs.set(`${req.name}|${sig}|${c}`, epoch);
-        throw new RmError('aborted', `collective '${req.name}' cannot complete: rank ${r} ${why}`);
+        throw new RmError('aborted', goneMessage(req.name, r, why));
       }
     }
     if (!inst) {
@@ -143,20 +181,26 @@ export class Collectives {
     if (!this.dead.has(rank)) this.dead.set(rank, why);
     for (const inst of [...this.pending.values()]) {
       if (inst.participants.has(rank) && !inst.arrived.has(rank)) {
-        this.fail(inst, new RmError('aborted', `collective '${inst.name}' cannot complete: rank ${rank} ${why}`), 'failed');
+        this.fail(inst, new RmError('aborted', goneMessage(inst.name, rank, why)), 'failed');
       }
     }
+    for (const [name, d] of this.delegates) d.rankGone(rank, goneMessage(name, rank, why));
   }
 
   /** The job ended: every pending collective fails, and so does every later join. */
   close(reason: string): void {
     this.closedReason = reason;
     for (const inst of [...this.pending.values()]) this.fail(inst, new RmError('aborted', reason), 'failed');
+    for (const d of this.delegates.values()) d.close(reason);
   }
 
   get pendingCount(): number {
     return this.pending.size;
   }
+}
+
+function goneMessage(name: string, rank: number, why: string): string {
+  return `collective '${name}' cannot complete: rank ${rank} ${why}`;
 }
 
 function range(n: number): number[] {

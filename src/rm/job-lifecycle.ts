@@ -25,7 +25,9 @@
 // (ResourceManager), which hands them in.
 import type { JobBackend } from './backend.js';
 import { isoTime, type Clock, type TimerHandle } from './clock.js';
-import { Collectives, type CollectiveObserver, type CollectiveResult, type JoinRequest } from './collectives.js';
+import {
+  Collectives, type CollectiveDelegate, type CollectiveObserver, type CollectiveResult, type DelegatedCollective, type JoinRequest,
+} from './collectives.js';
 import { Admission } from './admission.js';
 import { RmError } from './errors.js';
 import type { EventLog } from './events.js';
@@ -557,6 +559,11 @@ export class JobLifecycle {
     } catch (e) {
       return Promise.reject(e);
     }
+  }
+
+  /** Hands a collective of the job over to a delegate (collectives.ts CollectiveDelegate). */
+  delegateCollective(namespace: string, name: string, delegate: CollectiveDelegate): DelegatedCollective {
+    return this.runtimeOf(namespace).collectives.delegate(name, delegate);
   }
 
   /** The job's key-value space (PMI put/get, kvs-put/kvs-get, node attributes). */

@@ -6,7 +6,7 @@
 // creating and releasing a job, and the policy (a port, policy.ts) is injected.
 import type { JobBackend } from './backend.js';
 import { realClock, isoTime, type Clock } from './clock.js';
-import type { CollectiveObserver, CollectiveResult, JoinRequest } from './collectives.js';
+import type { CollectiveDelegate, CollectiveObserver, CollectiveResult, DelegatedCollective, JoinRequest } from './collectives.js';
 import { ContextIds } from './context-ids.js';
 import { RmError } from './errors.js';
 import { EventLog } from './events.js';
@@ -499,6 +499,11 @@ export class ResourceManager {
   /** Joins a collective of the job (fence, barrier, kvs-fence, group construct). */
   collective(namespace: string, req: JoinRequest): Promise<CollectiveResult> {
     return this.jobs.collective(namespace, req);
+  }
+
+  /** Hands a collective of the job over to a delegate (collectives.ts CollectiveDelegate). */
+  delegateCollective(namespace: string, name: string, delegate: CollectiveDelegate): DelegatedCollective {
+    return this.jobs.delegateCollective(namespace, name, delegate);
   }
 
   /** The job's key-value space (PMI put/get, kvs-put/kvs-get, node attributes). */

@@ -9,12 +9,33 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { hostname, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
-import { PmiError, PmiListener, newPmiId, type PmiJobCore, type PmiMember, type Trace } from '../pmi/index.js';
+import { LIMITS, PmiError, PmiListener, newPmiId, processMapping, type PmiJobCore, type PmiMember, type Trace } from '../pmi/index.js';
+import type { EngineJob } from '../pmi/engine.js';
 import type { Impl, Job, JobBackend, JobMember, ResourceManager, Worker } from '../rm/index.js';
 import { DEFAULT_MEMBER_ENV } from './default-env.js';
-import { DEFAULT_PMI_JOB_LIMITS, PmiJobStore, type PmiJobLimits } from './pmi-job-store.js';
-import { RmPmiMember, type PmiJob } from './pmi-member.js';
+import { FENCE, RmPmiMember, type PmiJob } from './pmi-member.js';
 import { asPmiError } from './pmi-names.js';
+
+/**
+ * What the clients of one job may store, a budget a hostile or broken client cannot exceed:
+ * going past it is the client's error (rc=-1 msg=...), never the sidecar's memory. The engine
+ * keeps it (native/src/pmi/job.cc).
+ */
+export interface PmiJobLimits {
+  /** Distinct keys held, staged and committed (node attributes included). */
+  kvEntries: number;
+  /** Bytes of keys and values held, staged and committed. */
+  kvBytes: number;
+  /** put / kvs-put / info-putnodeattr calls over the job's life (overwrites included). */
+  puts: number;
+}
+
+/**
+ * Far above what MPI needs (MPICH puts a few keys per rank, and a node root's business card
+ * as nine 1 KiB segments: a 4,096-rank job on 256 hosts holds about 15,000 entries and 5 MB),
+ * and far below what would hurt the sidecar.
+ */
+export const DEFAULT_PMI_JOB_LIMITS: Readonly<PmiJobLimits> = { kvEntries: 65_536, kvBytes: 32 * 1024 * 1024, puts: 1_048_576 };
 
 export interface PmiBackendOptions {
   rm: ResourceManager;
@@ -102,7 +123,6 @@ export class PmiBackend implements JobBackend, PmiJobCore {
       job,
       pmiIds: job.members.map(() => newPmiId()),
       hosts: job.members.map((m) => m.host),
-      store: new PmiJobStore(job.id, job.members.length, () => this.opts.rm.kv(job.namespace), this.opts.limits ?? DEFAULT_PMI_JOB_LIMITS),
       connected: job.members.map(() => false),
       released: false,
     };
@@ -160,6 +180,10 @@ export class PmiBackend implements JobBackend, PmiJobCore {
     const pj = this.jobs.get(job.id);
     if (!pj) return;
     pj.released = true;
+    if (pj.engine) {
+      pj.engine.release(`job ${job.id} has ended and been released`);
+      this.listener.engine.forget(pj.engine);
+    }
     this.jobs.delete(job.id);
     for (const id of pj.pmiIds) this.byPmiId.delete(id);
   }
@@ -187,10 +211,48 @@ export class PmiBackend implements JobBackend, PmiJobCore {
       throw asPmiError(e);
     }
     pj.connected[rank] = true;
+    pj.engine ??= this.engineJob(pj);
     const local = LOCAL_HOSTS.has(pj.hosts[rank]!);
-    return new RmPmiMember(this.opts.rm, pj, rank, local ? this.topologyFile : undefined, () => {
+    return new RmPmiMember(this.opts.rm, pj, rank, pj.engine, local ? this.topologyFile : undefined, () => {
       pj.connected[rank] = false;
     });
+  }
+
+  /**
+   * The job in the native engine, with the core's `fence` collective handed over to it: the
+   * core goes on deciding who is gone and when the job ends, the engine applies it.
+   */
+  private engineJob(pj: PmiJob): EngineJob {
+    const { job, hosts } = pj;
+    const size = job.members.length;
+    const nodes = new Map<string, number>();
+    for (const h of hosts) if (!nodes.has(h)) nodes.set(h, nodes.size);
+    // Longer than a reply line can carry: MPICH falls back to exchanging host names.
+    const mapping = hosts.length === size ? processMapping(hosts) : '';
+    const derived: [string, string][] = [['universeSize', String(size)], ['PMI_universe_size', String(size)]];
+    if (mapping !== '' && mapping.length <= LIMITS.valueMax - 64) derived.push(['PMI_process_mapping', mapping]);
+    let engine: EngineJob | undefined;
+    const delegated = this.opts.rm.delegateCollective(job.namespace, FENCE, {
+      rankGone: (rank, message) => engine?.rankGone(rank, message),
+      close: (message) => engine?.close(message),
+    });
+    engine = this.listener.engine.createJob({
+      jobId: job.id,
+      kvsname: job.namespace,
+      size,
+      appnum: 0,
+      universeSize: size,
+      node: hosts.map((h) => nodes.get(h)!),
+      derived,
+      localAttrs: this.topologyFile ? [['PMI_hwloc_xmlfile', this.topologyFile]] : [],
+      local: hosts.map((h) => LOCAL_HOSTS.has(h)),
+      limits: this.opts.limits ?? DEFAULT_PMI_JOB_LIMITS,
+      timeoutMs: delegated.timeoutMs,
+    });
+    engine.onFence = (seconds, outcome) => delegated.observe(seconds, outcome);
+    for (const [rank, message] of delegated.gone) engine.rankGone(rank, message);
+    if (delegated.closed !== undefined) engine.close(delegated.closed);
+    return engine;
   }
 
   private require(jobId: string): PmiJob {

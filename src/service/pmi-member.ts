@@ -1,16 +1,15 @@
 // One connected member of an MPICH / Intel MPI job, as the PMI wire server sees it: each PMI
-// command becomes the core's call (the job's collective, key-value store, name service and
-// state machine). The core's errors reach the client as PmiErrors (rc=-1 msg=...).
+// command the native engine passes up becomes the core's call (name service, abort, finalize,
+// the job's state machine). The core's errors reach the client as PmiErrors (rc=-1 msg=...).
 //
-// The one thing PMI adds on top of the core is when a put becomes visible: PMI says at the next
-// barrier / kvs-fence (hydra caches puts until then), so a member's puts are staged
-// (pmi-job-store.ts) and committed to the job's store when that member's fence completes. All
-// members' fences complete in one synchronous step in the core, and each commit runs before any
-// further command can be read, so no rank sees a half-committed epoch.
+// The job's key-value space and its `fence` collective (PMI-1 barrier, PMI-2 kvs-fence) live in
+// the native PMI engine (src/pmi/engine.ts), which answers those commands on its own thread;
+// src/rm hands the collective over to it (pmi-backend.ts) and keeps deciding which ranks are gone
+// and when the job ends.
 import { PmiError, type KvsLookup, type PmiMember, type PmiMemberInfo } from '../pmi/index.js';
+import type { EngineJob } from '../pmi/engine.js';
 import { isActive, type Job, type ResourceManager } from '../rm/index.js';
-import type { PmiJobStore } from './pmi-job-store.js';
-import { asPmiError, core, coreAsync, lookupName, publishName, unpublishName } from './pmi-names.js';
+import { core, lookupName, publishName, unpublishName } from './pmi-names.js';
 
 /** The collective a PMI-1 barrier and a PMI-2 kvs-fence join: the same one a PMIx fence joins. */
 export const FENCE = 'fence';
@@ -21,32 +20,35 @@ export interface PmiJob {
   /** Each rank's credential (src/pmi/credential.ts). */
   pmiIds: string[];
   hosts: string[];
-  /** Staged and committed puts, within the job's limits. */
-  store: PmiJobStore;
+  /** The job in the native engine, made when its first member binds. */
+  engine?: EngineJob;
   /** Which ranks have a live connection. */
   connected: boolean[];
   /** Released by the core: nothing of it is reported any more. */
   released: boolean;
 }
 
-/** Keys of node attributes inside the job's store: control characters never occur in PMI keys. */
-const nodeKey = (host: string, key: string) => `\u0001node\u0001${host}\u0001${key}`;
+/** The engine's part: never called on a member it serves. */
+function servedByEngine(): never {
+  throw new PmiError('internal error: this command belongs to the native PMI engine');
+}
 
 export class RmPmiMember implements PmiMember {
   readonly info: PmiMemberInfo;
+  readonly engine: { readonly job: EngineJob; readonly rank: number };
   private readonly ns: string;
-  private readonly host: string;
 
   constructor(
     private readonly rm: ResourceManager,
     private readonly pj: PmiJob,
     private readonly rank: number,
+    engine: EngineJob,
     private readonly topologyFile: string | undefined,
     private readonly detach: () => void,
   ) {
     const job = pj.job;
     this.ns = job.namespace;
-    this.host = pj.hosts[rank]!;
+    this.engine = { job: engine, rank };
     this.info = {
       jobId: job.id,
       kvsname: job.namespace,
@@ -70,26 +72,16 @@ export class RmPmiMember implements PmiMember {
     return { jobId: this.info.jobId, namespace: this.ns, rank: this.rank };
   }
 
-  put(key: string, value: string): void {
-    this.live();
-    core(() => this.pj.store.stage(this.rank, key, value));
+  put(): void {
+    servedByEngine();
   }
 
-  get(key: string): KvsLookup {
-    this.live();
-    return core(() => this.pj.store.lookup(this.rank, key));
+  get(): KvsLookup {
+    servedByEngine();
   }
 
   fence(): Promise<void> {
-    this.live();
-    // One continuation, no async frames: every member's wake-up runs this in the same
-    // microtask drain, commit included (see the file comment).
-    return this.rm.collective(this.ns, { name: FENCE, participants: 'all', contributors: [this.rank] }).then(
-      () => core(() => this.pj.store.commit(this.rank)),
-      (e: unknown) => {
-        throw asPmiError(e);
-      },
-    );
+    servedByEngine();
   }
 
   jobAttr(key: string): string | undefined {
@@ -97,18 +89,12 @@ export class RmPmiMember implements PmiMember {
     return key === 'PMI_hwloc_xmlfile' ? this.topologyFile : undefined;
   }
 
-  putNodeAttr(key: string, value: string): void {
-    this.live();
-    core(() => this.pj.store.putShared(this.rank, nodeKey(this.host, key), value));
+  putNodeAttr(): void {
+    servedByEngine();
   }
 
-  async getNodeAttr(key: string, wait: boolean): Promise<string | undefined> {
-    this.live();
-    const k = nodeKey(this.host, key);
-    return coreAsync(async () => {
-      const kv = this.rm.kv(this.ns);
-      return wait ? kv.waitFor(k) : kv.get(k);
-    });
+  getNodeAttr(): Promise<string | undefined> {
+    servedByEngine();
   }
 
   publish(service: string, port: string): void {
@@ -131,7 +117,6 @@ export class RmPmiMember implements PmiMember {
   }
 
   finalize(): void {
-    this.pj.store.drop(this.rank);
     if (!this.pj.released) core(() => this.rm.memberFinalized(this.ns, this.rank));
   }
 

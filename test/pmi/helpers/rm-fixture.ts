@@ -2,7 +2,7 @@
 // helpers to create MPICH jobs over registered workers and wait for their ends.
 import type { TraceEvent } from '../../../src/pmi/index.js';
 import { PmiBackend, type PmiBackendOptions } from '../../../src/service/pmi-backend.js';
-import { ResourceManager, type Impl, type Job, type JobState } from '../../../src/rm/index.js';
+import { ResourceManager, type Impl, type Job, type JobState, type RmOptions } from '../../../src/rm/index.js';
 import { defaultPolicy } from '../../../src/policy/index.js';
 
 export interface FixtureJob {
@@ -25,9 +25,15 @@ export class PmiRmFixture {
   ) {}
 
   static async start(
-    opts: { traceOn?: boolean; extraEnv?: Record<string, string>; releaseGraceMs?: number } & Pick<PmiBackendOptions, 'limits' | 'bindTimeoutMs' | 'maxUnbound'> = {},
+    opts: { traceOn?: boolean; extraEnv?: Record<string, string>; releaseGraceMs?: number } & Pick<PmiBackendOptions, 'limits' | 'bindTimeoutMs' | 'maxUnbound'>
+      & Pick<RmOptions, 'collectiveTimeoutMs' | 'onCollective'> = {},
   ): Promise<PmiRmFixture> {
-    const rm = new ResourceManager({ policy: defaultPolicy({ releaseGraceMs: opts.releaseGraceMs ?? 2000 }), wiringTimeoutSeconds: 60 });
+    const rm = new ResourceManager({
+      policy: defaultPolicy({ releaseGraceMs: opts.releaseGraceMs ?? 2000 }),
+      wiringTimeoutSeconds: 60,
+      ...(opts.collectiveTimeoutMs !== undefined ? { collectiveTimeoutMs: opts.collectiveTimeoutMs } : {}),
+      ...(opts.onCollective ? { onCollective: opts.onCollective } : {}),
+    });
     const trace: TraceEvent[] = [];
     const errors: { what: string; err: unknown }[] = [];
     const backend = await PmiBackend.start({
