@@ -99,6 +99,10 @@ fuzz_venv() {
   "$ROOT/.venv-fuzz/bin/python" -m pip install -q --disable-pip-version-check -r "$REQ/fuzz.txt"
 }
 step venv-fuzz "$(hash_of "$REQ/fuzz.txt")" fuzz_venv
+# The docs build (Sphinx) and the static checks (ruff, mypy, clang-format), with dask-pmix and its
+# dependencies so that autodoc and mypy see what the tests run.
+step venv-docs "$(hash_of "$REQ/docs.txt" "$REQ/common.lock" "$ROOT/python/pyproject.toml" "$ROOT/python/setup.py")" \
+  make_venv "$ROOT/.venv-docs" "$REQ/docs.txt"
 
 # The wheels a fresh environment installs next to the dask-pmix wheel, downloaded once so that the
 # wheel test installs offline.

@@ -6,6 +6,7 @@ const USAGE = `usage: dask-pmix <command> [options]
 commands:
   serve      run the sidecar (PMIx server, PMI-1/PMI-2 server, REST API)
   demo       run a local Dask cluster, the sidecar, and MPI jobs on its workers
+  openapi    print the REST API's OpenAPI document (JSON)
   --version  print the dask-pmix version and the PMIx library version
   --help     print this help
 `;
@@ -26,6 +27,10 @@ async function main(argv: string[]): Promise<number> {
     case 'demo': {
       const { demo } = await import('./demo.js');
       return demo(rest);
+    }
+    case 'openapi': {
+      const { openapi } = await import('./openapi.js');
+      return openapi();
     }
     case undefined:
     case '--help':

@@ -1,0 +1,262 @@
+"""The performance page's figures and text, and the README's headline table, from
+bench/results/*.json only, so that the docs and the recorded results cannot drift apart.
+
+    python docs/gen/perf.py OUT_DIR     writes OUT_DIR/performance.md and OUT_DIR/perf/*.svg
+    python docs/gen/perf.py --readme    prints the README's headline table
+
+Every figure states what it times, the machine (cores), the load average during the run, the
+configuration, and the results file it comes from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "bench" / "results"
+SIZES = ("2", "4", "8")
+
+
+def load(name: str) -> dict[str, Any]:
+    return json.loads((RESULTS / name).read_text())
+
+
+def _loads(start: Any, end: Any) -> str:
+    def one(x: Any) -> str:
+        return f"{x[0]:.1f}" if isinstance(x, list) else f"{x:.1f}"
+    return f"load average {one(start)} at the start, {one(end)} at the end"
+
+
+# --- the README's headline table ---------------------------------------------------------------
+
+def headline_rows() -> list[tuple[str, str, str, str]]:
+    """(what, dask-pmix, the launcher, ratio) rows from the headline, PMI and comm results."""
+    ompi, mpich, comm = load("headline-openmpi.json"), load("headline-mpich.json"), load("comm.json")
+    rows = []
+
+    def job_row(doc: dict, ref: str, mode: str, which: str, label: str) -> tuple[str, str, str, str]:
+        ours = [doc["sizes"][m][mode][which]["total_median_s"] for m in SIZES]
+        theirs = [doc["sizes"][m][ref]["total_median_s"] for m in SIZES]
+        return (label, " / ".join(f"{s:.3f}" for s in ours) + " s", " / ".join(f"{s:.3f}" for s in theirs) + " s",
+                " / ".join(f"{a / b:.2f}" for a, b in zip(ours, theirs)))
+
+    rows.append(job_row(ompi, "mpirun", "inprocess", "later", "`run_mpi` job, Open MPI in-process, M = 2 / 4 / 8 (vs `mpirun`)"))
+    rows.append(job_row(ompi, "mpirun", "inprocess", "first", "the same, first job on fresh workers"))
+    rows.append(job_row(ompi, "mpirun", "fork", "later", "the same in fork mode"))
+    rows.append(job_row(mpich, "mpiexec_hydra", "fork", "later", "`run_mpi` job, MPICH fork mode (vs hydra `mpiexec`)"))
+    big = next(g for g in comm["get_data"] if g["bytes"] == 64 << 20 and g["concurrency"] == 1)
+    rows.append(("Dask `get_data` 64 MiB, worker to worker (`tcp+mpi://` vs `tcp://`)",
+                 f"{big['tcp+mpi']['throughput_GiB_s']:.2f} GiB/s", f"{big['tcp']['throughput_GiB_s']:.2f} GiB/s",
+                 f"{big['throughput_ratio']:.2f}x"))
+    return rows
+
+
+def readme_table() -> str:
+    lines = ["| what (medians; 2 cores) | dask-pmix | reference | ratio |", "| --- | --- | --- | --- |"]
+    lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in headline_rows()]
+    return "\n".join(lines) + "\n"
+
+
+# --- the figures -------------------------------------------------------------------------------
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update({"svg.hashsalt": "dask-pmix", "font.size": 9, "axes.spines.top": False,
+                         "axes.spines.right": False})
+    return plt
+
+
+def _bars(ax, groups: list[str], series: dict[str, list[float]], ylabel: str, log: bool = False) -> None:
+    n = len(series)
+    width = 0.8 / n
+    for i, (name, values) in enumerate(series.items()):
+        xs = [g + (i - (n - 1) / 2) * width for g in range(len(groups))]
+        ax.bar(xs, values, width, label=name)
+    ax.set_xticks(range(len(groups)), groups)
+    ax.set_ylabel(ylabel)
+    if log:
+        ax.set_yscale("log")
+    ax.legend(frameon=False, fontsize=8)
+
+
+def _save(fig, out: Path, name: str) -> str:
+    """Writes the figure; its path as the page that includes the generated one (docs/) sees it."""
+    (out / "perf").mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    path = out / "perf" / f"{name}.svg"
+    fig.savefig(path, metadata={"Date": None})
+    return Path(os.path.relpath(path.resolve(), ROOT / "docs")).as_posix()
+
+
+def fig_headline(plt, out: Path, file: str, ref: str, ref_label: str, title: str) -> tuple[str, str]:
+    doc = load(file)
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    series = {ref_label: [doc["sizes"][m][ref]["total_median_s"] for m in SIZES]}
+    for mode in ("inprocess", "fork"):
+        for which in ("first", "later"):
+            if mode in doc["sizes"][SIZES[0]]:
+                series[f"{mode}, {which} job"] = [doc["sizes"][m][mode][which]["total_median_s"] for m in SIZES]
+    _bars(ax, [f"M = {m}" for m in SIZES], series, "seconds (median)")
+    ax.set_title(title)
+    path = _save(fig, out, file.removesuffix(".json"))
+    plt.close(fig)
+    later = doc["sizes"][SIZES[0]]["inprocess"]["later"]["runs"]
+    caption = (
+        f"A whole `run_mpi` job, from the call to every result back, against {ref_label} starting the same Python "
+        f"body from scratch with the settings the sidecar gives its members. Each mode on a fresh `LocalCluster` of "
+        f"M workers with one thread each: its first job (one sample) and {later} later ones (medians). "
+        f"Machine: {doc['cpus']} cores; {_loads(doc['load_average_at_start'], doc['load_average_at_end'])}. "
+        f"Configuration: {doc['note']}. Source: `bench/results/{file}`."
+    )
+    return path, caption
+
+
+def fig_pmix(plt, out: Path) -> tuple[str, str]:
+    doc = load("pmix.json")
+    ops = [("fence_us", "fence"), ("fence_data_us", "fence, 64 B collected"), ("dmodex_get_us", "direct-modex get"),
+           ("group_us", "group construct")]
+    fig, axes = plt.subplots(1, len(ops), figsize=(9, 2.6))
+    ranks = [str(r["ranks"]) for r in doc["results"]]
+    for ax, (key, label) in zip(axes, ops):
+        _bars(ax, ranks, {"dask-pmix": [r["ours"][key] for r in doc["results"]],
+                          "prterun": [r["prrte"][key] for r in doc["results"]]}, "µs (median)" if key == "fence_us" else "")
+        ax.set_title(label)
+        ax.set_xlabel("ranks")
+    path = _save(fig, out, "pmix")
+    plt.close(fig)
+    m = doc["machine"]
+    caption = (
+        f"PMIx operations timed inside the same bare client under the sidecar and under `prterun` "
+        f"({doc['reference']}); medians over {doc['iterations']} iterations, then ranks, then {doc['repeats']} "
+        f"alternating repeats. Machine: {m['cpus']} cores ({m['model']}); "
+        f"{_loads(m['load_avg_at_start'], m['load_avg_at_end'])}. Source: `bench/results/pmix.json`."
+    )
+    return path, caption
+
+
+def fig_pmi(plt, out: Path) -> tuple[str, str]:
+    doc = load("pmi.json")
+    res = doc["results"]
+    ranks = [str(r["ranks"]) for r in res]
+    fig, axes = plt.subplots(1, 3, figsize=(9, 2.6))
+    _bars(axes[0], ranks, {"dask-pmix": [r["pmi_latency"]["ours"]["barrier_us"] for r in res],
+                           "hydra": [r["pmi_latency"]["hydra"]["barrier_us"] for r in res]}, "µs (median)")
+    axes[0].set_title("PMI barrier")
+    _bars(axes[1], ranks, {"dask-pmix": [r["pmi_latency"]["ours"]["put_barrier_get_us"] for r in res],
+                           "hydra": [r["pmi_latency"]["hydra"]["put_barrier_get_us"] for r in res]}, "")
+    axes[1].set_title("put + barrier + get")
+    _bars(axes[2], ranks, {"dask-pmix": [r["mpi_init"]["mpich5"]["ours"]["launch_to_last_init_s"] for r in res],
+                           "hydra": [r["mpi_init"]["mpich5"]["hydra"]["launch_to_last_init_s"] for r in res]}, "s (median)")
+    axes[2].set_title("MPI_Init, MPICH 5.0.2")
+    for ax in axes:
+        ax.set_xlabel("ranks")
+    path = _save(fig, out, "pmi")
+    plt.close(fig)
+    load_ = doc["load_avg_1m"]
+    caption = (
+        f"PMI-1 wire operations and MPI_Init (launch to the last rank's return) with the same bare client and MPI "
+        f"program under the sidecar and under hydra's `mpiexec`; {doc['notes'][0]}. Machine: {doc['cpus']} cores; "
+        f"load average (1 min) {load_['min']:.1f}-{load_['max']:.1f} during the run. "
+        f"Configuration: {', '.join(f'{k}={v}' for k, v in doc['env'].items())}. Source: `bench/results/pmi.json`."
+    )
+    return path, caption
+
+
+def fig_comm(plt, out: Path) -> tuple[str, str]:
+    doc = load("comm.json")
+    rows = doc["get_data"]
+
+    def size(b: int) -> str:
+        return f"{b >> 20} MiB" if b >= 1 << 20 else f"{b >> 10} KiB"
+
+    groups = [f"{size(g['bytes'])} x{g['concurrency']}" for g in rows]
+    fig, ax = plt.subplots(figsize=(8, 3))
+    _bars(ax, groups, {"tcp://": [g["tcp"]["throughput_GiB_s"] for g in rows],
+                       "tcp+mpi://": [g["tcp+mpi"]["throughput_GiB_s"] for g in rows]}, "GiB/s (log)", log=True)
+    ax.set_title("Dask get_data between two workers")
+    path = _save(fig, out, "comm")
+    plt.close(fig)
+    wl = doc["workloads"]
+    caption = (
+        f"Throughput of Dask's own `get_data` between workers, size x concurrent requests, over `tcp://` and "
+        f"`tcp+mpi://`, answered by the same worker processes. Workloads on one 4-worker cluster per scheme: "
+        f"`(x + x.T).sum()` over 1 GiB {wl['tcp']['array']['seconds']:.1f} s vs {wl['tcp+mpi']['array']['seconds']:.1f} s, "
+        f"a P2P shuffle {wl['tcp']['shuffle']['seconds']:.1f} s vs {wl['tcp+mpi']['shuffle']['seconds']:.1f} s. "
+        f"Machine: {doc['cpus']} cores; {_loads(doc['load_avg_at_start'], doc['load_avg_at_end'])}. Configuration: "
+        f"workers started by Open MPI's launcher ({doc['cluster']}), so that pairs on one host share memory. "
+        f"Source: `bench/results/comm.json`."
+    )
+    return path, caption
+
+
+def fig_rest(plt, out: Path) -> tuple[str, str]:
+    doc = load("rest.json")
+    res = doc["results"]
+    levels = [("sequential", "sequential"), ("concurrency_8", "8 in flight"), ("concurrency_64", "64 in flight")]
+    series = {
+        "pset define": [res[f"pset_define_{k}"]["ops_per_s"] for k, _ in levels],
+        "pset delete": [res[f"pset_delete_{k}"]["ops_per_s"] for k, _ in levels],
+        "job create + delete": [res[f"job_create_delete_{k}"]["ops_per_s"] for k, _ in levels],
+    }
+    fig, ax = plt.subplots(figsize=(7, 3))
+    _bars(ax, [label for _, label in levels], series, "operations per second")
+    ax.set_title("REST API")
+    path = _save(fig, out, "rest")
+    plt.close(fig)
+    m = doc["machine"]
+    caption = (
+        f"REST operations per second, sequential and with 8 and 64 requests in flight. "
+        f"{doc['notes']['job_create_delete']}. {doc['notes']['client']}. Machine: {m['cpus']} cores ({m['model']}); "
+        f"load average {m['load'][0]:.1f}. Configuration: state directory "
+        f"{'on' if doc['params']['state_dir'] else 'off'}, {doc['params']['transport']}. Source: `bench/results/rest.json`."
+    )
+    return path, caption
+
+
+PAGE_HEAD = """# Performance
+
+Every figure and number on this page is generated at build time by `docs/gen/perf.py` from the
+JSON the benchmarks under `bench/` record in `bench/results/`. The benchmarks run both sides in
+one run (ours and the MPI library's own launcher, or `tcp://`), so ratios are meaningful even on a
+loaded machine; absolute times are upper bounds on the 2-core machine they ran on. Each caption
+says what is timed, the machine, the load during the run and the configuration.
+
+## Headline
+
+"""
+
+
+def write_page(out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    plt = _plt()
+    sections = [
+        ("Jobs, Open MPI", fig_headline(plt, out, "headline-openmpi.json", "mpirun", "mpirun",
+                                        "run_mpi vs mpirun, Open MPI 5.0.11")),
+        ("Jobs, MPICH", fig_headline(plt, out, "headline-mpich.json", "mpiexec_hydra", "mpiexec (hydra)",
+                                     "run_mpi vs mpiexec, MPICH 5.0.2")),
+        ("PMIx server", fig_pmix(plt, out)),
+        ("PMI server", fig_pmi(plt, out)),
+        ("Dask's traffic over MPI", fig_comm(plt, out)),
+        ("REST API", fig_rest(plt, out)),
+    ]
+    body = [PAGE_HEAD + readme_table()]
+    for title, (path, caption) in sections:
+        body.append(f"## {title}\n\n```{{figure}} {path}\n:width: 100%\n\n{caption}\n```\n")
+    (out / "performance.md").write_text("\n".join(body))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--readme"]:
+        sys.stdout.write(readme_table())
+    elif len(sys.argv) == 2:
+        write_page(Path(sys.argv[1]))
+    else:
+        sys.exit(__doc__)
