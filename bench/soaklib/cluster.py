@@ -123,17 +123,18 @@ class DaskCluster:
 
         return self.client.run_on_scheduler(probe)
 
-    def libpmix_port(self) -> int | None:
-        """libpmix's own loopback listener (behind the gate), from the sidecar's start-up log line."""
-        port = None
+    def libpmix_socket(self) -> str | None:
+        """libpmix's own listener behind the gate (a UNIX socket only the sidecar's uid reaches),
+        from the sidecar's start-up log line."""
+        path = None
         try:
             for line in self.sidecar_log.read_text(errors="replace").splitlines():
-                m = re.search(r'"libpmixPort":(\d+)', line)
+                m = re.search(r'"libpmixSocket":"([^"]+)"', line)
                 if m:
-                    port = int(m.group(1))
+                    path = m.group(1)
         except OSError:
             pass
-        return port
+        return path
 
     def metrics(self) -> dict[str, float]:
         """GET /metrics, the dask_pmix_* samples: 'name{labels}' -> value."""

@@ -422,28 +422,33 @@ class Runner:
 
     # -- silent connections -----------------------------------------------------------------------
     def _open_silent(self, cluster: DaskCluster) -> dict:
-        """A TCP connection that sends nothing, to the port a member's environment names
-        (PMIX_SERVER_URI*), or to libpmix's own loopback port behind the gate, or (MPICH) to the PMI
-        listener; it stays open over the next SILENT_JOBS jobs."""
+        """A connection that sends nothing, to the port a member's environment names
+        (PMIX_SERVER_URI*), or to libpmix's own listener behind the gate (a UNIX socket this uid
+        reaches), or (MPICH) to the PMI listener; it stays open over the next SILENT_JOBS jobs."""
         record: dict[str, Any] = {}
         if cluster.name == "mpich":
             text = cluster.sidecar_log.read_text(errors="replace")
             ports = re.findall(r'"pmiPort":"[^"]*:(\d+)"', text)
             record.update(target="pmi", port=int(ports[-1]) if ports else None)
         else:
-            # Alternately the gate's port (what ranks are given) and libpmix's own port behind it.
+            # Alternately the gate's port (what ranks are given) and libpmix's own listener behind it.
             self._silent_openmpi += 1
-            if self._silent_openmpi % 2 == 1 or cluster.libpmix_port() is None:
+            if self._silent_openmpi % 2 == 1 or cluster.libpmix_socket() is None:
                 uris = self._member_uris(cluster)
                 m = next((re.search(r"tcp4?://[^;]*:(\d+)", v) for v in uris.values()), None)
                 record.update(target="pmix-gate", port=int(m.group(1)) if m else None, env=sorted(uris))
             else:
-                record.update(target="libpmix-loopback", port=cluster.libpmix_port())
+                record.update(target="libpmix-unix", port=0, path=cluster.libpmix_socket())
         if record.get("port") is None:
             record["error"] = "no port found"
             return record
         try:
-            s = socket.create_connection(("127.0.0.1", record["port"]), timeout=5)
+            if record.get("path"):
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s.settimeout(5)
+                s.connect(record["path"])
+            else:
+                s = socket.create_connection(("127.0.0.1", record["port"]), timeout=5)
         except OSError as e:
             record["error"] = f"connecting to port {record['port']}: {e}"
             record["sidecar_listening"] = listening_ports(cluster.sidecar()["pid"])

@@ -2,10 +2,11 @@
 #include <napi.h>
 
 #include "constants.h"
+#include "handoff.h"
 #include "pmi/engine.h"
-#include "relay.h"
 #include "roundtrip.h"
 #include "server.h"
+#include "tcp.h"
 #include "watchdog.h"
 
 namespace {
@@ -15,7 +16,8 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   dpmix::InitConstants(env, exports);
   dpmix::InitWatchdog(env, exports);
   dpmix::InitRoundTrip(env, exports);
-  dpmix::InitRelay(env, exports);
+  dpmix::InitHandoff(env, exports);
+  dpmix::InitTcp(env, exports);
   dpmix::pmi::InitPmiEngine(env, exports);
   return exports;
 }

@@ -4,7 +4,7 @@
 
 namespace dpmix {
 
-// Adds progressProbe, closeStrangers and exitNow to `exports`.
+// Adds progressProbe and exitNow to `exports`.
 void InitWatchdog(Napi::Env env, Napi::Object exports);
 // Forgets a probe left in flight by a previous server (call when a server starts).
 void ResetProbe();

@@ -30,6 +30,8 @@ export interface PmiListenerOptions {
   maxUnbound?: number;
   /** Also listen on a UNIX socket in a private directory (default true). */
   localSocket?: boolean;
+  /** Told of every TCP connection accepted (not the UNIX socket's), e.g. to set TCP keepalive on it. */
+  onTcpConnection?: (socket: Socket) => void;
 }
 
 const BIND_TIMEOUT_MS = 30_000;
@@ -116,6 +118,13 @@ export class PmiListener {
   }
 
   private accept(socket: Socket, opts: PmiListenerOptions): void {
+    if (socket.remoteAddress && opts.onTcpConnection) {
+      try {
+        opts.onTcpConnection(socket);
+      } catch (err) {
+        opts.onError?.('onTcpConnection', err);
+      }
+    }
     const conn = new PmiConnection(this.nextId++, socket, opts.core, this.engine, opts.trace, opts.onError, opts.bindTimeoutMs ?? BIND_TIMEOUT_MS);
     this.connections.add(conn);
     void conn.done.then(() => this.connections.delete(conn));

@@ -1,5 +1,6 @@
-// The gate: the TCP listener PMIx clients and tools are told to connect to, in front of
-// libpmix's own listener, which only listens on loopback.
+// The gate: the TCP listener PMIx clients and tools are told to connect to. libpmix itself
+// accepts only what the gate hands it (its own listener is a UNIX socket in a directory of this
+// uid's; native/src/handoff.cc).
 //
 // Why it exists (libpmix 5.0.11, src/mca/ptl/base/ptl_base_connection_hdlr.c):
 // - libpmix reads a new connection's handshake on its progress thread with a blocking recv and
@@ -9,11 +10,18 @@
 //   whose uid or gid is not the registered one releases the rank's record while it is still
 //   listed (fixed upstream only in openpmix 80dd4e37c, 2026), and the next client of that
 //   namespace wedges the progress thread for good; refusing a tool crashes the server.
-// So the gate reads the whole handshake itself, with a deadline and a size bound, refuses what
+// So the gate reads the whole handshake itself, with deadlines and a size bound, refuses what
 // libpmix would refuse (and what would hurt it) with a status the peer reads (libpmix 5.0.11's
 // PMIx_Init reports it as PMIX_ERR_UNREACH), and hands libpmix only complete handshakes it will
-// accept. Then the bytes are relayed off the JavaScript thread (handOver), or by the gate.
-import { connect, createServer, type Server, type Socket } from 'node:net';
+// accept, with the peer's socket itself (handOver): after that, no byte of the peer's passes
+// through the gate.
+//
+// Nobody exhausts it: a connection must send its first byte soon and its whole handshake within
+// a deadline; connections still sending their handshake are bounded per peer (a peer being a uid
+// on this host, an address elsewhere: see peerKey) and in all, and at a bound the oldest of that
+// peer's (or of the peer with the most) makes room for the newcomer. A client that sends its
+// handshake at once, as every PMIx client does, is never turned away for others' connections.
+import { createServer, type Server, type Socket } from 'node:net';
 import { HEADER_BYTES, HandshakeError, handshakeLength, parseHandshake, type Handshake } from './handshake.js';
 
 export type Admission = { ok: true } | { ok: false; status: number; reason: string };
@@ -22,31 +30,44 @@ export interface GateOptions {
   /** Where peers connect: the address and port advertised in PMIX_SERVER_URI*. */
   host: string;
   port?: number;
-  /** libpmix's own listener. */
-  target: { host: string; port: number };
   /** Decides on a parsed handshake. */
   admit(h: Handshake): Admission;
-  /** How long a peer may take to send its handshake (default 10 s). */
+  /**
+   * Takes an admitted peer's socket over, by its fd (which the gate closes right after), `first`
+   * being its handshake and `h` what it says. Throws when it cannot: the peer is then refused.
+   */
+  handOver(fd: number, first: Buffer, h: Handshake): void;
+  /** Who a connection comes from, for the per-peer bound (default: its address). */
+  peerKey?(sock: Socket): string;
+  /** How long a peer may take to send its first byte (default 2 s). */
+  firstByteMs?: number;
+  /** How long a peer may take to send its whole handshake (default 10 s). */
   handshakeTimeoutMs?: number;
-  /** Connections still sending their handshake; more are closed at once (default 256). */
+  /** Connections still sending their handshake, per peer (default 64) and in all (default 512). */
+  maxPendingPerPeer?: number;
   maxPending?: number;
   onRefused?(reason: string, peer: string): void;
-  /**
-   * Takes over an admitted peer's socket (by its fd, which the gate closes right after) and
-   * relays it to libpmix, `first` being the handshake; the local port of its connection to
-   * libpmix. Without it, or when it throws, the gate relays through its own sockets.
-   */
-  handOver?(fd: number, first: Buffer): number;
 }
 
 /** The status a refused peer reads when its handshake could not be read or understood. */
 const BAD_HANDSHAKE = -27; // PMIX_ERR_BAD_PARAM
+/** The status a peer reads when it could not be handed to libpmix. */
+const UNREACH = -25; // PMIX_ERR_UNREACH
+
+interface Pending {
+  sock: Socket;
+  key: string;
+  who: string;
+  /** Ends the wait for its handshake (false if it had ended already). */
+  settle(): boolean;
+}
 
 export class PmixGate {
-  private pending = 0;
-  private readonly relays = new Set<Socket>();
-  private readonly peers = new Set<Socket>();
-  readonly stats = { admitted: 0, refused: 0, timedOut: 0 };
+  /** Connections still sending their handshake, by peer, oldest first. */
+  private readonly pending = new Map<string, Set<Pending>>();
+  private pendingCount = 0;
+  private readonly sockets = new Set<Socket>();
+  readonly stats = { admitted: 0, refused: 0, timedOut: 0, evicted: 0 };
 
   private constructor(
     private readonly server: Server,
@@ -74,102 +95,122 @@ export class PmixGate {
     return gate;
   }
 
-  /** Local ports of the gate's own connections to libpmix (any other connection there is a stranger). */
-  relayPorts(): number[] {
-    return [...this.relays].map((s) => s.localPort).filter((p): p is number => typeof p === 'number');
+  /** Connections the gate holds: those still sending their handshake, and refused ones closing. */
+  get connections(): number {
+    return this.sockets.size;
   }
 
-  get connections(): number {
-    return this.peers.size;
+  /** Connections still sending their handshake. */
+  get pendingHandshakes(): number {
+    return this.pendingCount;
   }
 
   private accept(sock: Socket): void {
     const who = `${sock.remoteAddress}:${sock.remotePort}`;
-    this.peers.add(sock);
-    sock.on('close', () => this.peers.delete(sock));
+    this.sockets.add(sock);
+    sock.on('close', () => this.sockets.delete(sock));
     sock.on('error', () => sock.destroy());
-    if (this.pending >= (this.opts.maxPending ?? 256)) {
-      this.refuse(sock, undefined, `too many connections still sending their handshake`, who);
-      return;
+    let key: string;
+    try {
+      key = this.opts.peerKey?.(sock) ?? `host ${sock.remoteAddress}`;
+    } catch {
+      key = `host ${sock.remoteAddress}`;
     }
-    this.pending++;
-    let settled = false;
-    const settle = () => {
-      if (settled) return false;
-      settled = true;
-      this.pending--;
-      clearTimeout(timer);
-      sock.off('data', onData);
-      return true;
-    };
-    const timer = setTimeout(() => {
-      if (!settle()) return;
-      this.stats.timedOut++;
-      this.refuse(sock, undefined, 'no complete handshake within the deadline', who);
-    }, this.opts.handshakeTimeoutMs ?? 10_000);
-    sock.on('close', () => settle());
+    this.makeRoom(key);
     const chunks: Buffer[] = [];
     let have = 0;
     let need = HEADER_BYTES;
+    let settled = false;
+    const entry: Pending = {
+      sock, key, who,
+      settle: () => {
+        if (settled) return false;
+        settled = true;
+        clearTimeout(timer);
+        sock.off('data', onData);
+        const set = this.pending.get(key);
+        if (set?.delete(entry)) this.pendingCount--;
+        if (set?.size === 0) this.pending.delete(key);
+        return true;
+      },
+    };
+    let set = this.pending.get(key);
+    if (!set) this.pending.set(key, (set = new Set()));
+    set.add(entry);
+    this.pendingCount++;
+    const start = Date.now();
+    const total = this.opts.handshakeTimeoutMs ?? 10_000;
+    const expire = (what: string) => {
+      if (!entry.settle()) return;
+      this.stats.timedOut++;
+      this.refuse(sock, undefined, what, who);
+    };
+    let timer = setTimeout(() => expire('no byte of a handshake within the deadline'), Math.min(total, this.opts.firstByteMs ?? 2000));
+    sock.on('close', () => entry.settle());
     const onData = (chunk: Buffer) => {
+      if (have === 0) {
+        clearTimeout(timer);
+        timer = setTimeout(() => expire('no complete handshake within the deadline'), Math.max(0, start + total - Date.now()));
+      }
       chunks.push(chunk);
       have += chunk.length;
       try {
         if (need === HEADER_BYTES && have >= HEADER_BYTES) need = handshakeLength(Buffer.concat(chunks).subarray(0, HEADER_BYTES));
       } catch (err) {
-        if (settle()) this.refuse(sock, BAD_HANDSHAKE, (err as Error).message, who);
+        if (entry.settle()) this.refuse(sock, BAD_HANDSHAKE, (err as Error).message, who);
         return;
       }
       if (have < need) return;
-      if (!settle()) return;
+      if (!entry.settle()) return;
       sock.pause();
       const all = Buffer.concat(chunks);
-      this.decide(sock, all.subarray(0, need), all.subarray(need), who);
+      if (all.length > need) {
+        // Every PMIx peer waits for the answer to its handshake before it says anything more.
+        this.refuse(sock, BAD_HANDSHAKE, 'sent more than its handshake before it was answered', who);
+        return;
+      }
+      this.decide(sock, all, who);
     };
     sock.on('data', onData);
   }
 
-  private decide(sock: Socket, msg: Buffer, rest: Buffer, who: string): void {
+  /** At a bound, closes the oldest pending connection of `key`'s peer, or of the peer with the most. */
+  private makeRoom(key: string): void {
+    const perPeer = this.opts.maxPendingPerPeer ?? 64;
+    const all = this.opts.maxPending ?? 512;
+    let victim: string | undefined;
+    if ((this.pending.get(key)?.size ?? 0) >= perPeer) victim = key;
+    else if (this.pendingCount >= all) {
+      let most = 0;
+      for (const [k, s] of this.pending) if (s.size > most) [victim, most] = [k, s.size];
+    }
+    if (victim === undefined) return;
+    const oldest = this.pending.get(victim)?.values().next().value;
+    if (!oldest || !oldest.settle()) return;
+    this.stats.evicted++;
+    this.refuse(oldest.sock, undefined, `closed for a newer connection: too many connections from ${victim} still sending their handshake`, oldest.who);
+  }
+
+  private decide(sock: Socket, msg: Buffer, who: string): void {
+    let h: Handshake;
     let verdict: Admission;
     try {
-      const h = parseHandshake(msg);
+      h = parseHandshake(msg);
       verdict = this.opts.admit(h);
     } catch (err) {
       if (!(err instanceof HandshakeError)) throw err;
-      verdict = { ok: false, status: BAD_HANDSHAKE, reason: err.message };
+      return this.refuse(sock, BAD_HANDSHAKE, err.message, who);
     }
     if (!verdict.ok) return this.refuse(sock, verdict.status, verdict.reason, who);
-    this.stats.admitted++;
-    this.relay(sock, Buffer.concat([msg, rest]));
-  }
-
-  private relay(peer: Socket, first: Buffer): void {
-    const fd = (peer as unknown as { _handle?: { fd?: number } })._handle?.fd;
-    if (this.opts.handOver && typeof fd === 'number' && fd >= 0) {
-      try {
-        this.opts.handOver(fd, first);
-        peer.destroy();
-        return;
-      } catch (err) {
-        this.opts.onRefused?.(`relayed by the gate itself: ${(err as Error).message}`, `${peer.remoteAddress}:${peer.remotePort}`);
-      }
+    const fd = (sock as unknown as { _handle?: { fd?: number } })._handle?.fd;
+    try {
+      if (typeof fd !== 'number' || fd < 0) throw new Error('the socket has no file descriptor');
+      this.opts.handOver(fd, msg, h);
+    } catch (err) {
+      return this.refuse(sock, UNREACH, `could not be handed to libpmix: ${(err as Error).message}`, who);
     }
-    const inner = connect({ host: this.opts.target.host, port: this.opts.target.port, noDelay: true });
-    this.relays.add(inner);
-    const end = () => {
-      this.relays.delete(inner);
-      peer.destroy();
-      inner.destroy();
-    };
-    inner.on('error', end);
-    inner.on('close', end);
-    peer.on('close', end);
-    inner.on('connect', () => {
-      inner.write(first);
-      peer.pipe(inner);
-      inner.pipe(peer);
-      peer.resume();
-    });
+    this.stats.admitted++;
+    sock.destroy();
   }
 
   /** Tells the peer why (a status its PMIx_Init returns) when it can read one, and closes. */
@@ -188,7 +229,7 @@ export class PmixGate {
   }
 
   async close(): Promise<void> {
-    for (const s of [...this.peers, ...this.relays]) s.destroy();
+    for (const s of this.sockets) s.destroy();
     await new Promise<void>((resolve) => this.server.close(() => resolve()));
   }
 }

@@ -28,15 +28,20 @@ export interface NativeBinding {
   upcallNames(): string[];
   /** A no-op through libpmix's progress thread; waitingMs > 0 while the previous one is unanswered. */
   progressProbe(): { waitingMs: number; lastRoundTripMs: number };
-  /** Shuts down still-blocking connections on libpmix's listener from peer ports not in `keep`. */
-  closeStrangers(port: number, keep: number[]): number;
-  /** A value to libpmix's form and back, packed and unpacked by libpmix in between if asked (tests). */
-  valueRoundTrip(value: Value, throughLibpmix?: boolean): Value;
-  /** Relays a duplicate of the peer socket `fd` to libpmix at 127.0.0.1:port after writing `first`; the local port. */
-  relayStart(fd: number, port: number, first: Buffer): number;
-  /** Local ports of the relays' connections to libpmix. */
-  relayPorts(): number[];
-  relayCloseAll(): void;
+  /** Replaces libpmix's TCP listener on 127.0.0.1:port by a UNIX socket at `path` (its directory 0700). */
+  secureListener(port: number, path: string): void;
+  /** Gives libpmix a duplicate of the admitted peer socket `fd`, whose handshake is `first`; `tag` names it for closePeers. */
+  handOff(fd: number, first: Buffer, tag: string): void;
+  /** Shuts down the handed-off connections of `tag` still open (unless shut is false) and forgets them; how many. */
+  closePeers(tag: string, shut?: boolean): number;
+  handoffStats(): { handedOff: number; relayed: number; refused: number; dropped: number };
+  handoffCloseAll(): void;
+  /** Shuts down connections to libpmix's listener that did not come from the gate and whose handshake it is reading. */
+  closeStrangers(): number;
+  /** SO_KEEPALIVE with these timings, and TCP_USER_TIMEOUT, on a TCP socket. */
+  tcpKeepAlive(fd: number, idleMs: number, intervalMs: number, count: number, userTimeoutMs: number): void;
+  /** The uid owning the other end of this TCP connection if it is a socket of this host, else -1. */
+  peerUid(localAddress: string, localPort: number, remoteAddress: string, remotePort: number): number;
   /** _exit(code): for a shutdown that libpmix's finalize would not let end. */
   exitNow(code: number): never;
   constants: { keys: Record<string, string>; ints: Record<string, number>; headerVersion: string };

@@ -1,18 +1,23 @@
 // PmixServer: the typed face of the embedded libpmix server.
 //
-// libpmix listens on loopback only; clients and tools are told to connect to the gate (gate.ts),
-// which admits them (admission.ts) before libpmix reads a byte. A probe through libpmix's
-// progress thread tells whether it still progresses; calls that wait on it are bounded.
+// Clients and tools are told to connect to the gate (gate.ts), which admits them (admission.ts)
+// before libpmix reads a byte and then hands their sockets to libpmix; libpmix's own listener is
+// a UNIX socket in a directory of this uid's (native/src/handoff.cc), so nobody else reaches it.
+// A probe through libpmix's progress thread tells whether it still progresses; calls that wait on
+// it are bounded.
 //
 // Each upcall libpmix makes reaches at most one handler, which returns a Promise: its value
 // answers the client, and a rejection answers it with the error's PMIx status (PmixError) or
 // PMIX_ERROR. A failing handler never takes the server down. Upcalls without a handler are
 // answered PMIX_ERR_NOT_SUPPORTED by libpmix itself.
-import { mkdirSync } from 'node:fs';
-import { isIPv4, BlockList } from 'node:net';
-import { networkInterfaces } from 'node:os';
+import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import { isIPv4, BlockList, type Socket } from 'node:net';
+import { networkInterfaces, tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { admit, ClientRegistry, type ToolPolicy } from './admission.js';
 import { PmixGate } from './gate.js';
+import { PeerFlag } from './handshake.js';
+import { KEEPALIVE, setKeepAlive, type KeepAlive } from './keepalive.js';
 import { loadNative, type NativeBinding } from './native.js';
 import { Keys } from './keys.js';
 import { PmixError, Status } from './status.js';
@@ -103,8 +108,14 @@ export interface PmixServerOptions {
   tools?: ToolPolicy;
   /** A further say on a registered client that connects, e.g. that its job has ended: a reason to refuse. */
   admitClient?(proc: Proc): string | undefined;
-  /** How long a new connection may take to send its handshake (default 10 s). */
+  /** How long a new connection may take to send its handshake (default 10 s), and its first byte (default 2 s). */
   handshakeTimeoutMs?: number;
+  firstByteMs?: number;
+  /** Connections still sending their handshake, per peer (a uid on this host, else an address; default 64) and in all (default 512). */
+  maxPendingPerPeer?: number;
+  maxPending?: number;
+  /** TCP keepalive on clients' connections (default: see KEEPALIVE), or false for none. */
+  keepAlive?: KeepAlive | false;
   /** Told of every connection the gate refuses. */
   onRefused?(reason: string, peer: string): void;
   /** How often libpmix's progress thread is probed (default 1000 ms; 0: never). */
@@ -139,7 +150,8 @@ export class PmixServer {
   /** libpmix's own URI and the gate's, as they appear in PMIX_SERVER_URI* values. */
   private innerUri = '';
   private outerUri = '';
-  private innerPort = 0;
+  /** The private directory of libpmix's UNIX listener. */
+  private listenerDir = '';
   private probe: NodeJS.Timeout | undefined;
   private waitingMs = 0;
   private lastRoundTripMs = 0;
@@ -159,7 +171,7 @@ export class PmixServer {
     mkdirSync(opts.tmpdir, { recursive: true });
     // Clients may sit on other hosts, where the shared-memory datastore cannot reach: use hash.
     process.env.PMIX_MCA_gds ??= 'hash';
-    // libpmix listens on loopback, where only the gate connects to it.
+    // libpmix listens on loopback until its listener is replaced (openGate).
     const serverInfo: Info[] = [
       info(Keys.SERVER_TMPDIR, v.string(opts.tmpdir)),
       info(Keys.SYSTEM_TMPDIR, v.string(opts.tmpdir)),
@@ -195,27 +207,52 @@ export class PmixServer {
 
   private async openGate(): Promise<void> {
     const uri = this.native.setupFork({ nspace: this.opts.serverNspace ?? 'dask-pmix-uri', rank: 0 }).PMIX_SERVER_URI41 ?? '';
-    const m = /tcp4:\/\/(127\.0\.0\.1):(\d+)/.exec(uri);
+    const m = /tcp4:\/\/127\.0\.0\.1:(\d+)/.exec(uri);
     if (!m) throw new Error(`libpmix does not listen on IPv4 loopback (its URI is '${uri}')`);
     this.innerUri = m[0];
-    this.innerPort = Number(m[2]);
+    // mkdtemp makes the directory 0700: only this uid can connect to the socket in it.
+    this.listenerDir = mkdtempSync(join(tmpdir(), 'dask-pmix-pmix-'));
+    try {
+      this.native.secureListener(Number(m[1]), join(this.listenerDir, 'l'));
+    } catch (err) {
+      rmSync(this.listenerDir, { recursive: true, force: true });
+      throw err;
+    }
     const self = { uid: process.getuid?.() ?? 0, gid: process.getgid?.() ?? 0 };
+    const keepAlive = this.opts.keepAlive === false ? undefined : (this.opts.keepAlive ?? KEEPALIVE);
+    const o = this.opts;
     this.gate = await PmixGate.listen({
-      host: gateHost(this.opts),
-      ...(this.opts.tcpPort !== undefined ? { port: this.opts.tcpPort } : {}),
-      target: { host: m[1]!, port: this.innerPort },
-      ...(this.opts.handshakeTimeoutMs !== undefined ? { handshakeTimeoutMs: this.opts.handshakeTimeoutMs } : {}),
+      host: gateHost(o),
+      ...(o.tcpPort !== undefined ? { port: o.tcpPort } : {}),
+      ...(o.handshakeTimeoutMs !== undefined ? { handshakeTimeoutMs: o.handshakeTimeoutMs } : {}),
+      ...(o.firstByteMs !== undefined ? { firstByteMs: o.firstByteMs } : {}),
+      ...(o.maxPendingPerPeer !== undefined ? { maxPendingPerPeer: o.maxPendingPerPeer } : {}),
+      ...(o.maxPending !== undefined ? { maxPending: o.maxPending } : {}),
       admit: (h) =>
         admit(h, this.registry, {
-          tools: this.opts.tools ?? 'same-uid',
+          tools: o.tools ?? 'same-uid',
           self,
-          ...(this.opts.admitClient ? { client: this.opts.admitClient } : {}),
+          ...(o.admitClient ? { client: o.admitClient } : {}),
         }),
-      ...(this.opts.onRefused ? { onRefused: this.opts.onRefused } : {}),
-      // Admitted connections are relayed by the addon's thread: no PMIx message waits on JavaScript.
-      handOver: (fd, first) => this.native.relayStart(fd, this.innerPort, first),
+      peerKey: (sock) => this.peerKey(sock),
+      ...(o.onRefused ? { onRefused: o.onRefused } : {}),
+      handOver: (fd, first, h) => {
+        if (keepAlive) setKeepAlive(fd, keepAlive);
+        // A client's connection is known by its namespace, for disconnectClients.
+        this.native.handOff(fd, first, h.flag === PeerFlag.SIMPLE_CLIENT && h.proc ? h.proc.nspace : '');
+      },
     });
     this.outerUri = `tcp4://${this.gate.host}:${this.gate.port}`;
+  }
+
+  /** A peer on this host is its uid (whatever address it comes from); one elsewhere, its address. */
+  private peerKey(sock: Socket): string {
+    const { localAddress, localPort, remoteAddress, remotePort } = sock;
+    if (localAddress && localPort && remoteAddress && remotePort) {
+      const uid = this.native.peerUid(localAddress, localPort, remoteAddress, remotePort);
+      if (uid >= 0) return `uid ${uid}`;
+    }
+    return `host ${remoteAddress}`;
   }
 
   private startProbe(): void {
@@ -225,10 +262,10 @@ export class PmixServer {
       const p = this.native.progressProbe();
       this.waitingMs = p.waitingMs;
       this.lastRoundTripMs = p.lastRoundTripMs;
-      // A connection that reached libpmix's listener without the gate can hold its progress
-      // thread in a blocking read: shut those down once it has stopped answering.
+      // A connection of this uid's that reached libpmix's listener without the gate can hold its
+      // progress thread in a blocking read: shut those down once it has stopped answering.
       if (p.waitingMs >= Math.min(every, 1000)) {
-        const closed = this.native.closeStrangers(this.innerPort, [...this.gate.relayPorts(), ...this.native.relayPorts()]);
+        const closed = this.native.closeStrangers();
         if (closed > 0) this.opts.onStrangers?.(closed);
       }
     }, every);
@@ -246,14 +283,19 @@ export class PmixServer {
     return this.outerUri;
   }
 
-  /** libpmix's own (loopback) port, behind the gate: for diagnostics. */
-  get libpmixPort(): number {
-    return this.innerPort;
+  /** libpmix's own listener (a UNIX socket only this uid can reach), behind the gate: for diagnostics. */
+  get libpmixSocket(): string {
+    return join(this.listenerDir, 'l');
   }
 
-  /** Gate counters: connections admitted, refused, and timed out before their handshake. */
-  get gateStats(): Readonly<{ admitted: number; refused: number; timedOut: number }> {
-    return this.gate.stats;
+  /**
+   * Gate counters: connections admitted, refused (evicted and timed out included), closed for
+   * newer ones at a bound, timed out before their handshake; and what became of the admitted ones:
+   * handed to libpmix, relayed (they could not be handed over), refused by libpmix, dropped.
+   */
+  get gateStats(): Readonly<{ admitted: number; refused: number; timedOut: number; evicted: number; pending: number; handedOff: number; relayed: number; libpmixRefused: number; dropped: number }> {
+    const h = this.native.handoffStats();
+    return { ...this.gate.stats, pending: this.gate.pendingHandshakes, handedOff: h.handedOff, relayed: h.relayed, libpmixRefused: h.refused, dropped: h.dropped };
   }
 
   private toolIdentity(items: Info[]): Proc {
@@ -328,6 +370,7 @@ export class PmixServer {
 
   deregisterNspace(nspace: string): Promise<void> {
     this.registry.removeNspace(nspace);
+    this.native.closePeers(nspace, false);
     return this.waitOn('deregister namespace', () => this.native.deregisterNspace(nspace));
   }
 
@@ -340,6 +383,15 @@ export class PmixServer {
   deregisterClient(proc: Proc): Promise<void> {
     this.registry.remove(proc);
     return this.waitOn('deregister client', () => this.native.deregisterClient(proc));
+  }
+
+  /**
+   * Shuts down the connections of the namespace's clients that are still open: libpmix then finds
+   * them gone as it would clients that went away (and the `localEvent` handler hears of it).
+   * Returns how many were open.
+   */
+  disconnectClients(nspace: string): number {
+    return this.native.closePeers(nspace);
   }
 
   /** The environment a process must set to connect as `proc` (through the gate). */
@@ -385,7 +437,8 @@ export class PmixServer {
     this.stopped = true;
     if (this.probe) clearInterval(this.probe);
     await this.gate?.close();
-    this.native.relayCloseAll();
+    this.native.handoffCloseAll();
+    if (this.listenerDir) rmSync(this.listenerDir, { recursive: true, force: true });
     // A progress thread that already stopped answering will not stop for finalize either.
     const wait = this.progress().stalled ? Math.min(timeoutMs, 2000) : timeoutMs;
     let timer: NodeJS.Timeout | undefined;

@@ -8,6 +8,7 @@ import { execFile } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { hostname, tmpdir } from 'node:os';
 import { join } from 'node:path';
+import type { Socket } from 'node:net';
 import { promisify } from 'node:util';
 import { LIMITS, PmiError, PmiListener, newPmiId, processMapping, type PmiJobCore, type PmiMember, type Trace } from '../pmi/index.js';
 import type { EngineJob } from '../pmi/engine.js';
@@ -50,6 +51,7 @@ export interface PmiBackendOptions {
   /** See PmiListenerOptions. */
   bindTimeoutMs?: number;
   maxUnbound?: number;
+  onTcpConnection?: (socket: Socket) => void;
   /** Per-job bounds on what clients may store (default DEFAULT_PMI_JOB_LIMITS). */
   limits?: Readonly<PmiJobLimits>;
   trace?: Trace;
@@ -103,7 +105,7 @@ export class PmiBackend implements JobBackend, PmiJobCore {
     const core: PmiJobCore = { attach: (id) => self!.attach(id) };
     const listener = await PmiListener.start({
       core, host: opts.host, port: opts.port, trace: opts.trace, onError: opts.onError,
-      bindTimeoutMs: opts.bindTimeoutMs, maxUnbound: opts.maxUnbound,
+      bindTimeoutMs: opts.bindTimeoutMs, maxUnbound: opts.maxUnbound, onTcpConnection: opts.onTcpConnection,
     });
     self = new PmiBackend(opts, listener, topo?.file, topo?.dir);
     return self;

@@ -18,6 +18,11 @@ export interface PmixBackendOptions {
   tmpdir: string;
   /** Added to every member's environment (OMPI_MCA_* settings). */
   ompiEnv: Record<string, string>;
+  /**
+   * How long a released job's namespace waits for its clients to disconnect (default 5 min); then
+   * their connections are shut down, and the namespace is torn down at most 10 s later.
+   */
+  drainTimeoutMs?: number;
   onError?: (what: string, err: unknown) => void;
 }
 
@@ -120,7 +125,8 @@ export class PmixBackend implements JobBackend {
    * Deletes the job's pset at once (the next job may define it again), and deregisters the
    * clients and the namespace once none of them holds a connection any more (see PmixClients):
    * at once for a job whose members never connected or were lost, a moment after the last
-   * finalize, or when the lingering members of a deleted job go.
+   * finalize, or when the lingering members of a deleted job go. Members that linger past
+   * drainTimeoutMs are disconnected (libpmix then finds them gone, as if they had left).
    */
   async release(job: Readonly<Job>): Promise<void> {
     const pset = this.definedPsets.get(job.id);
@@ -136,8 +142,17 @@ export class PmixBackend implements JobBackend {
       await this.server.deregisterNspace(job.namespace);
       rmSync(join(this.opts.tmpdir, 'jobs', job.namespace), { recursive: true, force: true });
     };
-    if (this.opts.clients.count(job.namespace) === 0) return teardown();
-    void this.opts.clients.drained(job.namespace).then(teardown).catch((e: unknown) => this.opts.onError?.('deregisterNspace', e));
+    const clients = this.opts.clients;
+    if (clients.count(job.namespace) === 0) return teardown();
+    const drain = async () => {
+      if (await clients.drained(job.namespace, this.opts.drainTimeoutMs ?? 300_000)) return teardown();
+      const lingering = clients.count(job.namespace);
+      const shut = this.server.disconnectClients(job.namespace);
+      this.opts.onError?.('release', new Error(`${lingering} client(s) of ${job.namespace} still connected ${Math.round((this.opts.drainTimeoutMs ?? 300_000) / 1000)} s after the job ended: ${shut} connection(s) shut down`));
+      if (!(await clients.drained(job.namespace, 10_000))) clients.forget(job.namespace);
+      return teardown();
+    };
+    void drain().catch((e: unknown) => this.opts.onError?.('deregisterNspace', e));
   }
 
   /** Namespaces whose teardown waits for connected clients. */

@@ -7,7 +7,8 @@
 // socket right after libpmix answers the finalize, which is after our clientFinalized handler
 // ran; a client that was lost has had its socket closed by libpmix already. So: a lost client
 // is gone at once, a finalized one after a short linger, and a namespace whose members are
-// still connected (a deleted or failed job whose ranks linger) waits for them.
+// still connected (a deleted or failed job whose ranks linger) waits for them, for a bounded time
+// (see PmixBackend.release for what happens then).
 
 export class PmixClients {
   private readonly attached = new Map<string, Set<number>>();
@@ -47,14 +48,31 @@ export class PmixClients {
     return this.attached.get(nspace)?.size ?? 0;
   }
 
-  /** Resolves once no client of `nspace` is connected. */
-  drained(nspace: string): Promise<void> {
-    if (this.count(nspace) === 0) return Promise.resolve();
+  /** Resolves true once no client of `nspace` is connected, or false after `timeoutMs`. */
+  drained(nspace: string, timeoutMs: number): Promise<boolean> {
+    if (this.count(nspace) === 0) return Promise.resolve(true);
     return new Promise((resolve) => {
       const list = this.waiters.get(nspace) ?? [];
-      list.push(resolve);
+      const done = () => {
+        clearTimeout(timer);
+        resolve(true);
+      };
+      const timer = setTimeout(() => {
+        const l = this.waiters.get(nspace);
+        const i = l?.indexOf(done) ?? -1;
+        if (i >= 0) l!.splice(i, 1);
+        if (l?.length === 0) this.waiters.delete(nspace);
+        resolve(false);
+      }, timeoutMs);
+      timer.unref();
+      list.push(done);
       this.waiters.set(nspace, list);
     });
+  }
+
+  /** Stops counting the namespace's clients (its teardown goes ahead without them). */
+  forget(nspace: string): void {
+    this.attached.delete(nspace);
   }
 
   /** For diagnostics: attached clients by namespace. */

@@ -1,11 +1,12 @@
 // The sidecar: the composition root that wires the embedded PMIx server's upcalls to the
 // resource manager, installs the protocol backends, and serves the REST API.
+import type { Socket } from 'node:net';
 import { hostname } from 'node:os';
 import pino from 'pino';
 import { buildApi, type Api } from '../api/server.js';
 import { Metrics } from '../api/metrics.js';
 import { defaultPolicy } from '../policy/index.js';
-import { PmixServer } from '../pmix/index.js';
+import { KEEPALIVE, PmixServer, setKeepAlive, type KeepAlive } from '../pmix/index.js';
 import { StatusName } from '../pmix/status.js';
 import { isActive, ResourceManager, type CohortOptions, type JobBackend } from '../rm/index.js';
 import type { RmLimits } from '../rm/manager.js';
@@ -42,8 +43,13 @@ export interface SidecarOptions {
   tcpPort?: number;
   /** Which PMIx tools may connect: those of this process's uid (default), or none. */
   pmixTools?: 'same-uid' | 'refuse';
-  /** How long a new PMIx connection may take to send its handshake (default 10 s). */
+  /** How long a new PMIx connection may take to send its handshake (default 10 s), and its first byte (default 2 s). */
   pmixHandshakeTimeoutMs?: number;
+  pmixFirstByteMs?: number;
+  /** How long an ended job's namespace waits for its PMIx clients to disconnect before they are (default 5 min). */
+  pmixDrainTimeoutMs?: number;
+  /** TCP keepalive on PMIx clients' and PMI members' connections (default KEEPALIVE), or false for none. */
+  keepAlive?: KeepAlive | false;
   /** Replaces the OMPI_MCA_* settings every Open MPI member gets. */
   ompiEnv?: Record<string, string>;
   /**
@@ -143,6 +149,8 @@ export class Sidecar {
       ...(opts.tcpPort !== undefined ? { tcpPort: opts.tcpPort } : {}),
       ...(opts.pmixTools ? { tools: opts.pmixTools } : {}),
       ...(opts.pmixHandshakeTimeoutMs !== undefined ? { handshakeTimeoutMs: opts.pmixHandshakeTimeoutMs } : {}),
+      ...(opts.pmixFirstByteMs !== undefined ? { firstByteMs: opts.pmixFirstByteMs } : {}),
+      ...(opts.keepAlive !== undefined ? { keepAlive: opts.keepAlive } : {}),
       observer: (name, status, seconds) => {
         metrics!.upcalls.inc({ upcall: name, status: StatusName[status] ?? String(status) });
         metrics!.upcallSeconds.observe({ upcall: name }, seconds);
@@ -152,7 +160,10 @@ export class Sidecar {
     try {
       const ompiEnv = opts.ompiEnv ?? { ...DEFAULT_MEMBER_ENV.openmpi };
       const onError = (what: string, err: unknown) => log.warn({ err, what }, 'PMIx backend call failed');
-      rm.addBackend(new PmixBackend({ server: pmix, clients, tmpdir: opts.tmpdir, ompiEnv, onError }));
+      rm.addBackend(new PmixBackend({
+        server: pmix, clients, tmpdir: opts.tmpdir, ompiEnv, onError,
+        ...(opts.pmixDrainTimeoutMs !== undefined ? { drainTimeoutMs: opts.pmixDrainTimeoutMs } : {}),
+      }));
       if (opts.poolSize) {
         rm.installPool(opts.poolSize, new PmixPool({ server: pmix, clients, tmpdir: opts.tmpdir, ompiEnv, onError }), opts.poolCohort);
         const t0 = performance.now();
@@ -169,6 +180,7 @@ export class Sidecar {
           ...(p.port !== undefined ? { port: p.port } : {}),
           ...(p.advertisedHost ? { advertisedHost: p.advertisedHost } : {}),
           ...(p.extraEnv ? { extraEnv: p.extraEnv } : {}),
+          ...(opts.keepAlive !== false ? { onTcpConnection: (socket: Socket) => setKeepAlive(socket, opts.keepAlive || KEEPALIVE) } : {}),
           onError: (what, err) => log.warn({ err, what }, 'PMI backend call failed'),
         });
         rm.addBackend(pmi);
@@ -192,7 +204,7 @@ export class Sidecar {
       const addr = api.app.server.address();
       const port = typeof addr === 'object' && addr ? addr.port : opts.port ?? 8790;
       const url = `http://${host.includes(':') ? `[${host}]` : host}:${port}`;
-      log.info({ url, tmpdir: opts.tmpdir, host: hostname(), impls: rm.impls, pmix: pmix.uri, libpmixPort: pmix.libpmixPort }, 'dask-pmix sidecar listening');
+      log.info({ url, tmpdir: opts.tmpdir, host: hostname(), impls: rm.impls, pmix: pmix.uri, libpmixSocket: pmix.libpmixSocket }, 'dask-pmix sidecar listening');
       return new Sidecar(rm, pmix, clients, api, url, log, persisted?.stop);
     } catch (err) {
       // e.g. the REST port is taken: close what was opened, so the process can exit.

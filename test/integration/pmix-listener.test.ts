@@ -1,6 +1,7 @@
 // The PMIx server's TCP port against connections that jammed it (issue 13): one that sends
-// nothing, a client of another uid, connections that bypass the gate, and a libpmix wedged on
-// purpose, which health must report and SIGTERM must still end.
+// nothing, a client of another uid, connections of this uid's that bypass the gate (libpmix's own
+// listener is a UNIX socket only this uid reaches), and a libpmix wedged on purpose, which health
+// must report and SIGTERM must still end.
 import { spawn } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { connect, type Socket } from 'node:net';
@@ -19,9 +20,9 @@ import { openmpiJob } from '../helpers/sidecar-jobs.js';
 const HOST = hostname();
 const NOBODY = 65534;
 
-function openSilent(port: number): Promise<Socket> {
+function openSilent(where: number | string): Promise<Socket> {
   return new Promise((resolve, reject) => {
-    const s = connect(port, '127.0.0.1', () => resolve(s));
+    const s = typeof where === 'string' ? connect(where, () => resolve(s)) : connect(where, '127.0.0.1', () => resolve(s));
     s.on('error', reject);
   });
 }
@@ -44,7 +45,7 @@ describe('the PMIx listener against connections that jammed it', () => {
   beforeAll(async () => {
     sidecar = await Sidecar.start({
       port: 0, tmpdir: (workdir = mkdtempSync(join(tmpdir(), 'dask-pmix-listener-'))), version: 'test',
-      releaseGraceMs: 1000, pmixHandshakeTimeoutMs: 120_000,
+      releaseGraceMs: 1000, pmixHandshakeTimeoutMs: 120_000, pmixFirstByteMs: 120_000,
     });
     api = restClient(sidecar.url);
   });
@@ -76,7 +77,7 @@ describe('the PMIx listener against connections that jammed it', () => {
   });
 
   it('closes a connection straight to libpmix that sends nothing, and goes on serving', async () => {
-    const silent = await openSilent(sidecar.pmix.libpmixPort);
+    const silent = await openSilent(sidecar.pmix.libpmixSocket);
     const gone = closed(silent);
     const t0 = Date.now();
     const j = await job(1);
@@ -124,16 +125,17 @@ describe('a sidecar whose libpmix is wedged', () => {
     const sockets: Socket[] = [];
     try {
       const url = await until(() => /listening on (http:\/\/\S+)/.exec(out)?.[1], SERVE_START_MS, `the listening line (stderr: ${err})`);
-      const libpmixPort = Number(/"libpmixPort":(\d+)/.exec(out)?.[1]);
-      expect(libpmixPort).toBeGreaterThan(0);
+      const libpmixSocket = /"libpmixSocket":"([^"]+)"/.exec(out)?.[1] ?? '';
+      expect(libpmixSocket).toMatch(/dask-pmix-pmix-/);
       const api = restClient(url, 'tok');
       expect((await api('POST', '/v1/workers', { id: 'w0', host: HOST, pid: process.pid, uid: process.getuid!(), gid: process.getgid!() })).status).toBe(201);
       const job = (await api('POST', '/v1/jobs', { impl: 'openmpi', members: ['w0'] })).body;
 
-      // Straight to libpmix, past the gate: a client of the wrong uid (libpmix 5.0.11 frees the
-      // rank's record while it is still listed), then the right one, which wedges its progress thread.
+      // Straight to libpmix, past the gate (only this uid can): a client of the wrong uid (libpmix
+      // 5.0.11 frees the rank's record while it is still listed), then the right one, which wedges
+      // its progress thread.
       for (const uid of [4242, process.getuid!()]) {
-        const s = await openSilent(libpmixPort);
+        const s = await openSilent(libpmixSocket);
         sockets.push(s);
         s.on('error', () => undefined);
         s.write(clientHandshake(job.namespace, 0, uid, process.getgid!()));

@@ -1,6 +1,8 @@
 // The gate in front of libpmix: handshakes as libpmix 5.0.11's client and tool write them, and
 // every kind of connection that used to reach libpmix's own reading of them.
-import { connect, createServer, type Socket } from 'node:net';
+import { statSync } from 'node:fs';
+import { connect, type Socket } from 'node:net';
+import { dirname } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { admit, ClientRegistry } from '../../src/pmix/admission.js';
 import { PmixGate } from '../../src/pmix/gate.js';
@@ -10,6 +12,7 @@ import {
 } from '../../src/pmix/handshake.js';
 import { Status } from '../../src/pmix/index.js';
 import { bin } from '../helpers/build-clients.js';
+import { tcpListeningPorts } from '../helpers/listening.js';
 import { PmixFixture } from '../helpers/pmix-fixture.js';
 import { describeRanks, startRank } from '../helpers/ranks.js';
 
@@ -78,30 +81,83 @@ describe('admission', () => {
   });
 });
 
-describe('the gate\'s own relay (when the addon cannot take a socket over)', () => {
-  it('hands the target the handshake and whatever follows, and relays both ways', async () => {
-    // An echo server stands for libpmix.
-    const echo = createServer((c) => c.pipe(c));
-    await new Promise<void>((r) => echo.listen(0, '127.0.0.1', () => r()));
-    const gate = await PmixGate.listen({ host: '127.0.0.1', target: { host: '127.0.0.1', port: (echo.address() as { port: number }).port }, admit: () => ({ ok: true }) });
+describe('the gate on its own (a stand-in takes the admitted sockets)', () => {
+  /** A gate whose admitted sockets go to `taken`, each with the handshake it was handed with. */
+  async function standIn(opts: { peerKey?: (s: Socket) => string; maxPendingPerPeer?: number; maxPending?: number; firstByteMs?: number } = {}) {
+    const taken: { fd: number; first: Buffer }[] = [];
+    const refused: string[] = [];
+    const gate = await PmixGate.listen({
+      host: '127.0.0.1', admit: () => ({ ok: true }), handOver: (fd, first) => taken.push({ fd, first }),
+      onRefused: (r) => refused.push(r), ...opts,
+    });
+    return { gate, taken, refused };
+  }
+  const open = (port: number) => new Promise<Socket>((resolve, reject) => {
+    const s = connect(port, '127.0.0.1', () => resolve(s));
+    s.on('error', reject);
+  });
+  const closedOf = (s: Socket) => new Promise<void>((r) => (s.destroyed ? r() : s.on('close', () => r())));
+
+  it('hands over an admitted socket with exactly its handshake, and refuses a peer that says more before its answer', async () => {
+    const { gate, taken, refused } = await standIn();
     try {
-      const got = await new Promise<Buffer>((resolve, reject) => {
-        const chunks: Buffer[] = [];
-        const s = connect(gate.port, '127.0.0.1', () => s.write(Buffer.concat([CLIENT_HANDSHAKE, Buffer.from('after')])));
-        s.on('data', (d) => {
-          chunks.push(d);
-          if (Buffer.concat(chunks).length >= CLIENT_HANDSHAKE.length + 5) {
-            s.destroy();
-            resolve(Buffer.concat(chunks));
-          }
-        });
-        s.on('error', reject);
-      });
-      expect(got.equals(Buffer.concat([CLIENT_HANDSHAKE, Buffer.from('after')]))).toBe(true);
+      const a = await open(gate.port);
+      a.write(CLIENT_HANDSHAKE);
+      await closedOf(a);
+      expect(taken.length).toBe(1);
+      expect(taken[0]!.first.equals(CLIENT_HANDSHAKE)).toBe(true);
       expect(gate.stats.admitted).toBe(1);
+      const b = await open(gate.port);
+      const reply: Buffer[] = [];
+      b.on('data', (d) => reply.push(d));
+      b.write(Buffer.concat([CLIENT_HANDSHAKE, Buffer.from('more')]));
+      await closedOf(b);
+      expect(Buffer.concat(reply).readInt32BE(0)).toBe(Status.ERR_BAD_PARAM);
+      expect(refused.at(-1)).toMatch(/more than its handshake/);
+      expect(taken.length).toBe(1);
     } finally {
       await gate.close();
-      echo.close();
+    }
+  });
+
+  it('makes room for a newcomer by closing the oldest silent connection of the same peer, and leaves other peers alone', async () => {
+    // Two peers told apart by their source port's parity stand for two uids.
+    const { gate, taken } = await standIn({ peerKey: (s) => `peer ${s.remotePort! % 2}`, maxPendingPerPeer: 4, maxPending: 100 });
+    try {
+      const even: Socket[] = [];
+      const odd: Socket[] = [];
+      while (even.length < 8) {
+        const s = await open(gate.port);
+        (s.localPort! % 2 === 0 ? even : odd).push(s);
+      }
+      const silent = [...even, ...odd];
+      await Promise.all(even.slice(0, 4).map(closedOf));
+      expect(gate.stats.evicted).toBeGreaterThanOrEqual(4);
+      // The other peer's connections (fewer than its bound) are all still open.
+      expect(odd.slice(-4).every((s) => !s.destroyed), `${odd.length} of the other peer's`).toBe(true);
+      // A client of the crowded peer that sends its handshake at once gets through.
+      let c: Socket;
+      do c = await open(gate.port); while (c.localPort! % 2 !== 0 && (c.destroy(), true));
+      c.write(CLIENT_HANDSHAKE);
+      await closedOf(c);
+      expect(taken.length).toBe(1);
+      for (const s of silent) s.destroy();
+    } finally {
+      await gate.close();
+    }
+  });
+
+  it('closes a connection that sends no byte within the first-byte deadline, sooner than the handshake deadline', async () => {
+    const { gate, refused } = await standIn({ firstByteMs: 200 });
+    try {
+      const t0 = Date.now();
+      const s = await open(gate.port);
+      await closedOf(s);
+      expect(Date.now() - t0).toBeLessThan(5000);
+      expect(refused).toEqual(['no byte of a handshake within the deadline']);
+      expect(gate.stats.timedOut).toBe(1);
+    } finally {
+      await gate.close();
     }
   });
 });
@@ -172,25 +228,43 @@ describe('the gate', () => {
     expect(refusals.some((r) => /runs as uid 4242/.test(r))).toBe(true);
   });
 
-  it('closes what exceeds its bound of connections still sending a handshake', async () => {
-    const pending: Socket[] = [];
+  it('lets a real client through while 300 connections that send nothing are held open', async () => {
+    const silent: Socket[] = [];
     try {
-      for (let i = 0; i < 256; i++) pending.push(connect(gatePort(), '127.0.0.1'));
-      await new Promise((r) => setTimeout(r, 100));
-      const before = refusals.length;
-      const { reply } = await exchange(undefined);
-      expect(reply.length).toBe(0);
-      // Refused at once for the bound, not closed at its handshake deadline (by the reason, not
-      // by a time: a loaded machine stretches both).
-      expect(refusals.slice(before).some((r) => /too many connections still sending/.test(r)), refusals.slice(before).join('; ')).toBe(true);
+      for (let i = 0; i < 300; i++) {
+        const s = connect(gatePort(), '127.0.0.1');
+        s.on('error', () => undefined);
+        silent.push(s);
+      }
+      await new Promise((r) => setTimeout(r, 200));
+      const envs = await fx.job('gatecrowd', 2);
+      const ranks = envs.map((e) => startRank(bin('pmix_client'), ['put-get'], e, 30_000));
+      expect(await Promise.all(ranks.map((r) => r.exited)), describeRanks(ranks)).toEqual([0, 0]);
+      expect(fx.server.gateStats.evicted).toBeGreaterThan(0);
     } finally {
-      for (const s of pending) s.destroy();
+      for (const s of silent) s.destroy();
     }
   });
 
-  it('lets a real client through after all of that', async () => {
+  it('lets a real client through after all of that, handing its socket to libpmix', async () => {
+    const before = fx.server.gateStats;
     const envs = await fx.job('gateok', 2);
     const ranks = envs.map((e) => startRank(bin('pmix_client'), ['put-get'], e, 30_000));
     expect(await Promise.all(ranks.map((r) => r.exited)), describeRanks(ranks)).toEqual([0, 0]);
+    const after = fx.server.gateStats;
+    expect(after.handedOff - before.handedOff).toBe(2);
+    expect(after.relayed).toBe(0);
+  });
+
+  it('leaves libpmix no TCP listener: only a UNIX socket in a directory of this uid\'s', async () => {
+    const path = fx.server.libpmixSocket;
+    const dir = statSync(dirname(path));
+    expect(dir.mode & 0o077).toBe(0);
+    expect(dir.uid).toBe(process.getuid!());
+    expect(statSync(path).isSocket()).toBe(true);
+    // The loopback port libpmix listened on at init is closed: the gate is this process's only one.
+    const listening = tcpListeningPorts();
+    expect(listening).toContain(gatePort());
+    expect(listening.length, `this process listens on ${listening.join(', ')}`).toBe(1);
   });
 });
