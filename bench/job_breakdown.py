@@ -40,13 +40,13 @@ def mark(job: str, what: str) -> None:
 
 
 def install_worker_trace() -> bool:
-    """In a worker process: stamps around the member's steps, kept in dask_pmix.run._bench_marks."""
+    """In a worker process: stamps around the member's steps, kept in dask_pmix.member.task._bench_marks."""
     import dataclasses
     import time as _t
 
-    import dask_pmix.inprocess as ip
+    import dask_pmix.member.inprocess as ip
     import dask_pmix.pool as pool
-    import dask_pmix.run as run
+    import dask_pmix.member.task as run
 
     if getattr(run, "_bench_marks", None) is not None:
         return False
@@ -89,7 +89,7 @@ def install_worker_trace() -> bool:
 
 
 def take_worker_marks() -> list:
-    import dask_pmix.run as run
+    import dask_pmix.member.task as run
 
     marks = list(run._bench_marks)
     run._bench_marks.clear()
@@ -157,7 +157,7 @@ def dask_floor(client, workers: list[str], repeat: int, secede: bool, one_graph:
     task, or (one_graph) all in one graph as run_mpi submits its ranks."""
     import uuid
 
-    from dask_pmix.run import _submit_ranks
+    from dask_pmix.client.run import _submit_ranks
 
     def trivial(i):
         if secede:
@@ -243,7 +243,7 @@ def main() -> int:
     p.add_argument("--show", type=int, default=2, help="full timelines of this many jobs")
     args = p.parse_args()
 
-    import dask_pmix.run as run
+    import dask_pmix.client.run as run
     from dask_pmix import run_mpi
     from dask_pmix.rest import SidecarClient
 

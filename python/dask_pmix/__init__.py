@@ -2,19 +2,59 @@
 
     client.register_plugin(dask_pmix.SidecarPlugin())      # or: dask scheduler --preload dask_pmix
     sums = dask_pmix.run_mpi(client, fn, n=3)              # fn(comm) on 3 workers, rank order
+
+Importing the package is cheap: its attributes are loaded on first use (PEP 562), so a process
+that needs one part (a plain MPI rank's `python -m dask_pmix.pmi_connect`, the CLI) does not pay
+for distributed and the rest.
 """
 
-from pathlib import Path
+from __future__ import annotations
 
-from . import config  # noqa: F401  (registers the dask-pmix settings with dask.config)
-from . import pool
-from .comm.stats import comm_stats
-from .errors import MPIJobError, SidecarError
-from .plugin import SidecarPlugin, dask_setup, wait_for_plugin
-from .rest import SidecarClient
-from .run import run_mpi, submit_mpi
-from .worker import PoolPlugin
+import importlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 __version__ = (Path(__file__).resolve().parent / "VERSION").read_text().strip()
-__all__ = ["comm_stats", "MPIJobError", "SidecarError", "SidecarPlugin", "SidecarClient", "PoolPlugin", "pool", "run_mpi",
-           "submit_mpi", "dask_setup", "wait_for_plugin", "__version__"]
+
+# public name -> (module, attribute); None: the module itself
+_LAZY: dict[str, tuple[str, str | None]] = {
+    "run_mpi": ("dask_pmix.client.run", "run_mpi"),
+    "submit_mpi": ("dask_pmix.client.run", "submit_mpi"),
+    "wait_for_plugin": ("dask_pmix.client.plugin_check", "wait_for_plugin"),
+    "SidecarPlugin": ("dask_pmix.scheduler.plugin", "SidecarPlugin"),
+    "dask_setup": ("dask_pmix.scheduler.plugin", "dask_setup"),
+    "PoolPlugin": ("dask_pmix.worker.plugin", "PoolPlugin"),
+    "comm_stats": ("dask_pmix.comm.stats", "comm_stats"),
+    "SidecarClient": ("dask_pmix.rest", "SidecarClient"),
+    "MPIJobError": ("dask_pmix.errors", "MPIJobError"),
+    "SidecarError": ("dask_pmix.errors", "SidecarError"),
+}
+
+__all__ = sorted([*_LAZY, "__version__"])
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module, attr = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'dask_pmix' has no attribute {name!r}") from None
+    mod = importlib.import_module(module)
+    value = mod if attr is None else getattr(mod, attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
+
+if TYPE_CHECKING:
+    from . import comm as comm
+    from .client.plugin_check import wait_for_plugin as wait_for_plugin
+    from .client.run import run_mpi as run_mpi, submit_mpi as submit_mpi
+    from .comm.stats import comm_stats as comm_stats
+    from .errors import MPIJobError as MPIJobError, SidecarError as SidecarError
+    from .rest import SidecarClient as SidecarClient
+    from .scheduler.plugin import SidecarPlugin as SidecarPlugin, dask_setup as dask_setup
+    from . import pool as pool
+    from .worker.plugin import PoolPlugin as PoolPlugin

@@ -60,7 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
     from distributed import Client, LocalCluster, futures_of, wait
 
-    from . import SidecarPlugin, run_mpi, wait_for_plugin
+    from .client.plugin_check import wait_for_plugin
+    from .client.run import run_mpi
+    from .scheduler.plugin import SidecarPlugin
     from .rest import SidecarClient
 
     t_start = time.perf_counter()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 import time
 
-from dask_pmix.activation import Gate
+from dask_pmix.worker.activation import Gate
 
 
 def in_thread(fn) -> threading.Thread:

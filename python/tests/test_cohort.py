@@ -114,12 +114,12 @@ def _die_instead_of_initialising():
 
 def _die_before_asking():
     """Makes this worker die before it asks the sidecar to join the pool."""
-    from dask_pmix import worker
+    from dask_pmix.worker import plugin
 
     def die(*args, **kwargs):
         os._exit(3)
 
-    worker.installed_library = die
+    plugin.installed_library = die
 
 
 def _plugin_after(cluster, client, patch, victim):
@@ -221,9 +221,9 @@ def _worker_as(uid: int, gid: int, args: list[str]) -> None:
     from mpi4py import MPI  # noqa: F401 - loaded, not initialised (the pool initialises it)
 
     import dask_pmix.comm  # noqa: F401
-    import dask_pmix.inprocess  # noqa: F401
-    import dask_pmix.run  # noqa: F401
-    import dask_pmix.worker  # noqa: F401
+    import dask_pmix.client.run  # noqa: F401
+    import dask_pmix.member.inprocess  # noqa: F401
+    import dask_pmix.worker.plugin  # noqa: F401
     import tests.test_cohort  # noqa: F401 - what a job's function is pickled as
 
     os.setgroups([])

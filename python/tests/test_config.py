@@ -86,7 +86,7 @@ def test_the_schema_describes_every_key_and_nothing_else():
 
 
 def test_given_sidecar_args_override_the_derived_ones_without_dropping_them():
-    from dask_pmix.plugin import sidecar_argv
+    from dask_pmix.scheduler.serve_args import sidecar_argv
 
     with dask.config.set({"dask-pmix.pool.size": 64, "dask-pmix.pool.cohort": 1,
                           "dask-pmix.sidecar.args": ["--log-level", "debug"]}):

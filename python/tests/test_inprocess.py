@@ -263,7 +263,8 @@ def never_builds(dask_worker):
     """Makes this worker's member never get its communicator, as when MPI_Comm_create_from_group
     (Open MPI) or a connect/accept of the merge tree (MPICH) hangs, which cannot be provoked at
     will: Pool.comm / Tree.build blocks; the worker is restarted anyway."""
-    from dask_pmix import merge_tree, pool
+    from dask_pmix import pool
+    from dask_pmix.member import merge_tree
 
     p = pool.current()
     if isinstance(p, pool.World):

@@ -8,7 +8,7 @@ import pytest
 from distributed import Client, LocalCluster
 
 from dask_pmix import MPIJobError, SidecarError, SidecarPlugin, run_mpi, wait_for_plugin
-from dask_pmix.embedded import EmbeddedSidecar, free_port
+from dask_pmix.scheduler.sidecar import EmbeddedSidecar, free_port
 
 from .conftest import IMPL
 

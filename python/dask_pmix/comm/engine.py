@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ..activation import GATE
+from ..worker.activation import GATE
 
 logger = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from typing import Any, Optional
 
 import msgpack
 
-from ..activation import GATE
+from ..worker.activation import GATE
 from . import stats
 from .engine import Engine
 from .link import PoolLink, current_link, pool_starting

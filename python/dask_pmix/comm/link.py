@@ -46,7 +46,7 @@ def current_link() -> Optional[PoolLink]:
 
 
 def _from_pool() -> Optional[PoolLink]:
-    from .. import pool
+    from ..worker import pool
     member = pool.current()
     if member is None or not hasattr(member, "session"):
         # An MPICH / Intel MPI world (pool.World) has no pool ranks to build communicators from.
@@ -80,7 +80,7 @@ def _leave_pool() -> None:
 
 def pool_starting() -> bool:
     """Whether this process is joining a pool right now (its session is being initialised)."""
-    from .. import pool
+    from ..worker import pool
     status = getattr(pool, "status", None)
     return status is not None and status().get("state") == "starting"
 
@@ -89,7 +89,7 @@ def join_launcher_world() -> PoolLink:
     """Membership for a process started by an MPI launcher (mpirun/prterun): the launcher's
     namespace is the epoch and its mpi://WORLD the pool. Initialises one MPI session for the
     process's lifetime, as the pool does."""
-    from ..worker_mpi import mpi_module
+    from ..worker.mpi import mpi_module
 
     MPI = mpi_module()
     info = MPI.Info.Create()

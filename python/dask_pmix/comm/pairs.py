@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Optional
 
-from ..activation import GATE
+from ..worker.activation import GATE
 from . import stats
 from .link import PoolLink
 

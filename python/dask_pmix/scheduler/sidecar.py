@@ -8,10 +8,10 @@ import socket
 import subprocess
 import time
 
-from . import config
-from .errors import SidecarError
-from .launcher import sidecar_command
-from .rest import SidecarClient
+from .. import config
+from ..errors import SidecarError
+from ..launcher import sidecar_command
+from ..rest import SidecarClient
 
 
 def serve_command(args: list[str]) -> tuple[list[str], dict[str, str]]:

@@ -18,7 +18,7 @@ Failures (measured with the Open MPI 5.0.11 wheel, fault tolerance on):
   Meanwhile the watcher keeps MPI progressing for it (see _progress_for), so that a peer whose
   first contact with a member hung in Python was under way is not left in its send. A member that
   holds the interpreter lock inside MPI stops the watcher too: the scheduler plugin restarts it
-  from outside (dask_pmix.stuck_members).
+  from outside (dask_pmix.scheduler.stuck_members).
 - Building the communicator has a deadline (dask-pmix.timeouts.communicator): a member whose
   MPI_Comm_create_from_group has not returned by then fails the job saying so, and its worker is
   restarted like any member stuck after its job failed.
@@ -31,7 +31,7 @@ Failures (measured with the Open MPI 5.0.11 wheel, fault tolerance on):
 - A member that leaves a failed job keeps MPI progressing until the others have left too (at most
   LINGER s): a peer still sending to it would otherwise wait for good (see _linger).
 - MPICH / Intel MPI (each worker a world of its own, pool.World): the communicator comes from a
-  merge tree of connect/accept over ports the members bring to their join (dask_pmix.merge_tree).
+  merge tree of connect/accept over ports the members bring to their join (dask_pmix.member.merge_tree).
   MPICH neither reports failed processes nor can revoke (MPIX_Comm_revoke asserts in ch4): a
   member left inside one of fn's MPI calls after the job failed is restarted as above. The
   members end the job with a barrier of their own that they poll, so a member leaves MPI only
@@ -51,13 +51,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from . import pool as pool_mod
-from .activation import GATE
-from .errors import MPIJobError
+from ..errors import MPIJobError
+from ..protocol import FAILED_STATES
+from ..worker import members as registry, pool as pool_mod
+from ..worker.activation import GATE
 
 logger = logging.getLogger("dask_pmix")
-
-FAILED_STATES = ("failed", "aborted")
 
 
 @dataclass
@@ -192,8 +191,6 @@ def _progress_for(w: _Watch) -> None:
     and had its worker restarted together with this one (seen in 3 of 4 hang loops). With this
     process progressing, the peer's send completes, the revoke ends its collective, and it goes
     back to Dask work; only this member is restarted."""
-    from .activation import GATE
-
     if GATE.busy():  # never beside a communicator being built here (activation.py)
         return
     try:
@@ -214,58 +211,11 @@ def _progress_for(w: _Watch) -> None:
 
 _watcher = Watcher()
 
-# The in-process members of this process, by job: present from the member's start until its thread
-# has left every MPI call of its job.
-_members_cond = threading.Condition()
-_members: dict[str, int] = {}
-
-
-def _enter(job_id: str) -> None:
-    with _members_cond:
-        _members[job_id] = _members.get(job_id, 0) + 1
-
-
-def _exit(job_id: str) -> None:
-    with _members_cond:
-        left = _members.get(job_id, 0) - 1
-        if left > 0:
-            _members[job_id] = left
-        else:
-            _members.pop(job_id, None)
-        _members_cond.notify_all()
-
-
-def running(job_id: str) -> bool:
-    """Whether a member of ``job_id`` still runs in this process (asked by the scheduler plugin,
-    dask_pmix.stuck_members, after the job failed)."""
-    with _members_cond:
-        return job_id in _members
-
-
-def _wait_for_earlier_jobs(job_id: str, bound: float) -> list[str]:
-    """Waits until no member of another job runs in this process; the jobs still there after
-    ``bound`` seconds. Those jobs have ended (a worker is in one job at a time), so their
-    communicators are revoked at once: their ranks then leave with MPI_ERR_REVOKED, or their
-    watcher restarts this worker."""
-    deadline = time.monotonic() + bound
-    ended: set[str] = set()
-    with _members_cond:
-        while True:
-            others = [j for j in _members if j != job_id]
-            if not others:
-                return []
-            for j in others:
-                if j not in ended:
-                    ended.add(j)
-                    _members_cond.release()
-                    try:
-                        _watcher.end_now(j, f"job {job_id} wants this worker")
-                    finally:
-                        _members_cond.acquire()
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return others
-            _members_cond.wait(min(left, 0.05))
+def _end_earlier(job_id: str):
+    """Ends, for ``job_id``, a job still running in this process: it has ended (a worker is in one
+    job at a time), so its communicator is revoked at once; its member then leaves with
+    MPI_ERR_REVOKED, or its watcher restarts this worker."""
+    return lambda other: _watcher.end_now(other, f"job {job_id} wants this worker")
 
 
 def revoke(comm) -> None:
@@ -288,13 +238,6 @@ LINGER = 1.0
 PAIRS_WAIT = 10.0
 
 
-def in_flight() -> bool:
-    """Whether a thread of this process may still be inside MPI: a member runs, or a job failed
-    here and left a communicator behind. Finalizing MPICH then corrupts its heap (measured with
-    the 5.0.2 wheel: "corrupted double-linked list" as a stuck member's worker was restarted)."""
-    return _watcher.busy() or bool(_kept)
-
-
 def _give_up(comm, failed: bool) -> None:
     """Frees the communicator (or a merge_tree.Tree) of a job that went well; keeps one that saw
     a failure (bounded)."""
@@ -302,6 +245,7 @@ def _give_up(comm, failed: bool) -> None:
         _kept.append(comm)
         if len(_kept) > _KEEP:
             _free(_kept.pop(0))
+        registry.left_behind(len(_kept))
         return
     _free(comm)
 
@@ -395,11 +339,11 @@ def run_member(*, job: dict, rank: int, worker: str, fn: Callable, args: tuple, 
     """Runs ``fn(comm, *args, **kwargs)`` as ``rank`` of the in-process ``job`` in this thread.
     ``build_timeout``: how long building the communicator may take (None: no bound)."""
     job_id = job["id"]
-    _enter(job_id)
+    registry.enter(job_id)
     try:
         return _run_member(job, rank, worker, fn, args, kwargs, calls, wiring_timeout, build_timeout)
     finally:
-        _exit(job_id)
+        registry.leave(job_id)
 
 
 def _run_member(job: dict, rank: int, worker: str, fn: Callable, args: tuple, kwargs: dict, calls: SidecarCalls,
@@ -430,7 +374,7 @@ def _run_member(job: dict, rank: int, worker: str, fn: Callable, args: tuple, kw
     ranks = [m["poolRank"] for m in sorted(job["members"], key=lambda m: m["rank"])]
 
     # Before joining: the others wait at the sidecar (within the wiring timeout), none in MPI.
-    lingering = _wait_for_earlier_jobs(job_id, min(_watcher.grace + 5.0, max(0.0, deadline - time.monotonic())))
+    lingering = registry.wait_alone(job_id, min(_watcher.grace + 5.0, max(0.0, deadline - time.monotonic())), _end_earlier(job_id))
     if lingering:
         raise fail(f"a rank of an earlier job ({', '.join(lingering)}) was still running in this worker "
                    f"{_watcher.grace + 5.0:.0f} s after that job ended (its worker is restarted); a new "
@@ -505,7 +449,7 @@ def _run_world_member(*, job: dict, rank: int, fn: Callable, args: tuple, kwargs
         raise fail(f"this worker's in-process MPI is {have}, the job is for {job['impl']}")
     # A member of an earlier job still running here (a cancelled or failed job: MPICH has no revoke
     # to get it out of MPI) has its worker restarted by the watcher; this job cannot share it.
-    lingering = _wait_for_earlier_jobs(job_id, min(_watcher.grace + 5.0, max(0.0, deadline - time.monotonic())))
+    lingering = registry.wait_alone(job_id, min(_watcher.grace + 5.0, max(0.0, deadline - time.monotonic())), _end_earlier(job_id))
     if lingering:
         raise fail(f"a rank of an earlier job ({', '.join(lingering)}) was still running in this worker "
                    f"{_watcher.grace + 5.0:.0f} s after that job ended (its worker is restarted: MPICH cannot "

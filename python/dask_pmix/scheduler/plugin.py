@@ -9,7 +9,6 @@ import collections
 import concurrent.futures
 import logging
 import os
-import re
 import secrets
 import shutil
 import tempfile
@@ -19,17 +18,18 @@ from typing import Any, Callable
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from . import config, http
-from .embedded import EmbeddedSidecar
-from .errors import SidecarError
-from .rest import SidecarClient
+from .. import config
+from ..errors import SidecarError
+from ..protocol import ACTIVE_STATES, RANK_KEY, SCHEDULER_PLUGIN, WORKER_PLUGIN, Remote, Scheduler
+from ..rest import SidecarClient
+from . import dashboard
+from .join_barrier import JoinBarrier
+from .serve_args import sidecar_argv
+from .sidecar import EmbeddedSidecar
 from .stuck_members import StuckMembers
 
 logger = logging.getLogger("dask_pmix")
 
-ACTIVE_STATES = ("pending", "wiring", "running")
-# The key of a rank's task (run.py): which job it belongs to.
-RANK_KEY = re.compile(r"^dask-pmix-(.+)-rank-(\d+)$")
 # A sidecar that has not answered for this long is taken for gone, and its running jobs fail.
 SIDECAR_GONE_AFTER = 1.5
 # How often the plugin looks for a dead embedded sidecar, and waits before reopening the stream.
@@ -51,25 +51,6 @@ JOIN_QUIET = 0.25
 RELEASED_KEPT = 4096
 
 
-class _JoinBarrier:
-    """The members of one in-process job waiting here until all are there."""
-
-    __slots__ = ("ready", "waiters", "present")
-
-    def __init__(self) -> None:
-        self.ready = False
-        self.waiters: set[asyncio.Future] = set()
-        self.present: dict[str, int] = {}  # worker -> its join calls waiting here now
-
-    def wake(self, ready: bool = False) -> None:
-        """Answers every waiting member: all are there (ready), or ask the sidecar again."""
-        self.ready = self.ready or ready
-        for f in self.waiters:
-            if not f.done():
-                f.set_result(ready)
-        self.waiters.clear()
-
-
 class SidecarPlugin(SchedulerPlugin):
     """Connects a Dask scheduler to a dask-pmix sidecar.
 
@@ -77,7 +58,7 @@ class SidecarPlugin(SchedulerPlugin):
     scheduler on a free loopback port and stops it when the scheduler closes.
     """
 
-    name = "dask-pmix"
+    name = SCHEDULER_PLUGIN
     idempotent = True
 
     def __init__(self, url: str | None = None, token: str | None = None, *, sidecar_args: list[str] | None = None,
@@ -108,7 +89,7 @@ class SidecarPlugin(SchedulerPlugin):
         self._waits: concurrent.futures.ThreadPoolExecutor | None = None
         self._supervisor: asyncio.Future | None = None
         self._state_dir: str | None = None
-        self._barriers: dict[str, _JoinBarrier] = {}  # in-process jobs whose members are joining
+        self._barriers: dict[str, JoinBarrier] = {}  # in-process jobs whose members are joining
         # From the event stream: members each active job still holds, and jobs released lately.
         self._holding: dict[str, set[str]] = {}
         self._released: collections.OrderedDict[str, None] = collections.OrderedDict()
@@ -148,28 +129,27 @@ class SidecarPlugin(SchedulerPlugin):
         self.rest = SidecarClient(self.url, self.token, timeout=config.seconds("timeouts.request") or 30.0)
         await asyncio.to_thread(self._check_sidecar)
         scheduler.handlers.update({
-            "dask_pmix_info": self.info,
-            "dask_pmix_create_job": self.create_job,
-            "dask_pmix_job": self.job,
-            "dask_pmix_release_job": self.release_job,
-            "dask_pmix_member_lost": self.member_lost,
-            "dask_pmix_join_pool": self.join_pool,
-            "dask_pmix_leave_pool": self.leave_pool,
-            "dask_pmix_join_job": self.join_job,
-            "dask_pmix_leave_job": self.leave_job,
-            "dask_pmix_restart_worker": self.restart_worker,
+            Scheduler.INFO: self.info,
+            Scheduler.CREATE_JOB: self.create_job,
+            Scheduler.JOB: self.job,
+            Scheduler.RELEASE_JOB: self.release_job,
+            Scheduler.MEMBER_LOST: self.member_lost,
+            Scheduler.JOIN_POOL: self.join_pool,
+            Scheduler.LEAVE_POOL: self.leave_pool,
+            Scheduler.JOIN_JOB: self.join_job,
+            Scheduler.LEAVE_JOB: self.leave_job,
+            Scheduler.RESTART_WORKER: self.restart_worker,
         })
-        http.install(scheduler)  # the dashboard page, /dask-pmix/
+        dashboard.install(scheduler)  # the dashboard page, /dask-pmix/
         self._waits = concurrent.futures.ThreadPoolExecutor(max_workers=1024, thread_name_prefix="dask-pmix-wait")
         for address in list(scheduler.workers):
             self._register_soon(address)
         if self.pool:
             from distributed.protocol.pickle import dumps
 
-            from .worker import PoolPlugin
-
-            plugin = PoolPlugin(interfaces=config.get("pool.interfaces"))
-            await scheduler.register_worker_plugin(None, dumps(plugin), name=PoolPlugin.name, idempotent=True)
+            # Built on each worker from its own code: the scheduler needs none of it.
+            plugin = Remote("dask_pmix.worker.plugin:PoolPlugin", interfaces=config.get("pool.interfaces"))
+            await scheduler.register_worker_plugin(None, dumps(plugin), name=WORKER_PLUGIN, idempotent=True)
         self._events_thread = threading.Thread(target=self._follow_events, name="dask-pmix-events", daemon=True)
         self._events_thread.start()
 
@@ -529,7 +509,7 @@ class SidecarPlugin(SchedulerPlugin):
         if barrier is not None and barrier.ready:
             return {"ready": True}
         if barrier is None:
-            barrier = self._barriers[job_id] = _JoinBarrier()
+            barrier = self._barriers[job_id] = JoinBarrier()
         with self._lock:
             members = self._frozen.get(job_id)
         loop = asyncio.get_running_loop()
@@ -766,52 +746,6 @@ def _membership_mistake(scheduler, workers: list[str] | None, n: int | None) -> 
     return None
 
 
-def sidecar_argv(given: list[str], scheduler_address: str) -> list[str]:
-    """The embedded sidecar's arguments: those derived from the scheduler's address and the
-    configuration, then the given ones (or, if none, `dask-pmix.sidecar.args`). serve takes the
-    last value of an option, so given arguments override derived ones without dropping the rest
-    (a listener on the scheduler's routable address, the pool's size and cohorts)."""
-    return [*_serve_args_for(scheduler_address), *(list(given) or config.get("sidecar.args", []))]
-
-
-def _serve_args_for(scheduler_address: str) -> list[str]:
-    """Ranks on other hosts reach the sidecar where they reach the scheduler: when the scheduler
-    listens on a routable address, so do the embedded sidecar's PMIx and PMI listeners (its REST
-    API stays on loopback, for this plugin only)."""
-    import ipaddress
-    from urllib.parse import urlparse
-
-    pmix, pmi = config.get("interfaces.pmix"), config.get("interfaces.pmi")
-    host = urlparse(scheduler_address).hostname or ""
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        ip = None
-    if ip is not None and not (ip.is_loopback or ip.is_unspecified or ip.version != 4):
-        pmix, pmi = pmix or str(ip), pmi or str(ip)
-    pool, cohort, cohort_max = config.get("pool.size"), config.seconds("pool.cohort"), config.seconds("pool.cohort-max")
-    return [*(["--pmix-if", pmix] if pmix else []), *(["--pmi-host", pmi] if pmi else []),
-            *(["--pool-size", str(int(pool))] if pool else []),
-            *(["--pool-cohort", f"{cohort:g}"] if cohort is not None else []),
-            *(["--pool-cohort-max", f"{cohort_max:g}"] if cohort_max is not None else [])]
-
-
 def dask_setup(scheduler) -> None:
     """`dask scheduler --preload dask_pmix`: installs the plugin with its defaults."""
     scheduler.add_plugin(SidecarPlugin(), name=SidecarPlugin.name)
-
-
-PLUGIN_MISSING = ("the scheduler has no dask-pmix plugin: start it with `dask scheduler --preload dask_pmix`, "
-                  "or call client.register_plugin(dask_pmix.SidecarPlugin()) first")
-
-
-def wait_for_plugin(client, timeout: float = 60.0) -> dict:
-    """Blocks until the scheduler has the plugin's handlers (its start is asynchronous). Asks
-    whether they are there first: a call to a handler the scheduler lacks never returns."""
-    deadline = time.monotonic() + timeout
-    # A lambda travels by value: the check works on a scheduler that cannot even import dask_pmix.
-    while not client.run_on_scheduler(lambda dask_scheduler: "dask_pmix_info" in dask_scheduler.handlers):
-        if time.monotonic() > deadline:
-            raise RuntimeError(PLUGIN_MISSING)
-        time.sleep(0.1)
-    return client.sync(client.scheduler.dask_pmix_info)

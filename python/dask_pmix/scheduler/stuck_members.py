@@ -1,6 +1,6 @@
 """Members of failed in-process jobs still stuck some seconds later, bounded from outside them.
 
-A member's own watcher thread (dask_pmix.inprocess) restarts its worker when the member is still
+A member's own watcher thread (dask_pmix.member.inprocess) restarts its worker when the member is still
 running GRACE s after its job failed. It cannot when the member's thread holds the interpreter
 lock inside MPI: mpi4py's lowercase collectives duplicate the communicator first
 (MPI_Comm_dup, measured stuck in ompi_comm_nextcid -> opal_progress), and the whole worker then
@@ -16,6 +16,8 @@ import asyncio
 import logging
 from typing import Awaitable, Callable, Iterable
 
+from ..protocol import Worker
+
 logger = logging.getLogger("dask_pmix")
 
 # Past the member's own watcher (3 s after the job failed, plus at most 1 s keeping MPI
@@ -23,8 +25,6 @@ logger = logging.getLogger("dask_pmix")
 CHECK_AFTER = 10.0
 # A worker whose event loop runs answers at once; generous for a loaded CI machine.
 ANSWER_WITHIN = 10.0
-# The worker handler the pool plugin (dask_pmix.worker.PoolPlugin) installs.
-HANDLER = "dask_pmix_member_running"
 
 
 class StuckMembers:
@@ -52,7 +52,7 @@ class StuckMembers:
         if worker not in self.scheduler.workers:
             return  # gone already (its watcher restarted it, or it died): a new worker has a new address
         try:
-            running = await asyncio.wait_for(getattr(self.scheduler.rpc(worker), HANDLER)(job_id=job_id), ANSWER_WITHIN)
+            running = await asyncio.wait_for(getattr(self.scheduler.rpc(worker), Worker.MEMBER_RUNNING)(job_id=job_id), ANSWER_WITHIN)
         except asyncio.TimeoutError:
             reason = (f"it gave no answer within {ANSWER_WITHIN:g} s, {CHECK_AFTER:g} s after its in-process job "
                       f"{job_id} failed (a thread stuck in MPI holding the interpreter lock)")

@@ -5,15 +5,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
-from . import config
-from .errors import MPIJobError
-from .plugin import ACTIVE_STATES, PLUGIN_MISSING
+from .. import config
+from ..errors import MPIJobError
+from ..protocol import ACTIVE_STATES, FAILED_STATES, Call, Scheduler, rank_key
+from .plugin_check import PLUGIN_MISSING
 
 logger = logging.getLogger("dask_pmix")
 
-FAILED_STATES = ("failed", "aborted")
 # Ranks go ahead of tasks queued on their workers: the other ranks are already waiting for them.
 RANK_PRIORITY = 1_000_000
 POLL = 0.25  # how often run_mpi looks at the job while its ranks run
@@ -30,92 +30,6 @@ RELEASE_WAIT = 1.0
 # for an MPICH fork rank in a clean-clone run). A rank whose worker died never reports: its error
 # comes this much later.
 OWN_ERROR_WAIT = 1.0
-
-
-def _sidecar_calls(job_id: str, worker_id: str) -> tuple[Callable[[], dict], Callable[[str], None]]:
-    """The job's state, and a loss report, through the scheduler (which relays to the sidecar),
-    callable from a task thread."""
-    from distributed import get_worker
-    from distributed.utils import sync
-
-    worker = get_worker()
-
-    def state() -> dict:
-        try:
-            return sync(worker.loop, worker.scheduler.dask_pmix_job, job_id=job_id)
-        except Exception as e:  # the scheduler is unreachable: keep running, the rank decides
-            return {"state": "unknown", "error": str(e)}
-
-    def lost(reason: str) -> None:
-        sync(worker.loop, worker.scheduler.dask_pmix_member_lost, job_id=job_id, worker=worker_id, reason=reason)
-
-    return state, lost
-
-
-def _member_task(job_id: str, rank: int, worker_id: str, env: dict, impl: str, fn: Callable, args: tuple,
-                 kwargs: dict, timeout: float | None, local: list | None) -> Any:
-    """A fork-mode rank: a child of the worker joins the job as a new process."""
-    from distributed import secede
-
-    from .member import run_rank
-
-    # Off the worker's thread pool: the worker keeps running other tasks while the job runs,
-    # and a worker with a long-running task is never picked for downscaling.
-    secede()
-    if local is not None:
-        kwargs = {**kwargs, "local": local}
-    state, lost = _sidecar_calls(job_id, worker_id)
-    return run_rank(job_id=job_id, rank=rank, worker=worker_id, env=env, impl=impl, fn=fn, args=args, kwargs=kwargs,
-                    job_state=state, report_lost=lost, timeout=timeout)
-
-
-def _inprocess_calls(job_id: str, worker_id: str):
-    """The sidecar as an in-process member sees it, through the scheduler, from a task thread."""
-    from distributed import get_worker
-    from distributed.utils import sync
-
-    from .inprocess import SidecarCalls
-
-    worker = get_worker()
-    state, _ = _sidecar_calls(job_id, worker_id)
-
-    def join(wait: float, ports: dict | None = None) -> dict:
-        try:
-            return sync(worker.loop, worker.scheduler.dask_pmix_join_job, job_id=job_id, worker=worker_id, wait=wait,
-                        **({"ports": ports} if ports is not None else {}))
-        except Exception as e:  # noqa: BLE001
-            return {"error": f"the scheduler could not be asked: {e}"}
-
-    def leave(ok: bool, reason: str, failed_ranks: list) -> Any:
-        if ok:
-            # Not waited for: the result goes back at once; whoever releases the job waits for the
-            # sidecar to have heard every member (run_mpi's release does).
-            asyncio.run_coroutine_threadsafe(
-                worker.scheduler.dask_pmix_leave_job(job_id=job_id, worker=worker_id, ok=True, reason="",
-                                                     failed_ranks=[]), worker.loop.asyncio_loop)
-            return None
-        return sync(worker.loop, worker.scheduler.dask_pmix_leave_job, job_id=job_id, worker=worker_id, ok=ok,
-                    reason=reason, failed_ranks=failed_ranks)
-
-    def restart(reason: str) -> Any:
-        return sync(worker.loop, worker.scheduler.dask_pmix_restart_worker, worker=worker.address, reason=reason)
-
-    return SidecarCalls(join=join, leave=leave, state=state, restart=restart)
-
-
-def _inprocess_task(job: dict, rank: int, worker_id: str, fn: Callable, args: tuple, kwargs: dict,
-                    local: list | None, build_timeout: float | None = None) -> Any:
-    """An in-process rank: the worker process itself, in this task's thread."""
-    from distributed import secede
-
-    from .inprocess import run_member
-
-    secede()
-    if local is not None:
-        kwargs = {**kwargs, "local": local}
-    return run_member(job=job, rank=rank, worker=worker_id, fn=fn, args=args, kwargs=kwargs,
-                      calls=_inprocess_calls(job["id"], worker_id), wiring_timeout=float(job["wiringTimeoutSeconds"]),
-                      build_timeout=build_timeout)
 
 
 def _holders(who_has: dict, futures: list) -> dict[str, list]:
@@ -168,7 +82,7 @@ async def _check_plugin(client) -> None:
     address = client.scheduler.address
     if _plugin_seen.get(client) == address:
         return
-    if not await client._run_on_scheduler(lambda dask_scheduler: "dask_pmix_info" in dask_scheduler.handlers):
+    if not await client._run_on_scheduler(lambda dask_scheduler, h=Scheduler.INFO: h in dask_scheduler.handlers):
         raise RuntimeError(PLUGIN_MISSING)
     _plugin_seen[client] = address
 
@@ -209,12 +123,12 @@ async def _start_job(client, fn: Callable, args: tuple = (), kwargs: dict | None
     for m in mpi_job.members:
         worker_id = m["workerId"]
         mine = local_by_worker.get(worker_id, []) if local_by_worker is not None else None
-        key = f"dask-pmix-{job['id']}-rank-{m['rank']}"
+        key = rank_key(job["id"], m["rank"])
         if mpi_job.mode == "inprocess":
-            ranks.append((key, worker_id, _inprocess_task,
+            ranks.append((key, worker_id, Call("dask_pmix.member.task:inprocess_rank"),
                           (job, m["rank"], worker_id, fn, args, kwargs, mine, build_timeout)))
         else:
-            ranks.append((key, worker_id, _member_task, (job["id"], m["rank"], worker_id, created["envs"][worker_id],
+            ranks.append((key, worker_id, Call("dask_pmix.member.task:fork_rank"), (job["id"], m["rank"], worker_id, created["envs"][worker_id],
                                                          impl, fn, args, kwargs, timeout, mine)))
     try:
         mpi_job.futures.extend(_submit_ranks(client, ranks))

