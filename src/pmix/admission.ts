@@ -5,6 +5,10 @@
 // registered with, speaking a wire format libpmix has. Those are exactly the refusals that hurt
 // libpmix 5.0.11 when it makes them itself (see gate.ts). A tool is admitted by policy: one of
 // this process's own uid and gid, or none.
+//
+// A "native" credential over TCP is the uid and gid the peer says it has. When the peer's socket
+// is on this host, the kernel says whose it is (peerUid): a peer whose socket's owner is not the
+// uid it claims is refused (root's excepted, which may start ranks as any user).
 import { decodeInfoBlob, type BlobInfo } from './handshake-blob.js';
 import { BufferType, HandshakeError, nativeCredentialIds, PeerFlag, type Handshake } from './handshake.js';
 import type { Admission } from './gate.js';
@@ -26,6 +30,8 @@ export interface AdmissionOptions {
   self: { uid: number; gid: number };
   /** A further say on a registered client, e.g. that its job has ended: a reason to refuse. */
   client?(proc: Proc): string | undefined;
+  /** The uid owning the peer's socket, when it is on this host. */
+  peerUid?: number;
 }
 
 /** The uid and gid registered for each client of each namespace. */
@@ -89,6 +95,12 @@ export function admit(h: Handshake, registry: ClientRegistry, opts: AdmissionOpt
     throw err;
   }
   const claimed = { uid: numberIn(blob, Keys.USERID) ?? cred.uid, gid: numberIn(blob, Keys.GRPID) ?? cred.gid };
+  const owner = opts.peerUid;
+  if (owner !== undefined && owner !== 0) {
+    for (const uid of [cred.uid, claimed.uid, h.uid ?? cred.uid]) {
+      if (uid !== owner) return refuse(Status.ERR_INVALID_CRED, `a connection of uid ${owner} claims to be uid ${uid}`);
+    }
+  }
 
   switch (h.flag) {
     case PeerFlag.SIMPLE_CLIENT: {

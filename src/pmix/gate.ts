@@ -26,19 +26,25 @@ import { HEADER_BYTES, HandshakeError, handshakeLength, parseHandshake, type Han
 
 export type Admission = { ok: true } | { ok: false; status: number; reason: string };
 
+/** Who a connection comes from: `key` for the per-peer bound, and the uid owning its socket when known. */
+export interface Peer {
+  key: string;
+  uid?: number;
+}
+
 export interface GateOptions {
   /** Where peers connect: the address and port advertised in PMIX_SERVER_URI*. */
   host: string;
   port?: number;
-  /** Decides on a parsed handshake. */
-  admit(h: Handshake): Admission;
+  /** Decides on a parsed handshake, from a peer as peerOf identified it. */
+  admit(h: Handshake, peer: Peer): Admission;
   /**
    * Takes an admitted peer's socket over, by its fd (which the gate closes right after), `first`
    * being its handshake and `h` what it says. Throws when it cannot: the peer is then refused.
    */
   handOver(fd: number, first: Buffer, h: Handshake): void;
-  /** Who a connection comes from, for the per-peer bound (default: its address). */
-  peerKey?(sock: Socket): string;
+  /** Who a connection comes from (default: its address). */
+  peerOf?(sock: Socket): Peer;
   /** How long a peer may take to send its first byte (default 2 s). */
   firstByteMs?: number;
   /** How long a peer may take to send its whole handshake (default 10 s). */
@@ -57,6 +63,7 @@ const UNREACH = -25; // PMIX_ERR_UNREACH
 interface Pending {
   sock: Socket;
   key: string;
+  peer: Peer;
   who: string;
   /** Ends the wait for its handshake (false if it had ended already). */
   settle(): boolean;
@@ -110,19 +117,20 @@ export class PmixGate {
     this.sockets.add(sock);
     sock.on('close', () => this.sockets.delete(sock));
     sock.on('error', () => sock.destroy());
-    let key: string;
+    let peer: Peer;
     try {
-      key = this.opts.peerKey?.(sock) ?? `host ${sock.remoteAddress}`;
+      peer = this.opts.peerOf?.(sock) ?? { key: `host ${sock.remoteAddress}` };
     } catch {
-      key = `host ${sock.remoteAddress}`;
+      peer = { key: `host ${sock.remoteAddress}` };
     }
+    const key = peer.key;
     this.makeRoom(key);
     const chunks: Buffer[] = [];
     let have = 0;
     let need = HEADER_BYTES;
     let settled = false;
     const entry: Pending = {
-      sock, key, who,
+      sock, key, peer, who,
       settle: () => {
         if (settled) return false;
         settled = true;
@@ -169,7 +177,7 @@ export class PmixGate {
         this.refuse(sock, BAD_HANDSHAKE, 'sent more than its handshake before it was answered', who);
         return;
       }
-      this.decide(sock, all, who);
+      this.decide(sock, all, peer, who);
     };
     sock.on('data', onData);
   }
@@ -191,12 +199,12 @@ export class PmixGate {
     this.refuse(oldest.sock, undefined, `closed for a newer connection: too many connections from ${victim} still sending their handshake`, oldest.who);
   }
 
-  private decide(sock: Socket, msg: Buffer, who: string): void {
+  private decide(sock: Socket, msg: Buffer, peer: Peer, who: string): void {
     let h: Handshake;
     let verdict: Admission;
     try {
       h = parseHandshake(msg);
-      verdict = this.opts.admit(h);
+      verdict = this.opts.admit(h, peer);
     } catch (err) {
       if (!(err instanceof HandshakeError)) throw err;
       return this.refuse(sock, BAD_HANDSHAKE, err.message, who);

@@ -15,7 +15,7 @@ import { isIPv4, BlockList, type Socket } from 'node:net';
 import { networkInterfaces, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { admit, ClientRegistry, type ToolPolicy } from './admission.js';
-import { PmixGate } from './gate.js';
+import { PmixGate, type Peer } from './gate.js';
 import { PeerFlag } from './handshake.js';
 import { KEEPALIVE, setKeepAlive, type KeepAlive } from './keepalive.js';
 import { loadNative, type NativeBinding } from './native.js';
@@ -228,13 +228,14 @@ export class PmixServer {
       ...(o.firstByteMs !== undefined ? { firstByteMs: o.firstByteMs } : {}),
       ...(o.maxPendingPerPeer !== undefined ? { maxPendingPerPeer: o.maxPendingPerPeer } : {}),
       ...(o.maxPending !== undefined ? { maxPending: o.maxPending } : {}),
-      admit: (h) =>
+      admit: (h, peer) =>
         admit(h, this.registry, {
           tools: o.tools ?? 'same-uid',
           self,
           ...(o.admitClient ? { client: o.admitClient } : {}),
+          ...(peer.uid !== undefined ? { peerUid: peer.uid } : {}),
         }),
-      peerKey: (sock) => this.peerKey(sock),
+      peerOf: (sock) => this.peerOf(sock),
       ...(o.onRefused ? { onRefused: o.onRefused } : {}),
       handOver: (fd, first, h) => {
         if (keepAlive) setKeepAlive(fd, keepAlive);
@@ -245,14 +246,14 @@ export class PmixServer {
     this.outerUri = `tcp4://${this.gate.host}:${this.gate.port}`;
   }
 
-  /** A peer on this host is its uid (whatever address it comes from); one elsewhere, its address. */
-  private peerKey(sock: Socket): string {
+  /** A peer on this host is the uid owning its socket (whatever address it comes from); one elsewhere, its address. */
+  private peerOf(sock: Socket): Peer {
     const { localAddress, localPort, remoteAddress, remotePort } = sock;
     if (localAddress && localPort && remoteAddress && remotePort) {
       const uid = this.native.peerUid(localAddress, localPort, remoteAddress, remotePort);
-      if (uid >= 0) return `uid ${uid}`;
+      if (uid >= 0) return { key: `uid ${uid}`, uid };
     }
-    return `host ${remoteAddress}`;
+    return { key: `host ${remoteAddress}` };
   }
 
   private startProbe(): void {

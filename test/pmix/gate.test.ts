@@ -69,6 +69,17 @@ describe('admission', () => {
     expect(admit(tool, new ClientRegistry(), { tools: 'same-uid', self: { uid: 1000, gid: 1000 } })).toMatchObject({ ok: false, status: Status.ERR_NO_PERMISSIONS });
   });
 
+  it('refuses a peer whose socket belongs to another uid than the one it claims, unless that is root', () => {
+    const reg = new ClientRegistry();
+    reg.add({ nspace: 'capjob', rank: 0 }, 0, 0);
+    const h = parseHandshake(CLIENT_HANDSHAKE);
+    const self = { uid: 0, gid: 0 };
+    expect(admit(h, reg, { tools: 'same-uid', self, peerUid: 65534 })).toMatchObject({ ok: false, status: Status.ERR_INVALID_CRED, reason: 'a connection of uid 65534 claims to be uid 0' });
+    expect(admit(h, reg, { tools: 'same-uid', self, peerUid: 0 })).toEqual({ ok: true });
+    const tool = parseHandshake(TOOL_HANDSHAKE);
+    expect(admit(tool, reg, { tools: 'same-uid', self, peerUid: 1000 })).toMatchObject({ ok: false, status: Status.ERR_INVALID_CRED });
+  });
+
   it('asks about a registered client of the right uid, and refuses it with the reason given', () => {
     const reg = new ClientRegistry();
     reg.add({ nspace: 'capjob', rank: 0 }, 0, 0);
@@ -83,7 +94,7 @@ describe('admission', () => {
 
 describe('the gate on its own (a stand-in takes the admitted sockets)', () => {
   /** A gate whose admitted sockets go to `taken`, each with the handshake it was handed with. */
-  async function standIn(opts: { peerKey?: (s: Socket) => string; maxPendingPerPeer?: number; maxPending?: number; firstByteMs?: number } = {}) {
+  async function standIn(opts: { peerOf?: (s: Socket) => { key: string }; maxPendingPerPeer?: number; maxPending?: number; firstByteMs?: number } = {}) {
     const taken: { fd: number; first: Buffer }[] = [];
     const refused: string[] = [];
     const gate = await PmixGate.listen({
@@ -122,7 +133,7 @@ describe('the gate on its own (a stand-in takes the admitted sockets)', () => {
 
   it('makes room for a newcomer by closing the oldest silent connection of the same peer, and leaves other peers alone', async () => {
     // Two peers told apart by their source port's parity stand for two uids.
-    const { gate, taken } = await standIn({ peerKey: (s) => `peer ${s.remotePort! % 2}`, maxPendingPerPeer: 4, maxPending: 100 });
+    const { gate, taken } = await standIn({ peerOf: (s) => ({ key: `peer ${s.remotePort! % 2}` }), maxPendingPerPeer: 4, maxPending: 100 });
     try {
       const even: Socket[] = [];
       const odd: Socket[] = [];

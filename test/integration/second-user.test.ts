@@ -1,0 +1,122 @@
+// Another local user against a running sidecar (issue 23): every TCP port the sidecar's process
+// listens on (from the kernel's tables, not from what it says) gets silent connections, PMIx
+// handshakes naming a registered rank's and the pool's namespace (with the stranger's own uid and
+// lying about it), a tool's, a PMI command and an HTTP request; its UNIX sockets get a connect.
+// Each is refused or harmless, and a real Open MPI job runs through the gate meanwhile and after.
+// Needs root (to run the stranger as nobody).
+import { spawn, type ChildProcess } from 'node:child_process';
+import { join } from 'node:path';
+import { hostname } from 'node:os';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { encodeHandshake, nativeCredential, PeerFlag, type Handshake } from '../../src/pmix/handshake.js';
+import { Status } from '../../src/pmix/index.js';
+import { bin } from '../helpers/build-clients.js';
+import { restClient, SERVE_START_MS, until } from '../helpers/http.js';
+import { listeningSockets } from '../helpers/listening.js';
+import { ROOT } from '../helpers/paths.js';
+import { describeRanks, startRank } from '../helpers/ranks.js';
+import { openmpiJob } from '../helpers/sidecar-jobs.js';
+
+const NOBODY = 65534;
+const HOST = hostname();
+const isRoot = process.getuid?.() === 0;
+
+interface Exchange { error?: string; bytes: number; head: string; text: string; status: number | null }
+interface StrangerReport { uid: number; ports: Record<string, Record<string, Exchange>>; paths: Record<string, Exchange>; silentStillOpen: number }
+
+const handshake = (over: Partial<Handshake>): string => encodeHandshake({
+  psec: 'native', credential: nativeCredential(NOBODY, NOBODY), flag: PeerFlag.SIMPLE_CLIENT, proc: { nspace: 'x', rank: 0 },
+  version: '5.0.11', bfrops: 'v41', bufferType: 1, gds: 'hash', blob: Buffer.alloc(0), ...over,
+}).toString('hex');
+
+describe.skipIf(!isRoot)('a second local user against every port of the sidecar', () => {
+  let child: ChildProcess;
+  let out = '';
+  let api: ReturnType<typeof restClient>;
+  const ports = { rest: 0, gate: 0, pmi: 0 };
+  let libpmixSocket = '';
+
+  beforeAll(async () => {
+    child = spawn(join(ROOT, 'bin', 'dask-pmix'), ['serve', '--port', '0', '--log-level', 'info', '--pool-size', '8'], {
+      env: { ...process.env, DASK_PMIX_TOKEN: 'tok' },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    child.stdout!.on('data', (d: Buffer) => (out += d.toString()));
+    child.stderr!.on('data', () => undefined);
+    const url = await until(() => /listening on (http:\/\/\S+)/.exec(out)?.[1], SERVE_START_MS, 'the listening line');
+    ports.rest = Number(/:(\d+)$/.exec(url)![1]);
+    ports.gate = Number(/"pmix":"tcp4:\/\/[^"]*:(\d+)"/.exec(out)![1]);
+    ports.pmi = Number(/"pmiPort":"[^"]*:(\d+)"/.exec(out)![1]);
+    libpmixSocket = /"libpmixSocket":"([^"]+)"/.exec(out)![1]!;
+    api = restClient(url, 'tok');
+  });
+  afterAll(() => {
+    child?.kill('SIGKILL');
+  });
+
+  async function runJob(n: number): Promise<void> {
+    const j = await openmpiJob(api, n, HOST);
+    const ranks = j.envs.map((env) => startRank(bin('mpi_job_ompi5'), ['world'], env, 60_000));
+    expect(await Promise.all(ranks.map((r) => r.exited)), describeRanks(ranks)).toEqual(ranks.map(() => 0));
+    await until(async () => (await api('GET', `/v1/jobs/${j.id}`)).body.state === 'completed', 30_000, `job ${j.id} completed`);
+  }
+
+  it('listens on its REST, gate and PMI ports only: libpmix has no port of its own', () => {
+    const listening = listeningSockets(child.pid!).map((s) => s.port).sort((a, b) => a - b);
+    expect(listening).toEqual([ports.rest, ports.gate, ports.pmi].sort((a, b) => a - b));
+  });
+
+  it('refuses or shrugs off everything the stranger sends, and jobs run meanwhile and after', async () => {
+    // A registered rank's namespace (a job's) and the pool's, as a stranger would learn them.
+    const job = await openmpiJob(api, 1, HOST);
+    const w = (await api('GET', '/v1/workers')).body.workers.find((x: { pool?: { namespace: string } }) => x.pool);
+    const pool = w.pool as { namespace: string; rank: number };
+    const payloads: Record<string, string> = {
+      clientOwnUid: handshake({ proc: { nspace: job.namespace, rank: 0 } }),
+      clientLyingUid: handshake({ proc: { nspace: job.namespace, rank: 0 }, credential: nativeCredential(0, 0) }),
+      poolRankLyingUid: handshake({ proc: { nspace: pool.namespace, rank: pool.rank }, credential: nativeCredential(0, 0) }),
+      toolOwnUid: handshake({ flag: PeerFlag.TOOL_NEEDS_ID, proc: undefined, uid: NOBODY, gid: NOBODY }),
+      toolLyingNamingPool: handshake({ flag: PeerFlag.TOOL_GIVEN_ID, proc: { nspace: pool.namespace, rank: 0 }, uid: 0, gid: 0, credential: nativeCredential(0, 0) }),
+      pmi1: Buffer.from(`cmd=init pmi_version=1 pmi_subversion=1\ncmd=get_my_kvsname\ncmd=barrier_in\n`).toString('hex'),
+      http: Buffer.from(`GET /v1/jobs HTTP/1.1\r\nHost: x\r\n\r\n`).toString('hex'),
+      junk: Buffer.alloc(4096, 0xab).toString('hex'),
+    };
+    const plan = { ports: Object.values(ports), payloads, paths: [libpmixSocket], silent: 50, holdMs: 8000, replyMs: 3000 };
+    const stranger = spawn('node', [join(ROOT, 'test', 'helpers', 'stranger.mjs'), JSON.stringify(plan)], {
+      uid: NOBODY, gid: NOBODY, cwd: '/tmp', stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    let sout = '';
+    let serr = '';
+    stranger.stdout!.on('data', (d: Buffer) => (sout += d.toString()));
+    stranger.stderr!.on('data', (d: Buffer) => (serr += d.toString()));
+    const exited = new Promise<number | null>((r) => stranger.on('close', (c) => r(c)));
+    const report = await until(() => {
+      const line = sout.split('\n')[0];
+      return line && line.startsWith('{') ? (JSON.parse(line) as StrangerReport) : undefined;
+    }, 60_000, `the stranger's report (stderr: ${serr})`);
+    expect(report.uid).toBe(NOBODY);
+
+    // While the stranger still holds its silent connections: a real job through the gate.
+    await runJob(2);
+
+    const gate = report.ports[ports.gate]!;
+    for (const k of ['clientOwnUid', 'clientLyingUid', 'poolRankLyingUid']) expect(gate[k]!.status, k).toBe(Status.ERR_INVALID_CRED);
+    for (const k of ['toolOwnUid', 'toolLyingNamingPool']) expect([Status.ERR_INVALID_CRED, Status.ERR_NO_PERMISSIONS], k).toContain(gate[k]!.status);
+    for (const k of ['pmi1', 'http', 'junk']) expect(gate[k]!.status, k).toBe(Status.ERR_BAD_PARAM);
+    // The REST port answers the stranger 401 without the token.
+    expect(Buffer.from(report.ports[ports.rest]!.http!.head, 'hex').toString()).toMatch(/^HTTP\/1\.1 401/);
+    // The PMI listener serves nothing but init without a member's credential.
+    const pmi = report.ports[ports.pmi]!;
+    expect(pmi.pmi1!.text).toMatch(/cmd=my_kvsname rc=-1 msg=no_PMI_ID/);
+    for (const k of ['clientOwnUid', 'http', 'junk']) expect(pmi[k]!.text, k).toMatch(/^cmd=error rc=-1/);
+    // libpmix's own socket: not even a connection.
+    expect(report.paths[libpmixSocket]!.error).toBe('EACCES');
+
+    expect(await exited, serr).toBe(0);
+    // After the stranger: the sidecar is healthy, a job of the pool's rank's namespace kind runs.
+    expect((await api('GET', '/v1/health')).body).toMatchObject({ status: 'ok' });
+    await runJob(2);
+    expect(child.exitCode).toBeNull();
+    await api('DELETE', `/v1/jobs/${job.id}`);
+  }, 180_000);
+});
