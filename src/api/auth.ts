@@ -23,6 +23,11 @@ export interface Auth {
   read: Check;
   /** The OpenAPI `security` of each kind of route (undefined: open by design). */
   security: { write: { bearer: never[] }[]; read?: { bearer: never[] }[] };
+  /**
+   * Whether the request may see what lets its holder join a job (a fork job's namespace): it
+   * carries the token, or there is none. Opened reads leave that out for everyone else.
+   */
+  trusted(req: FastifyRequest): Promise<boolean>;
 }
 
 const open: Check = async () => undefined;
@@ -48,5 +53,6 @@ export function makeAuth(opts: AuthOptions): Auth {
     write: check,
     read: opts.openReads ? open : check,
     security: { write: bearer, ...(opts.openReads ? {} : { read: bearer }) },
+    trusted: (req) => check(req).then(() => true, () => false),
   };
 }

@@ -12,6 +12,7 @@ import { installErrorHandler } from './errors.js';
 import { installJsonBody } from './json-body.js';
 import { DEFAULT_STREAM_LIMITS, REQUEST_LIMITS, type StreamLimits } from './limits.js';
 import { Metrics } from './metrics.js';
+import { dashboardRoutes } from './routes/dashboard.js';
 import { eventRoutes } from './routes/events.js';
 import { healthRoutes } from './routes/health.js';
 import { jobRoutes } from './routes/jobs.js';
@@ -89,6 +90,7 @@ export async function buildApi(opts: ApiOptions): Promise<Api> {
     await v1.register(psetRoutes, common);
     await v1.register(jobRoutes, common);
     await v1.register(eventRoutes, { ...common, metrics, open: streams, limits: { ...DEFAULT_STREAM_LIMITS, ...opts.streams } });
+    await v1.register(dashboardRoutes, { ...common, version: opts.version, pmixVersion: opts.pmixVersion, ...(opts.pmixProgress ? { pmixProgress: opts.pmixProgress } : {}) });
   }, { prefix: '/v1' });
   dashboardRoute(app);
   await app.ready();

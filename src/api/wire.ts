@@ -150,6 +150,23 @@ export const toJson = {
     pb.Health.toObject(pb.Health.create({ ...h, impls: h.impls.map((i) => enumValue(pb.Impl, i)!) }), JSON_OPTIONS),
 };
 
+/** A job as a reader without the token sees it: without its namespace (a fork job's ranks' credential). */
+export function withoutNamespace(j: Readonly<Job>): Json {
+  const { namespace: _, ...rest } = toJson.job(j);
+  return rest;
+}
+
+/** An event as a reader without the token sees it: a job it carries loses its namespace. */
+export function eventWithoutNamespace(e: SequencedEvent): Json {
+  const obj = toJson.event(e);
+  const changed = obj.jobStateChanged as { job?: Json } | undefined;
+  if (changed?.job) {
+    const { namespace: _, ...job } = changed.job;
+    return { ...obj, jobStateChanged: { ...changed, job } };
+  }
+  return obj;
+}
+
 // ---- requests: validated JSON (the schemas come from the same .proto) to the core's specs --
 
 type SelectorJson = { count: number; placement?: string; tags?: string[]; resources?: Record<string, number>; hosts?: string[] };

@@ -23,6 +23,7 @@
 //
 // Plain TypeScript without I/O. The workers and psets it freezes belong to the facade
 // (ResourceManager), which hands them in.
+import { randomBytes } from 'node:crypto';
 import type { JobBackend } from './backend.js';
 import { isoTime, type Clock, type TimerHandle } from './clock.js';
 import {
@@ -180,7 +181,10 @@ export class JobLifecycle {
     const plan = spec.mode === 'inprocess' ? this.planInprocess(workers, spec.impl) : undefined;
     const inprocess = plan !== undefined && !('reason' in plan);
     const worlds = inprocess && spec.impl !== 'openmpi';
-    const namespace = plan && !('reason' in plan) && !worlds ? plan.namespace : this.o.namespaceOf?.(id) ?? `dask-pmix.${id}`;
+    // A fork job's namespace carries 128 random bits: a PMIx rank is admitted by its namespace and
+    // rank (and its uid), so the namespace is its credential, as PMI_ID is a PMI rank's, and a job
+    // id that anyone may read does not give it away.
+    const namespace = plan && !('reason' in plan) && !worlds ? plan.namespace : this.o.namespaceOf?.(id) ?? `dask-pmix.${id}.${randomBytes(16).toString('hex')}`;
     const members = layoutMembers(workers);
     if (inprocess && !worlds) members.forEach((m, i) => (m.poolRank = workers[i]!.pool!.rank));
     const job: Job = {

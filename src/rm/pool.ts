@@ -147,6 +147,13 @@ export class Pool {
     return this.epochs.has(namespace);
   }
 
+  /** Each epoch still held: its number, state, size, ranks handed out and ranks connected. */
+  epochSummaries(): { epoch: number; state: string; size: number; handedOut: number; connected: number }[] {
+    return [...this.epochs.values()]
+      .map((e) => ({ epoch: e.epoch, state: e.state, size: e.size, handedOut: e.next, connected: e.connected.size }))
+      .sort((a, b) => a.epoch - b.epoch);
+  }
+
   /** Opens the first epoch ahead of the first worker (a sidecar start does). */
   start(): Promise<void> {
     this.ensureRoom();

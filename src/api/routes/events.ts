@@ -12,7 +12,7 @@ import { HttpError } from '../errors.js';
 import { EventFeed } from '../event-feed.js';
 import type { StreamLimits } from '../limits.js';
 import type { Metrics } from '../metrics.js';
-import { eventMsg, pb, toJson } from '../wire.js';
+import { eventMsg, eventWithoutNamespace, pb, toJson } from '../wire.js';
 import { errors, type RouteOptions } from './context.js';
 
 // The package is CommonJS: its module.exports (Node's default import) is the plugin wrapped
@@ -29,13 +29,18 @@ export interface EventRouteOptions extends RouteOptions {
   open: Set<() => void>;
 }
 
-/** Each event is turned into JSON once, whoever reads it. */
-const jsonText = new WeakMap<SequencedEvent, { kind: string; text: string }>();
-function asJson(e: SequencedEvent): { kind: string; text: string } {
-  let j = jsonText.get(e);
+/**
+ * Each event is turned into JSON once per kind of reader: one with the token, and one without it
+ * (opened reads), who does not see a fork job's namespace, its ranks' credential.
+ */
+const jsonText = { trusted: new WeakMap<SequencedEvent, Sse>(), untrusted: new WeakMap<SequencedEvent, Sse>() };
+type Sse = { kind: string; text: string };
+function asJson(e: SequencedEvent, trusted: boolean): Sse {
+  const cache = trusted ? jsonText.trusted : jsonText.untrusted;
+  let j = cache.get(e);
   if (!j) {
-    const obj = toJson.event(e);
-    jsonText.set(e, (j = { kind: String(obj.kind), text: JSON.stringify(obj) }));
+    const obj = trusted ? toJson.event(e) : eventWithoutNamespace(e);
+    cache.set(e, (j = { kind: String(obj.kind), text: JSON.stringify(obj) }));
   }
   return j;
 }
@@ -83,8 +88,9 @@ export const eventRoutes: FastifyPluginAsync<EventRouteOptions> = async (app, { 
     open.add(close);
     req.raw.once('close', close);
     try {
-      if (binary) await streamFrames(reply, feed);
-      else await streamSse(reply, feed, gap ? { since: since!, oldestSeq: rm.events.oldestSeq } : undefined);
+      const trusted = await auth.trusted(req);
+      if (binary) await streamFrames(reply, feed, trusted);
+      else await streamSse(reply, feed, gap ? { since: since!, oldestSeq: rm.events.oldestSeq } : undefined, trusted);
     } finally {
       done = true;
       feed.close();
@@ -96,7 +102,7 @@ export const eventRoutes: FastifyPluginAsync<EventRouteOptions> = async (app, { 
   });
 };
 
-async function streamSse(reply: FastifyReply, feed: EventFeed, gap: { since: number; oldestSeq: number } | undefined): Promise<void> {
+async function streamSse(reply: FastifyReply, feed: EventFeed, gap: { since: number; oldestSeq: number } | undefined, trusted: boolean): Promise<void> {
   const out = reply.sse;
   out.keepAlive();
   out.onClose(() => feed.close());
@@ -127,7 +133,7 @@ async function streamSse(reply: FastifyReply, feed: EventFeed, gap: { since: num
       await send({ event: 'resync', data: JSON.stringify({ resync: { ...gap, message } }) });
     }
     for (let e = await feed.next(); e && out.isConnected && !reply.raw.destroyed; e = await feed.next()) {
-      const j = asJson(e);
+      const j = asJson(e, trusted);
       await send({ id: String(e.seq), event: j.kind, data: j.text });
     }
     if (feed.overflowed && out.isConnected && !reply.raw.destroyed) {
@@ -140,13 +146,15 @@ async function streamSse(reply: FastifyReply, feed: EventFeed, gap: { since: num
   out.close();
 }
 
-async function streamFrames(reply: FastifyReply, feed: EventFeed): Promise<void> {
+async function streamFrames(reply: FastifyReply, feed: EventFeed, trusted: boolean): Promise<void> {
   reply.hijack();
   const raw = reply.raw;
   raw.writeHead(200, { 'content-type': 'application/x-protobuf', 'cache-control': 'no-cache', connection: 'keep-alive', 'x-accel-buffering': 'no' });
   raw.flushHeaders();
   for (let e = await feed.next(); e && !raw.destroyed; e = await feed.next()) {
-    if (!raw.write(pb.Event.encodeDelimited(eventMsg(e)).finish())) await drainedOrClosed(raw);
+    const msg = eventMsg(e);
+    if (!trusted && msg.jobStateChanged?.job) msg.jobStateChanged.job.namespace = '';
+    if (!raw.write(pb.Event.encodeDelimited(msg).finish())) await drainedOrClosed(raw);
   }
   raw.end();
 }

@@ -1,13 +1,15 @@
 // /v1/jobs: MPI jobs over sets of workers, each member's environment, and a member's loss as
 // its worker saw it.
-import type { FastifyPluginAsync } from 'fastify';
+import type { FastifyPluginAsync, FastifyRequest } from 'fastify';
 import { requests, responses, type JsonSchema } from '../schemas.js';
-import { jobSpec, toJson } from '../wire.js';
+import { jobSpec, toJson, withoutNamespace } from '../wire.js';
 import { errors, params, type Body, type Params, type RouteOptions } from './context.js';
 
 export const jobRoutes: FastifyPluginAsync<RouteOptions> = async (app, { rm, auth }) => {
   const write = { onRequest: auth.write };
   const read = { onRequest: auth.read };
+  // A reader without the token (opened reads) does not see namespaces: a fork job's is its ranks' credential.
+  const jobView = async (req: FastifyRequest) => ((await auth.trusted(req)) ? toJson.job : withoutNamespace);
 
   app.post<Body<Parameters<typeof jobSpec>[0]> & { Querystring: { wait?: number } }>('/jobs', {
     ...write,
@@ -31,12 +33,15 @@ export const jobRoutes: FastifyPluginAsync<RouteOptions> = async (app, { rm, aut
       querystring: { type: 'object', properties: { state: (responses.job.properties as Record<string, JsonSchema>).state! }, additionalProperties: false },
       response: { 200: responses.jobList, ...errors(401) },
     },
-  }, async (req) => ({ jobs: rm.listJobs().filter((j) => !req.query.state || j.state === req.query.state).map(toJson.job) }));
+  }, async (req) => {
+    const view = await jobView(req);
+    return { jobs: rm.listJobs().filter((j) => !req.query.state || j.state === req.query.state).map(view) };
+  });
 
   app.get<Params<{ id: string }>>('/jobs/:id', {
     ...read,
     schema: { security: auth.security.read, summary: 'Get a job', tags: ['jobs'], params: params('id'), response: { 200: responses.job, ...errors(401, 404) } },
-  }, async (req) => toJson.job(rm.getJob(req.params.id)));
+  }, async (req) => (await jobView(req))(rm.getJob(req.params.id)));
 
   app.delete<Params<{ id: string }>>('/jobs/:id', {
     ...write,

@@ -1,0 +1,123 @@
+// /v1/dashboard: everything the dashboard page shows, in one read, and nothing it does not: no
+// namespaces, pids, uids, gids or tags, which let a reader impersonate a rank or a worker. The
+// scheduler's relay forwards this route alone, so the page works at the Dask dashboard without
+// exposing the rest of the API. PUT /v1/workers/{id}/traffic records the bytes a worker's comm
+// backend moved per transport (the scheduler plugin reports them), for the page's traffic view.
+import type { FastifyPluginAsync } from 'fastify';
+import type { Job } from '../../rm/types.js';
+import type { JsonSchema } from '../schemas.js';
+import { errors, params, type Body, type Params, type RouteOptions } from './context.js';
+
+export interface DashboardOptions extends RouteOptions {
+  version: string;
+  pmixVersion: string;
+  pmixProgress?: () => { stalled: boolean; stalledMs: number };
+  /** Jobs shown, most recent first. */
+  maxJobs?: number;
+}
+
+export interface Traffic {
+  tcp: { bytesSent: number; bytesReceived: number };
+  mpi: { bytesSent: number; bytesReceived: number };
+}
+
+const count: JsonSchema = { type: 'integer', minimum: 0, maximum: Number.MAX_SAFE_INTEGER };
+const pair: JsonSchema = {
+  type: 'object',
+  properties: { bytesSent: count, bytesReceived: count },
+  required: ['bytesSent', 'bytesReceived'],
+  additionalProperties: false,
+};
+const trafficSchema: JsonSchema = {
+  type: 'object',
+  properties: { tcp: pair, mpi: pair },
+  required: ['tcp', 'mpi'],
+  additionalProperties: false,
+};
+
+/** Names a rank could be impersonated with, and process ids, taken out of free text. */
+export function redact(text: string): string {
+  return text.replace(/dask-pmix\.[A-Za-z0-9._-]+/g, '<namespace>').replace(/\bpid[ =:]?\d+/gi, 'pid');
+}
+
+function jobView(j: Readonly<Job>) {
+  return {
+    id: j.id,
+    impl: j.impl,
+    mode: j.mode,
+    ...(j.modeReason ? { modeReason: redact(j.modeReason) } : {}),
+    state: j.state,
+    createdAt: j.createdAt,
+    ...(j.startedAt ? { startedAt: j.startedAt } : {}),
+    ...(j.endedAt ? { endedAt: j.endedAt } : {}),
+    ...(j.error ? { error: redact(j.error) } : {}),
+    ...(j.pset ? { pset: j.pset } : {}),
+    members: j.members.map((m) => ({ rank: m.rank, workerId: m.workerId, state: m.state, ...(m.reason ? { reason: redact(m.reason) } : {}) })),
+  };
+}
+
+const trafficView = ({ tcp, mpi, at }: Traffic & { at: string }) => ({ tcp, mpi, at });
+
+export const dashboardRoutes: FastifyPluginAsync<DashboardOptions> = async (app, opts) => {
+  const { rm, auth } = opts;
+  const maxJobs = opts.maxJobs ?? 200;
+  // Bounded by the registered workers: only a registered worker's traffic is taken, and a worker
+  // that is gone (or registered again since: a new process) is dropped at the next read.
+  const traffic = new Map<string, Traffic & { at: string; registeredAt: string }>();
+
+  app.put<Params<{ id: string }> & Body<Traffic>>('/workers/:id/traffic', {
+    onRequest: auth.write,
+    schema: {
+      security: auth.security.write,
+      summary: "The bytes a worker's comm backend moved per transport since it started (the scheduler plugin reports them)",
+      tags: ['workers'],
+      params: params('id'),
+      body: trafficSchema,
+      response: { 204: { type: 'null' }, ...errors(400, 401, 404) },
+    },
+  }, async (req, reply) => {
+    const { registeredAt } = rm.getWorker(req.params.id);
+    traffic.set(req.params.id, { tcp: req.body.tcp, mpi: req.body.mpi, at: new Date().toISOString(), registeredAt });
+    return reply.code(204).send();
+  });
+
+  app.get('/dashboard', {
+    onRequest: auth.read,
+    schema: {
+      ...(auth.security.read ? { security: auth.security.read } : {}),
+      summary: 'What the dashboard page shows: workers, pool epochs, psets, recent jobs, traffic; no namespaces, pids or uids',
+      tags: ['service'],
+      response: { ...errors(401) },
+    },
+  }, async () => {
+    const workers = rm.listWorkers();
+    const present = new Map(workers.map((w) => [w.id, w.registeredAt]));
+    for (const [id, t] of [...traffic]) if (present.get(id) !== t.registeredAt) traffic.delete(id);
+    const busy = new Map<number, number>();
+    const seated = new Map<number, number>();
+    for (const w of workers) {
+      if (!w.pool || w.pool.impl) continue;
+      seated.set(w.pool.epoch, (seated.get(w.pool.epoch) ?? 0) + 1);
+      if (w.state === 'frozen') busy.set(w.pool.epoch, (busy.get(w.pool.epoch) ?? 0) + 1);
+    }
+    const pmix = opts.pmixProgress?.() ?? { stalled: false, stalledMs: 0 };
+    const jobs = [...rm.listJobs()].sort((a, b) => b.createdAt.localeCompare(a.createdAt)).slice(0, maxJobs);
+    return {
+      version: opts.version,
+      pmixVersion: opts.pmixVersion,
+      status: rm.isStopping ? 'stopping' : pmix.stalled ? 'pmix-stalled' : 'ok',
+      now: new Date().toISOString(),
+      workers: workers.map((w) => ({
+        id: w.id,
+        host: w.host,
+        state: w.state,
+        ...(w.jobId ? { jobId: w.jobId } : {}),
+        ...(w.pool ? { pool: { epoch: w.pool.epoch, rank: w.pool.rank, state: w.pool.state, ...(w.pool.impl ? { impl: w.pool.impl } : {}) } } : {}),
+        ...(traffic.has(w.id) ? { traffic: trafficView(traffic.get(w.id)!) } : {}),
+      })),
+      epochs: (rm.pool?.epochSummaries() ?? []).map((e) => ({ ...e, seated: seated.get(e.epoch) ?? 0, busy: busy.get(e.epoch) ?? 0 })),
+      psets: rm.listPsets().map((p) => ({ name: p.name, members: [...p.members] })),
+      jobs: jobs.map(jobView),
+    };
+  });
+};
