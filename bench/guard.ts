@@ -35,6 +35,7 @@ export const GUARDED: Guarded[] = [
   { name: 'pmi', script: 'pmi.js', recorded: 'pmi.json', timeoutMs: 90_000 },
   { name: 'pmix', script: 'pmix.js', recorded: 'pmix.json', timeoutMs: 90_000 },
   { name: 'rest', script: 'rest.js', recorded: 'rest.json', timeoutMs: 90_000 },
+  { name: 'exec', script: 'exec.js', recorded: 'exec.json', timeoutMs: 90_000 },
 ];
 
 function quickRun(g: Guarded): Promise<{ doc: { guard?: GuardSection }; seconds: number }> {

@@ -8,7 +8,7 @@
 // when run). Larger N in a short run is at the mercy of the shared machine's load.
 //
 // 1. PMI barrier and put/get latency: the same bare PMI-1 client (bench/pmi-client.c) as N
-//    ranks, for us started as a worker starts them (pmi_exec binds the connection with the
+//    ranks, for us started as a worker starts them (dask-pmix exec binds the connection with the
 //    PMI_ID credential over the sidecar's UNIX socket and hands it over as PMI_FD), by
 //    `mpiexec -n N` (PMI_FD to hydra's proxy over a UNIX socketpair), and by
 //    `mpiexec -pmi-port` (TCP). The put+barrier+get round carries a 64-hex-character value,
@@ -47,7 +47,6 @@ async function build(): Promise<void> {
   mkdirSync(BIN, { recursive: true });
   const jobs: [string, string, string, string[]][] = [
     ['pmi-client', 'gcc', join(ROOT, 'bench', 'pmi-client.c'), ['-O2', '-Wall']],
-    ['pmi_exec', 'gcc', join(ROOT, 'test', 'clients', 'pmi_exec.c'), ['-O2', '-Wall']],
     ...Object.entries(FLAVOURS).map(([f, v]): [string, string, string, string[]] => [`init-probe-${f}`, v.cc, join(ROOT, 'test', 'clients', 'mpich_probe.c'), ['-O']]),
   ];
   for (const [out, cc, src, flags] of jobs) {
@@ -57,8 +56,8 @@ async function build(): Promise<void> {
   }
 }
 
-/** Binds a rank's PMI connection with its credential and runs the rank on it (PMI_FD), as a worker does. */
-const PMI_EXEC = join(BIN, 'pmi_exec');
+/** `dask-pmix exec`'s binder: binds a rank's PMI connection with its credential and runs the rank on it (PMI_FD). */
+const PMI_EXEC = join(ROOT, 'native', 'build', 'Release', 'dask-pmix-exec');
 
 const shq = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`;
 
@@ -73,9 +72,9 @@ const shq = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`;
  */
 function viaShell(ranks: { cmd: string; args: string[]; env: Record<string, string> }[]) {
   // One fork and one exec per rank, as hydra's proxy: the shell's assignments give each rank its
-  // environment (on top of the base one hydra's ranks get too), pmi_exec -s its session.
+  // environment (on top of the base one hydra's ranks get too), the binder's --setsid its session.
   const script = ranks
-    .map(({ cmd, args, env }) => `${Object.entries(env).map(([k, v]) => `${k}=${shq(v)}`).join(' ')} ${[PMI_EXEC, '-s', cmd, ...args].map(shq).join(' ')} &`)
+    .map(({ cmd, args, env }) => `${Object.entries(env).map(([k, v]) => `${k}=${shq(v)}`).join(' ')} ${[PMI_EXEC, '--setsid', cmd, ...args].map(shq).join(' ')} &`)
     .join('\n');
   return [{ cmd: '/bin/sh', args: ['-c', `${script}\nwait`], env: baseEnv() }];
 }

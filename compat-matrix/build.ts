@@ -20,7 +20,7 @@ export async function buildRow(root: string, row: Row): Promise<Built> {
   const programs = new Map<string, string>();
   const errors = new Map<string, string>();
   // Every program includes compat.h; the agent also the rank starter's PMI handshake.
-  const header = Math.max(statSync(join(src, 'compat.h')).mtimeMs, statSync(join(root, 'test', 'clients', 'pmi_connect.h')).mtimeMs);
+  const header = Math.max(statSync(join(src, 'compat.h')).mtimeMs, statSync(join(root, 'native', 'exec', 'pmi_connect.h')).mtimeMs);
   for (const file of readdirSync(src).filter((f) => f.endsWith('.c'))) {
     const name = file.slice(0, -2);
     const out = join(dir, name);

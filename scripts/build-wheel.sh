@@ -32,6 +32,8 @@ S="$STAGE/dask_pmix/_sidecar"
 mkdir -p "$S/dist" "$S/native/build/Release"
 (cd "$ROOT/dist" && find src -name '*.js' -print0 | xargs -0 cp --parents -t "$S/dist")
 cp "$ROOT/native/build/Release/dask_pmix_native.node" "$S/native/build/Release/"
+# The binder behind `dask-pmix exec` (native/exec): a plain program starts without Node.js.
+cp "$ROOT/native/build/Release/dask-pmix-exec" "$S/native/build/Release/"
 cp -r "$MODULES/node_modules" "$S/node_modules"
 # ESM, and the marker by which the sidecar finds its root.
 printf '{\n  "name": "dask-pmix-sidecar",\n  "private": true,\n  "type": "module"\n}\n' > "$S/package.json"

