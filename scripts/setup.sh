@@ -130,5 +130,5 @@ step native "$(hash_tree native) $(hash_of "$PMIX_DIR/SOURCE" "$STAMPS/venv-open
 # --- 6. TypeScript ----------------------------------------------------------------------------
 # src/proto is generated from proto/ by build:ts (protobufjs), so it is not part of the key.
 ts_build() { cd "$ROOT" && npm run -s build:ts; }
-[ -d "$ROOT/dist" ] && [ -f "$ROOT/src/proto/dask_pmix.js" ] || rm -f "$STAMPS/ts"
+[ -d "$ROOT/dist" ] && [ -f "$ROOT/src/proto/dask_pmix.js" ] && [ -f "$ROOT/python/dask_pmix/dashboard/index.html" ] || rm -f "$STAMPS/ts"
 step ts "$(hash_tree src proto compat-matrix bench tsconfig.json package-lock.json)" ts_build

@@ -96,6 +96,10 @@ class SidecarClient:
     def member_lost(self, job_id: str, worker_id: str, reason: str) -> dict:
         return self._request("POST", f"/v1/jobs/{quote(job_id)}/members/{quote(worker_id)}/lost", {"reason": reason})
 
+    def report_traffic(self, workers: list[dict]) -> dict:
+        """The bytes each worker's comm backend moved per transport: [{"id", "tcp", "mpi"}]."""
+        return self._request("PUT", "/v1/traffic", {"workers": workers})
+
     def member_env(self, job_id: str, worker_id: str) -> dict:
         return self._request("GET", f"/v1/jobs/{quote(job_id)}/env/{quote(worker_id)}")
 

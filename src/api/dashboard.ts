@@ -1,6 +1,7 @@
 // The dashboard page at `/`, for a standalone sidecar: the same page the Dask dashboard shows at
-// /dask-pmix/ (it lives in the Python package, which both serve). It reads the v1 routes beside
-// it with relative URLs, so it needs nothing of its own; a token, if they want one, is asked for.
+// /dask-pmix/ (built from src/dashboard/index.html into the Python package, which both serve). It
+// reads v1/dashboard beside it with a relative URL, so it needs nothing of its own; a token, if
+// the sidecar wants one, is asked for.
 import { readFileSync } from 'node:fs';
 import type { FastifyInstance } from 'fastify';
 import { pythonPackageFile } from '../pmix/native.js';

@@ -15,6 +15,8 @@ export const REQUEST_LIMITS = {
   selectorHosts: 1024,
   /** Members a pset or job lists explicitly. */
   members: 4096,
+  /** Workers in one traffic report (PUT /v1/traffic). */
+  trafficWorkers: 4096,
   /** Labels on a job, and the length of each key and value. */
   labels: 32,
   labelKeyLength: 64,

@@ -1,5 +1,5 @@
 // GET /v1/dashboard shows the page what it needs and nothing that lets a reader join a job or
-// pose as a worker; PUT /v1/workers/{id}/traffic records a worker's comm bytes; a fork job's
+// pose as a worker; PUT /v1/traffic records the workers' comm bytes; a fork job's
 // namespace is a credential, so readers without the token never see it.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { redact } from '../../src/api/routes/dashboard.js';
@@ -12,6 +12,7 @@ beforeAll(async () => {
 afterAll(() => fx.close());
 
 const traffic = (tcp: number, mpi: number) => ({ tcp: { bytesSent: tcp, bytesReceived: tcp }, mpi: { bytesSent: mpi, bytesReceived: mpi } });
+const report = (...workers: [string, number, number][]) => ({ workers: workers.map(([id, tcp, mpi]) => ({ id, ...traffic(tcp, mpi) })) });
 
 describe('GET /v1/dashboard', () => {
   it('shows workers, psets and jobs with their members, without namespaces, pids, uids or tags', async () => {
@@ -46,24 +47,28 @@ describe('GET /v1/dashboard', () => {
   });
 });
 
-describe('PUT /v1/workers/{id}/traffic', () => {
-  it("records a registered worker's bytes per transport, shown by the dashboard until the worker goes", async () => {
+describe('PUT /v1/traffic', () => {
+  it("records registered workers' bytes per transport, shown by the dashboard until the worker goes", async () => {
     await fx.call('POST', '/v1/workers', worker('t1'));
-    expect((await fx.call('PUT', '/v1/workers/t1/traffic', traffic(10, 4096))).status).toBe(204);
-    let w = (await fx.call('GET', '/v1/dashboard')).body.workers.find((x: { id: string }) => x.id === 't1');
+    const r = await fx.call('PUT', '/v1/traffic', report(['t1', 10, 4096], ['nobody', 1, 1]));
+    expect(r.status, JSON.stringify(r.body)).toBe(200);
+    expect(r.body).toEqual({ accepted: 1 });
+    let dash = (await fx.call('GET', '/v1/dashboard')).body;
+    const w = dash.workers.find((x: { id: string }) => x.id === 't1');
     expect(w.traffic).toMatchObject(traffic(10, 4096));
     expect(Date.parse(w.traffic.at)).toBeGreaterThan(0);
+    expect(JSON.stringify(dash)).not.toContain('nobody');
     await fx.call('DELETE', '/v1/workers/t1');
     await fx.call('POST', '/v1/workers', worker('t1'));
-    w = (await fx.call('GET', '/v1/dashboard')).body.workers.find((x: { id: string }) => x.id === 't1');
-    expect(w.traffic).toBeUndefined();
+    dash = (await fx.call('GET', '/v1/dashboard')).body;
+    expect(dash.workers.find((x: { id: string }) => x.id === 't1').traffic).toBeUndefined();
   });
 
-  it('refuses an unknown worker, a malformed body and a caller without the token', async () => {
-    expect((await fx.call('PUT', '/v1/workers/nobody/traffic', traffic(1, 1))).status).toBe(404);
-    expect((await fx.call('PUT', '/v1/workers/d1/traffic', { tcp: { bytesSent: -1, bytesReceived: 0 }, mpi: { bytesSent: 0, bytesReceived: 0 } })).status).toBe(400);
-    expect((await fx.call('PUT', '/v1/workers/d1/traffic', { ...traffic(1, 1), extra: 1 })).status).toBe(400);
-    expect((await fx.anon('PUT', '/v1/workers/d1/traffic', traffic(1, 1))).status).toBe(401);
+  it('refuses a malformed report and a caller without the token', async () => {
+    const bad = { workers: [{ id: 'd1', tcp: { bytesSent: -1, bytesReceived: 0 }, mpi: { bytesSent: 0, bytesReceived: 0 } }] };
+    expect((await fx.call('PUT', '/v1/traffic', bad)).status).toBe(400);
+    expect((await fx.call('PUT', '/v1/traffic', { ...report(['d1', 1, 1]), extra: 1 })).status).toBe(400);
+    expect((await fx.anon('PUT', '/v1/traffic', report(['d1', 1, 1]))).status).toBe(401);
   });
 });
 

@@ -1,27 +1,46 @@
-"""The dask-pmix page in the Dask dashboard: /dask-pmix/ on the scheduler's HTTP server shows the
-pool, process sets, jobs and recent events, refreshing live. The page (dashboard/index.html) is the
-one the sidecar serves at `/`; here the scheduler relays its read-only v1/ requests to its sidecar,
-with the plugin's token, so the dashboard needs none.
+"""The dask-pmix page in the Dask dashboard: /dask-pmix/ on the scheduler's HTTP server shows a
+timeline of jobs across workers, the pool's epochs with their rank usage, the bytes each worker's
+comm backend moved over MPI and TCP, the process sets and the jobs, refreshing live. The page
+(dashboard/index.html) is the one the sidecar serves at `/`.
+
+Least exposure: Dask's dashboard has no authentication of its own, so the scheduler relays one
+read, the sidecar's GET v1/dashboard, which carries what the page shows and nothing that lets a
+reader join a job or pose as a worker (no namespaces, pids, uids or credentials). The relay adds
+the plugin's token itself; the page needs none. It lives in the dashboard's own HTTP server, so it
+is served where, how (TLS) and under the prefix the dashboard is, and `dask-pmix.dashboard.relay:
+false` turns the page and the relay off.
 
 The plugin adds these routes when it starts; listing `dask_pmix.scheduler.dashboard` in
-`distributed.scheduler.http.routes` adds them through Dask's own route configuration instead."""
+`distributed.scheduler.http.routes` adds them through Dask's own route configuration instead.
+The plugin also reports each worker's comm counters (the `dask_pmix_comm` worker metric) to the
+sidecar every few seconds (TrafficReport), for the page's traffic view."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
-from urllib.parse import urlsplit
 
-from tornado import httpclient, iostream, web
+from tornado import httpclient, web
 
 from distributed.http.utils import RequestHandler
 
+from .. import config
 from ..protocol import SCHEDULER_PLUGIN
 
+logger = logging.getLogger("dask_pmix")
+
 PAGE = Path(__file__).resolve().parents[1] / "dashboard" / "index.html"
-PREFIX = "/dask-pmix/"
-# What the page reads; nothing that changes state is relayed.
-READ_ONLY = r"v1/(health|workers|psets|jobs|events)"
+PREFIX = "dask-pmix/"
+# The one read relayed: the page's view of the sidecar. Nothing that changes state, and none of
+# the other reads (they carry namespaces, pids and uids).
+RELAYED = r"v1/dashboard"
+# How often the workers' comm counters go to the sidecar, at most one request each time.
+TRAFFIC_EVERY = 2.0
+
+
+def enabled() -> bool:
+    return bool(config.get("dashboard.relay", True))
 
 
 def _plugin(server):
@@ -33,25 +52,25 @@ def _plugin(server):
 
 class DashboardPage(RequestHandler):
     def get(self):
+        if not enabled():
+            raise web.HTTPError(404)
         self.set_header("Content-Type", "text/html; charset=utf-8")
         self.set_header("Cache-Control", "no-store")
         self.write(PAGE.read_bytes())
 
 
 class SidecarRelay(RequestHandler):
-    """GET v1/... relayed to the sidecar, with the plugin's token."""
+    """GET v1/dashboard relayed to the sidecar, with the plugin's token."""
 
-    async def get(self, what):
+    async def get(self):
+        if not enabled():
+            raise web.HTTPError(404)
         plugin = _plugin(self.server)
-        path = self.request.uri[len(PREFIX) - 1:]
-        headers = {"Accept": self.request.headers.get("Accept", "application/json")}
+        headers = {"Accept": "application/json"}
         if plugin.token:
             headers["Authorization"] = f"Bearer {plugin.token}"
         self.set_header("Cache-Control", "no-store")
-        if what == "events":
-            await self._stream(plugin.url, path, headers)
-            return
-        request = httpclient.HTTPRequest(plugin.url.rstrip("/") + path, headers=headers, connect_timeout=10,
+        request = httpclient.HTTPRequest(plugin.url.rstrip("/") + "/" + RELAYED, headers=headers, connect_timeout=10,
                                          request_timeout=30)
         try:
             response = await httpclient.AsyncHTTPClient().fetch(request, raise_error=False)
@@ -63,54 +82,85 @@ class SidecarRelay(RequestHandler):
         self.set_header("Content-Type", response.headers.get("Content-Type", "application/json"))
         self.write(response.body or b"")
 
-    async def _stream(self, url: str, path: str, headers: dict[str, str]) -> None:
-        """The event stream, relayed as it arrives until either side closes. HTTP/1.0 upstream, so
-        the body comes unchunked and the socket can simply be closed when the browser leaves."""
-        target = urlsplit(url)
-        try:
-            reader, self._upstream = await asyncio.wait_for(
-                asyncio.open_connection(target.hostname, target.port or 80), timeout=10)
-        except (OSError, asyncio.TimeoutError) as e:
-            raise web.HTTPError(502, reason=f"cannot reach the sidecar: {e}") from None
-        try:
-            lines = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-            self._upstream.write(f"GET {path} HTTP/1.0\r\nHost: {target.netloc}\r\n{lines}\r\n".encode())
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=30)
-            status, *fields = head.decode("latin-1").split("\r\n")
-            self.set_status(int(status.split()[1]))
-            for field in fields:
-                name, _, value = field.partition(":")
-                if name.lower() == "content-type":
-                    self.set_header("Content-Type", value.strip())
-            while chunk := await reader.read(65536):
-                self.write(chunk)
-                await self.flush()
-        except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, iostream.StreamClosedError):
-            pass  # either side went away
-        finally:
-            self._upstream.close()
-
-    def on_connection_close(self):
-        upstream = getattr(self, "_upstream", None)
-        if upstream is not None:
-            upstream.close()  # ends the read loop above
-
 
 routes = [
     (PREFIX.rstrip("/"), web.RedirectHandler, {"url": PREFIX}),
     (PREFIX, DashboardPage, {}),
-    (PREFIX + READ_ONLY, SidecarRelay, {}),
+    (PREFIX + RELAYED, SidecarRelay, {}),
 ]
 
 
+def _dashboard_prefix(app) -> str:
+    """The prefix the scheduler's HTTP routes were given (`--dashboard-prefix`), read off its own
+    health route, so that the page sits beside the rest of the dashboard."""
+    for rule in getattr(getattr(app, "wildcard_router", None), "rules", []):
+        pattern = getattr(getattr(rule.matcher, "regex", None), "pattern", "")
+        if pattern.endswith("health$"):
+            return pattern[: -len("health$")] or "/"
+    return "/"
+
+
 def install(scheduler) -> None:
-    """Adds the page to a running scheduler's HTTP server, unless Dask's route configuration did."""
+    """Adds the page to a running scheduler's HTTP server, unless Dask's route configuration did,
+    or the relay is turned off."""
     import dask.config
     from distributed.http.utils import get_handlers
 
     app = getattr(scheduler, "http_application", None)
-    if app is None or __name__ in dask.config.get("distributed.scheduler.http.routes", []) \
+    if app is None or not enabled() or __name__ in dask.config.get("distributed.scheduler.http.routes", []) \
             or getattr(app, "_dask_pmix_routes", False):
         return
-    app.add_handlers(r".*$", get_handlers(server=scheduler, modules=[__name__], prefix="/"))
+    app.add_handlers(r".*$", get_handlers(server=scheduler, modules=[__name__], prefix=_dashboard_prefix(app)))
     app._dask_pmix_routes = True
+
+
+def _traffic(metric) -> dict | None:
+    """A worker's `dask_pmix_comm` metric as the sidecar takes it, or None."""
+    try:
+        return {t: {"bytesSent": int(metric[t]["bytes_sent"]), "bytesReceived": int(metric[t]["bytes_received"])}
+                for t in ("tcp", "mpi")}
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+class TrafficReport:
+    """Sends the workers' comm counters that changed to the sidecar, every TRAFFIC_EVERY seconds,
+    in one request; workers running no tcp+mpi:// backend report none and are left out."""
+
+    def __init__(self, scheduler, send):
+        self.scheduler = scheduler
+        self.send = send  # blocking: list of {"id", "tcp", "mpi"} -> None
+        self.sent: dict[str, dict] = {}
+        self.task: asyncio.Task | None = None
+
+    def changed(self) -> list[dict]:
+        out = []
+        for address, ws in list(self.scheduler.workers.items()):
+            t = _traffic((getattr(ws, "metrics", None) or {}).get("dask_pmix_comm"))
+            if t is not None and self.sent.get(address) != t:
+                out.append({"id": address, **t})
+        return out
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(TRAFFIC_EVERY)
+            batch = self.changed()
+            if not batch:
+                continue
+            try:
+                await asyncio.to_thread(self.send, batch)
+            except Exception as e:  # the sidecar restarting: the next round sends them again
+                logger.debug("dask-pmix: traffic report not taken: %s", e)
+                continue
+            for entry in batch:
+                self.sent[entry["id"]] = {"tcp": entry["tcp"], "mpi": entry["mpi"]}
+            for gone in set(self.sent) - set(self.scheduler.workers):
+                del self.sent[gone]
+
+    def start(self) -> None:
+        self.task = asyncio.ensure_future(self.run())
+
+    def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            self.task = None

@@ -97,6 +97,7 @@ class SidecarPlugin(SchedulerPlugin):
         self._loop: asyncio.AbstractEventLoop | None = None
         # Members of failed in-process jobs still stuck later are restarted from here (see there).
         self._stuck: StuckMembers | None = None
+        self._traffic: dashboard.TrafficReport | None = None
 
     # The plugin is pickled on its way to the scheduler: send the configuration only.
     _CONFIG = ("url", "token", "sidecar_args", "sidecar_log", "pool")
@@ -141,6 +142,9 @@ class SidecarPlugin(SchedulerPlugin):
             Scheduler.RESTART_WORKER: self.restart_worker,
         })
         dashboard.install(scheduler)  # the dashboard page, /dask-pmix/
+        if dashboard.enabled():  # the workers' comm counters, for the page's traffic view
+            self._traffic = dashboard.TrafficReport(scheduler, lambda batch: self.rest.report_traffic(batch))
+            self._traffic.start()
         self._waits = concurrent.futures.ThreadPoolExecutor(max_workers=1024, thread_name_prefix="dask-pmix-wait")
         for address in list(scheduler.workers):
             self._register_soon(address)
@@ -173,6 +177,8 @@ class SidecarPlugin(SchedulerPlugin):
         self._stop.set()
         if self._stuck is not None:
             self._stuck.close()
+        if self._traffic is not None:
+            self._traffic.stop()
         if self._background:
             await asyncio.wait(list(self._background), timeout=5)
         if self._waits is not None:

@@ -7,6 +7,7 @@
 //   {"screenshot": path}                           a full-page PNG
 //   {"fill": [selector, text]}                     types text into an input
 //   {"click": selector}                            clicks the element
+//   {"eval": expression}                           the expression's value in the page (JSON)
 // Every wait is bounded; the browser closes when stdin does.
 import { createInterface } from 'node:readline';
 import { chromium } from 'playwright-core';
@@ -49,6 +50,7 @@ async function run(cmd) {
     await page.click(cmd.click, { timeout: 10_000 });
     return {};
   }
+  if (cmd.eval) return { value: await page.evaluate(cmd.eval) };
   throw new Error(`unknown command ${JSON.stringify(cmd)}`);
 }
 

@@ -1,12 +1,13 @@
 // /v1/dashboard: everything the dashboard page shows, in one read, and nothing it does not: no
 // namespaces, pids, uids, gids or tags, which let a reader impersonate a rank or a worker. The
 // scheduler's relay forwards this route alone, so the page works at the Dask dashboard without
-// exposing the rest of the API. PUT /v1/workers/{id}/traffic records the bytes a worker's comm
-// backend moved per transport (the scheduler plugin reports them), for the page's traffic view.
+// exposing the rest of the API. PUT /v1/traffic records the bytes each worker's comm backend moved
+// per transport (the scheduler plugin reports them in one request), for the page's traffic view.
 import type { FastifyPluginAsync } from 'fastify';
 import type { Job } from '../../rm/types.js';
 import type { JsonSchema } from '../schemas.js';
-import { errors, params, type Body, type Params, type RouteOptions } from './context.js';
+import { REQUEST_LIMITS } from '../limits.js';
+import { errors, type Body, type RouteOptions } from './context.js';
 
 export interface DashboardOptions extends RouteOptions {
   version: string;
@@ -30,8 +31,19 @@ const pair: JsonSchema = {
 };
 const trafficSchema: JsonSchema = {
   type: 'object',
-  properties: { tcp: pair, mpi: pair },
-  required: ['tcp', 'mpi'],
+  properties: {
+    workers: {
+      type: 'array',
+      maxItems: REQUEST_LIMITS.trafficWorkers,
+      items: {
+        type: 'object',
+        properties: { id: { type: 'string', minLength: 1, maxLength: REQUEST_LIMITS.idLength }, tcp: pair, mpi: pair },
+        required: ['id', 'tcp', 'mpi'],
+        additionalProperties: false,
+      },
+    },
+  },
+  required: ['workers'],
   additionalProperties: false,
 };
 
@@ -64,21 +76,33 @@ export const dashboardRoutes: FastifyPluginAsync<DashboardOptions> = async (app,
   // Bounded by the registered workers: only a registered worker's traffic is taken, and a worker
   // that is gone (or registered again since: a new process) is dropped at the next read.
   const traffic = new Map<string, Traffic & { at: string; registeredAt: string }>();
+  const tryWorker = (id: string) => {
+    try {
+      return rm.getWorker(id);
+    } catch {
+      return undefined;
+    }
+  };
 
-  app.put<Params<{ id: string }> & Body<Traffic>>('/workers/:id/traffic', {
+  app.put<Body<{ workers: (Traffic & { id: string })[] }>>('/traffic', {
     onRequest: auth.write,
     schema: {
       security: auth.security.write,
-      summary: "The bytes a worker's comm backend moved per transport since it started (the scheduler plugin reports them)",
+      summary: "The bytes each worker's comm backend moved per transport since it started (the scheduler plugin reports " +
+        'them); workers that are not registered are left out',
       tags: ['workers'],
-      params: params('id'),
       body: trafficSchema,
-      response: { 204: { type: 'null' }, ...errors(400, 401, 404) },
+      response: { 200: { type: 'object', properties: { accepted: { type: 'integer' } }, required: ['accepted'] }, ...errors(400, 401) },
     },
-  }, async (req, reply) => {
-    const { registeredAt } = rm.getWorker(req.params.id);
-    traffic.set(req.params.id, { tcp: req.body.tcp, mpi: req.body.mpi, at: new Date().toISOString(), registeredAt });
-    return reply.code(204).send();
+  }, async (req) => {
+    let accepted = 0;
+    for (const t of req.body.workers) {
+      const w = tryWorker(t.id);
+      if (!w) continue;
+      traffic.set(t.id, { tcp: t.tcp, mpi: t.mpi, at: new Date().toISOString(), registeredAt: w.registeredAt });
+      accepted++;
+    }
+    return { accepted };
   });
 
   app.get('/dashboard', {
@@ -93,12 +117,15 @@ export const dashboardRoutes: FastifyPluginAsync<DashboardOptions> = async (app,
     const workers = rm.listWorkers();
     const present = new Map(workers.map((w) => [w.id, w.registeredAt]));
     for (const [id, t] of [...traffic]) if (present.get(id) !== t.registeredAt) traffic.delete(id);
+    // A rank is busy while its worker is a member of a running in-process job (a fork job's
+    // members run as other processes and leave the rank idle).
+    const inprocess = new Set(rm.activeJobs().filter((j) => j.mode === 'inprocess').map((j) => j.id));
     const busy = new Map<number, number>();
     const seated = new Map<number, number>();
     for (const w of workers) {
-      if (!w.pool || w.pool.impl) continue;
+      if (!w.pool || w.pool.impl || w.pool.state === 'retired') continue;
       seated.set(w.pool.epoch, (seated.get(w.pool.epoch) ?? 0) + 1);
-      if (w.state === 'frozen') busy.set(w.pool.epoch, (busy.get(w.pool.epoch) ?? 0) + 1);
+      if (w.jobId && inprocess.has(w.jobId)) busy.set(w.pool.epoch, (busy.get(w.pool.epoch) ?? 0) + 1);
     }
     const pmix = opts.pmixProgress?.() ?? { stalled: false, stalledMs: 0 };
     const jobs = [...rm.listJobs()].sort((a, b) => b.createdAt.localeCompare(a.createdAt)).slice(0, maxJobs);
