@@ -21,6 +21,13 @@
 // on this host, an address elsewhere: see peerKey) and in all, and at a bound the oldest of that
 // peer's (or of the peer with the most) makes room for the newcomer. A client that sends its
 // handshake at once, as every PMIx client does, is never turned away for others' connections.
+//
+// Nor for a moment when libpmix cannot take it (busy: it has stopped progressing; or the hand-over
+// failed): the gate answers PMIX_ERR_TEMP_UNAVAILABLE after a pause, the one status on which
+// libpmix 5.0.11's client connects again and resends its handshake (ptl_base_fns.c,
+// pmix_ptl_base_make_connection), up to PMIX_MCA_ptl_base_handshake_max_retries attempts (the
+// members' environment sets it: see RETRY_ENV). A process whose PMIx_Init failed cannot try again:
+// Open MPI makes it a singleton, and a second MPI_Session_init in it is one again.
 import { createServer, type Server, type Socket } from 'node:net';
 import { HEADER_BYTES, HandshakeError, handshakeLength, parseHandshake, type Handshake } from './handshake.js';
 
@@ -52,13 +59,22 @@ export interface GateOptions {
   /** Connections still sending their handshake, per peer (default 64) and in all (default 512). */
   maxPendingPerPeer?: number;
   maxPending?: number;
+  /** Why the server cannot take an admitted peer now, if it cannot: the peer is asked to retry. */
+  busy?(): string | undefined;
+  /** How long an admitted peer waits before it is asked to retry (default 1 s). */
+  retryPauseMs?: number;
   onRefused?(reason: string, peer: string): void;
 }
 
+/** How many times a member's PMIx_Init connects when asked to retry (attempts in all), about a second apart. */
+export const HANDSHAKE_RETRIES = 60;
+/** What a member's environment sets so that its PMIx_Init retries when the gate asks it to. */
+export const RETRY_ENV: Readonly<Record<string, string>> = { PMIX_MCA_ptl_base_handshake_max_retries: String(HANDSHAKE_RETRIES) };
+
 /** The status a refused peer reads when its handshake could not be read or understood. */
 const BAD_HANDSHAKE = -27; // PMIX_ERR_BAD_PARAM
-/** The status a peer reads when it could not be handed to libpmix. */
-const UNREACH = -25; // PMIX_ERR_UNREACH
+/** The status on which a peer connects again (libpmix's internal PMIX_ERR_TEMP_UNAVAILABLE). */
+const TEMP_UNAVAILABLE = -1367;
 
 interface Pending {
   sock: Socket;
@@ -73,8 +89,10 @@ export class PmixGate {
   /** Connections still sending their handshake, by peer, oldest first. */
   private readonly pending = new Map<string, Set<Pending>>();
   private pendingCount = 0;
+  /** Admitted peers waiting to be asked to retry. */
+  private waiting = 0;
   private readonly sockets = new Set<Socket>();
-  readonly stats = { admitted: 0, refused: 0, timedOut: 0, evicted: 0 };
+  readonly stats = { admitted: 0, refused: 0, timedOut: 0, evicted: 0, retried: 0 };
 
   private constructor(
     private readonly server: Server,
@@ -210,15 +228,41 @@ export class PmixGate {
       return this.refuse(sock, BAD_HANDSHAKE, err.message, who);
     }
     if (!verdict.ok) return this.refuse(sock, verdict.status, verdict.reason, who);
+    const busy = this.opts.busy?.();
+    if (busy) return this.askToRetry(sock, busy, who);
     const fd = (sock as unknown as { _handle?: { fd?: number } })._handle?.fd;
     try {
       if (typeof fd !== 'number' || fd < 0) throw new Error('the socket has no file descriptor');
       this.opts.handOver(fd, msg, h);
     } catch (err) {
-      return this.refuse(sock, UNREACH, `could not be handed to libpmix: ${(err as Error).message}`, who);
+      return this.askToRetry(sock, `it could not be handed to libpmix: ${(err as Error).message}`, who);
     }
     this.stats.admitted++;
     sock.destroy();
+  }
+
+  /** Answers PMIX_ERR_TEMP_UNAVAILABLE after a pause (at once when too many wait already). */
+  private askToRetry(sock: Socket, why: string, who: string): void {
+    this.stats.retried++;
+    this.opts.onRefused?.(`asked to retry: ${why}`, who);
+    const answer = () => {
+      const b = Buffer.alloc(4);
+      b.writeInt32BE(TEMP_UNAVAILABLE);
+      sock.end(b);
+      setTimeout(() => sock.destroy(), 1000).unref();
+    };
+    if (this.waiting >= (this.opts.maxPending ?? 512)) return answer();
+    this.waiting++;
+    const t = setTimeout(() => {
+      this.waiting--;
+      sock.off('close', gone);
+      if (!sock.destroyed) answer();
+    }, this.opts.retryPauseMs ?? 1000);
+    const gone = () => {
+      clearTimeout(t);
+      this.waiting--;
+    };
+    sock.once('close', gone);
   }
 
   /** Tells the peer why (a status its PMIx_Init returns) when it can read one, and closes. */

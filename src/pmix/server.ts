@@ -15,7 +15,7 @@ import { isIPv4, BlockList, type Socket } from 'node:net';
 import { networkInterfaces, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { admit, ClientRegistry, type ToolPolicy } from './admission.js';
-import { PmixGate, type Peer } from './gate.js';
+import { PmixGate, RETRY_ENV, type Peer } from './gate.js';
 import { PeerFlag } from './handshake.js';
 import { KEEPALIVE, setKeepAlive, type KeepAlive } from './keepalive.js';
 import { loadNative, type NativeBinding } from './native.js';
@@ -236,6 +236,8 @@ export class PmixServer {
           ...(peer.uid !== undefined ? { peerUid: peer.uid } : {}),
         }),
       peerOf: (sock) => this.peerOf(sock),
+      // libpmix that has not answered two probes would only queue the peer: it is asked to retry.
+      busy: () => (this.waitingMs >= Math.max(2000, 2 * (o.probeIntervalMs ?? 1000)) ? `libpmix has not progressed for ${this.waitingMs} ms` : undefined),
       ...(o.onRefused ? { onRefused: o.onRefused } : {}),
       handOver: (fd, first, h) => {
         if (keepAlive) setKeepAlive(fd, keepAlive);
@@ -291,10 +293,10 @@ export class PmixServer {
 
   /**
    * Gate counters: connections admitted, refused (evicted and timed out included), closed for
-   * newer ones at a bound, timed out before their handshake; and what became of the admitted ones:
+   * newer ones at a bound, timed out before their handshake, asked to retry; and what became of the admitted ones:
    * handed to libpmix, relayed (they could not be handed over), refused by libpmix, dropped.
    */
-  get gateStats(): Readonly<{ admitted: number; refused: number; timedOut: number; evicted: number; pending: number; handedOff: number; relayed: number; libpmixRefused: number; dropped: number }> {
+  get gateStats(): Readonly<{ admitted: number; refused: number; timedOut: number; evicted: number; retried: number; pending: number; handedOff: number; relayed: number; libpmixRefused: number; dropped: number }> {
     const h = this.native.handoffStats();
     return { ...this.gate.stats, pending: this.gate.pendingHandshakes, handedOff: h.handedOff, relayed: h.relayed, libpmixRefused: h.refused, dropped: h.dropped };
   }
@@ -395,13 +397,13 @@ export class PmixServer {
     return this.native.closePeers(nspace);
   }
 
-  /** The environment a process must set to connect as `proc` (through the gate). */
+  /** The environment a process must set to connect as `proc` (through the gate, retrying when it asks). */
   setupFork(proc: Proc): Record<string, string> {
     const env = sync(() => this.native.setupFork(proc));
     for (const [k, val] of Object.entries(env)) {
       if (val.includes(this.innerUri)) env[k] = val.split(this.innerUri).join(this.outerUri);
     }
-    return env;
+    return { ...RETRY_ENV, ...env };
   }
 
   dmodexRequest(proc: Proc): Promise<Buffer> {

@@ -13,7 +13,7 @@ import { Status } from '../../src/pmix/index.js';
 import { bin } from '../helpers/build-clients.js';
 import { restClient, SERVE_START_MS, until } from '../helpers/http.js';
 import { listeningSockets } from '../helpers/listening.js';
-import { ROOT } from '../helpers/paths.js';
+import { ROOT, VENV } from '../helpers/paths.js';
 import { describeRanks, startRank } from '../helpers/ranks.js';
 import { openmpiJob } from '../helpers/sidecar-jobs.js';
 
@@ -118,5 +118,34 @@ describe.skipIf(!isRoot)('a second local user against every port of the sidecar'
     await runJob(2);
     expect(child.exitCode).toBeNull();
     await api('DELETE', `/v1/jobs/${job.id}`);
+  }, 180_000);
+
+  it('lets a worker join the pool while the stranger holds 300 silent connections on the gate, and jobs run', async () => {
+    const plan = { ports: [ports.gate], payloads: {}, paths: [], silent: 300, holdMs: 20_000 };
+    const stranger = spawn('node', [join(ROOT, 'test', 'helpers', 'stranger.mjs'), JSON.stringify(plan)], {
+      uid: NOBODY, gid: NOBODY, cwd: '/tmp', stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    let sout = '';
+    stranger.stdout!.on('data', (d: Buffer) => (sout += d.toString()));
+    const exited = new Promise<number | null>((r) => stranger.on('close', (c) => r(c)));
+    try {
+      await until(() => sout.includes('silentStillOpen'), 30_000, 'the stranger to open its connections');
+      // A worker process starts meanwhile and joins the pool: its MPI session's PMIx client
+      // comes through the gate among the stranger's connections.
+      const id = 'tcp://10.250.9.9:1';
+      expect((await api('POST', '/v1/workers', { id, host: HOST, pid: process.pid, uid: 0, gid: 0 })).status).toBe(201);
+      const answer = await api('POST', `/v1/workers/${encodeURIComponent(id)}/pool`, { host: HOST, pid: process.pid, uid: 0, gid: 0 });
+      expect(answer.status, JSON.stringify(answer.body)).toBe(200);
+      const joiner = startRank(join(VENV, 'bin', 'python'), [join(ROOT, 'test', 'helpers', 'pool_join.py'), JSON.stringify(answer.body)], {}, 120_000);
+      expect(await joiner.exited, describeRanks([joiner])).toBe(0);
+      const seen = joiner.lines.find((l) => 'state' in l) as { state: string; rank: number } | undefined;
+      expect(seen, describeRanks([joiner])).toMatchObject({ state: 'ready', rank: answer.body.pool.rank });
+      // And a fork job, which the same flood used to fail in 0.4 s.
+      await runJob(2);
+    } finally {
+      stranger.kill();
+      await exited;
+    }
+    await runJob(1);
   }, 180_000);
 });

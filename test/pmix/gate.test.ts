@@ -257,6 +257,27 @@ describe('the gate', () => {
     }
   });
 
+  it('asks a client to retry while the server is busy, and libpmix\'s client connects again as often as its environment says', async () => {
+    const [env] = await fx.job('gateretry', 1);
+    let attempts = 0;
+    const busy = await PmixGate.listen({
+      host: '127.0.0.1', admit: () => { attempts++; return { ok: true }; }, handOver: () => undefined,
+      busy: () => 'a test says so', retryPauseMs: 100,
+    });
+    try {
+      const uri = (v: string) => v.replace(/tcp4:\/\/127\.0\.0\.1:\d+/, `tcp4://127.0.0.1:${busy.port}`);
+      const redirected = Object.fromEntries(Object.entries(env!).map(([k, v]) => [k, k.startsWith('PMIX_SERVER_URI') ? uri(v) : v]));
+      expect(redirected.PMIX_MCA_ptl_base_handshake_max_retries).toBe('60');
+      const r = startRank(bin('pmix_client'), ['fence'], { ...redirected, PMIX_MCA_ptl_base_handshake_max_retries: '3' }, 30_000);
+      expect(await r.exited, describeRanks([r])).not.toBe(0);
+      // max_retries counts attempts: the first one and two more.
+      expect(attempts).toBe(3);
+      expect(busy.stats.retried).toBe(3);
+    } finally {
+      await busy.close();
+    }
+  });
+
   it('lets a real client through after all of that, handing its socket to libpmix', async () => {
     const before = fx.server.gateStats;
     const envs = await fx.job('gateok', 2);
