@@ -122,7 +122,7 @@ async function main(): Promise<void> {
   }
 }
 
-if (process.argv[1] && process.argv[1].endsWith('guard.js')) {
+if (process.argv[1]?.endsWith('guard.js')) {
   main().catch((e: unknown) => {
     console.error(`[perf-guard] ${e instanceof Error ? e.message : String(e)}`);
     process.exit(1);

@@ -18,4 +18,7 @@ const library = readFileSync(join(dirname(require.resolve('chart.js')), 'chart.u
 if (library.includes('</script')) throw new Error('the library contains </script and cannot be inlined');
 const out = join(root, 'python', 'dask_pmix', 'dashboard', 'index.html');
 mkdirSync(dirname(out), { recursive: true });
-writeFileSync(out, page.replace(MARKER, () => `<script>\n${library}\n</script>`));
+writeFileSync(
+  out,
+  page.replace(MARKER, () => `<script>\n${library}\n</script>`),
+);

@@ -145,7 +145,7 @@ export function killRanks(runs: RankRun[]): void {
       /* gone */
     }
   }
-  if (segments.size) setTimeout(() => segments.forEach((f) => rmSync(f, { force: true })), 500);
+  if (segments.size) setTimeout(() => { for (const f of segments) rmSync(f, { force: true }); }, 500);
 }
 
 export async function release(ctx: Ctx, job: JobJson): Promise<JobJson | undefined> {

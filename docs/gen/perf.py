@@ -28,10 +28,12 @@ def load(name: str) -> dict[str, Any]:
 def _loads(start: Any, end: Any) -> str:
     def one(x: Any) -> str:
         return f"{x[0]:.1f}" if isinstance(x, list) else f"{x:.1f}"
+
     return f"load average {one(start)} at the start, {one(end)} at the end"
 
 
 # --- the README's headline table ---------------------------------------------------------------
+
 
 def headline_rows() -> list[tuple[str, str, str, str]]:
     """(what, dask-pmix, the launcher, ratio) rows from the headline, PMI and comm results."""
@@ -41,17 +43,28 @@ def headline_rows() -> list[tuple[str, str, str, str]]:
     def job_row(doc: dict, ref: str, mode: str, which: str, label: str) -> tuple[str, str, str, str]:
         ours = [doc["sizes"][m][mode][which]["total_median_s"] for m in SIZES]
         theirs = [doc["sizes"][m][ref]["total_median_s"] for m in SIZES]
-        return (label, " / ".join(f"{s:.3f}" for s in ours) + " s", " / ".join(f"{s:.3f}" for s in theirs) + " s",
-                " / ".join(f"{a / b:.2f}" for a, b in zip(ours, theirs)))
+        return (
+            label,
+            " / ".join(f"{s:.3f}" for s in ours) + " s",
+            " / ".join(f"{s:.3f}" for s in theirs) + " s",
+            " / ".join(f"{a / b:.2f}" for a, b in zip(ours, theirs)),
+        )
 
-    rows.append(job_row(ompi, "mpirun", "inprocess", "later", "`run_mpi` job, Open MPI in-process, M = 2 / 4 / 8 (vs `mpirun`)"))
+    rows.append(
+        job_row(ompi, "mpirun", "inprocess", "later", "`run_mpi` job, Open MPI in-process, M = 2 / 4 / 8 (vs `mpirun`)")
+    )
     rows.append(job_row(ompi, "mpirun", "inprocess", "first", "the same, first job on fresh workers"))
     rows.append(job_row(ompi, "mpirun", "fork", "later", "the same in fork mode"))
     rows.append(job_row(mpich, "mpiexec_hydra", "fork", "later", "`run_mpi` job, MPICH fork mode (vs hydra `mpiexec`)"))
     big = next(g for g in comm["get_data"] if g["bytes"] == 64 << 20 and g["concurrency"] == 1)
-    rows.append(("Dask `get_data` 64 MiB, worker to worker (`tcp+mpi://` vs `tcp://`)",
-                 f"{big['tcp+mpi']['throughput_GiB_s']:.2f} GiB/s", f"{big['tcp']['throughput_GiB_s']:.2f} GiB/s",
-                 f"{big['throughput_ratio']:.2f}x"))
+    rows.append(
+        (
+            "Dask `get_data` 64 MiB, worker to worker (`tcp+mpi://` vs `tcp://`)",
+            f"{big['tcp+mpi']['throughput_GiB_s']:.2f} GiB/s",
+            f"{big['tcp']['throughput_GiB_s']:.2f} GiB/s",
+            f"{big['throughput_ratio']:.2f}x",
+        )
+    )
     return rows
 
 
@@ -63,14 +76,16 @@ def readme_table() -> str:
 
 # --- the figures -------------------------------------------------------------------------------
 
+
 def _plt():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    plt.rcParams.update({"svg.hashsalt": "dask-pmix", "font.size": 9, "axes.spines.top": False,
-                         "axes.spines.right": False})
+    plt.rcParams.update(
+        {"svg.hashsalt": "dask-pmix", "font.size": 9, "axes.spines.top": False, "axes.spines.right": False}
+    )
     return plt
 
 
@@ -121,13 +136,24 @@ def fig_headline(plt, out: Path, file: str, ref: str, ref_label: str, title: str
 
 def fig_pmix(plt, out: Path) -> tuple[str, str]:
     doc = load("pmix.json")
-    ops = [("fence_us", "fence"), ("fence_data_us", "fence, 64 B collected"), ("dmodex_get_us", "direct-modex get"),
-           ("group_us", "group construct")]
+    ops = [
+        ("fence_us", "fence"),
+        ("fence_data_us", "fence, 64 B collected"),
+        ("dmodex_get_us", "direct-modex get"),
+        ("group_us", "group construct"),
+    ]
     fig, axes = plt.subplots(1, len(ops), figsize=(9, 2.6))
     ranks = [str(r["ranks"]) for r in doc["results"]]
     for ax, (key, label) in zip(axes, ops):
-        _bars(ax, ranks, {"dask-pmix": [r["ours"][key] for r in doc["results"]],
-                          "prterun": [r["prrte"][key] for r in doc["results"]]}, "µs (median)" if key == "fence_us" else "")
+        _bars(
+            ax,
+            ranks,
+            {
+                "dask-pmix": [r["ours"][key] for r in doc["results"]],
+                "prterun": [r["prrte"][key] for r in doc["results"]],
+            },
+            "µs (median)" if key == "fence_us" else "",
+        )
         ax.set_title(label)
         ax.set_xlabel("ranks")
     path = _save(fig, out, "pmix")
@@ -147,14 +173,35 @@ def fig_pmi(plt, out: Path) -> tuple[str, str]:
     res = doc["results"]
     ranks = [str(r["ranks"]) for r in res]
     fig, axes = plt.subplots(1, 3, figsize=(9, 2.6))
-    _bars(axes[0], ranks, {"dask-pmix": [r["pmi_latency"]["ours"]["barrier_us"] for r in res],
-                           "hydra": [r["pmi_latency"]["hydra"]["barrier_us"] for r in res]}, "µs (median)")
+    _bars(
+        axes[0],
+        ranks,
+        {
+            "dask-pmix": [r["pmi_latency"]["ours"]["barrier_us"] for r in res],
+            "hydra": [r["pmi_latency"]["hydra"]["barrier_us"] for r in res],
+        },
+        "µs (median)",
+    )
     axes[0].set_title("PMI barrier")
-    _bars(axes[1], ranks, {"dask-pmix": [r["pmi_latency"]["ours"]["put_barrier_get_us"] for r in res],
-                           "hydra": [r["pmi_latency"]["hydra"]["put_barrier_get_us"] for r in res]}, "")
+    _bars(
+        axes[1],
+        ranks,
+        {
+            "dask-pmix": [r["pmi_latency"]["ours"]["put_barrier_get_us"] for r in res],
+            "hydra": [r["pmi_latency"]["hydra"]["put_barrier_get_us"] for r in res],
+        },
+        "",
+    )
     axes[1].set_title("put + barrier + get")
-    _bars(axes[2], ranks, {"dask-pmix": [r["mpi_init"]["mpich5"]["ours"]["launch_to_last_init_s"] for r in res],
-                           "hydra": [r["mpi_init"]["mpich5"]["hydra"]["launch_to_last_init_s"] for r in res]}, "s (median)")
+    _bars(
+        axes[2],
+        ranks,
+        {
+            "dask-pmix": [r["mpi_init"]["mpich5"]["ours"]["launch_to_last_init_s"] for r in res],
+            "hydra": [r["mpi_init"]["mpich5"]["hydra"]["launch_to_last_init_s"] for r in res],
+        },
+        "s (median)",
+    )
     axes[2].set_title("MPI_Init, MPICH 5.0.2")
     for ax in axes:
         ax.set_xlabel("ranks")
@@ -179,8 +226,16 @@ def fig_comm(plt, out: Path) -> tuple[str, str]:
 
     groups = [f"{size(g['bytes'])} x{g['concurrency']}" for g in rows]
     fig, ax = plt.subplots(figsize=(8, 3))
-    _bars(ax, groups, {"tcp://": [g["tcp"]["throughput_GiB_s"] for g in rows],
-                       "tcp+mpi://": [g["tcp+mpi"]["throughput_GiB_s"] for g in rows]}, "GiB/s (log)", log=True)
+    _bars(
+        ax,
+        groups,
+        {
+            "tcp://": [g["tcp"]["throughput_GiB_s"] for g in rows],
+            "tcp+mpi://": [g["tcp+mpi"]["throughput_GiB_s"] for g in rows],
+        },
+        "GiB/s (log)",
+        log=True,
+    )
     ax.set_title("Dask get_data between two workers")
     path = _save(fig, out, "comm")
     plt.close(fig)
@@ -188,7 +243,8 @@ def fig_comm(plt, out: Path) -> tuple[str, str]:
     caption = (
         f"Throughput of Dask's own `get_data` between workers, size x concurrent requests, over `tcp://` and "
         f"`tcp+mpi://`, answered by the same worker processes. Workloads on one 4-worker cluster per scheme: "
-        f"`(x + x.T).sum()` over 1 GiB {wl['tcp']['array']['seconds']:.1f} s vs {wl['tcp+mpi']['array']['seconds']:.1f} s, "
+        f"`(x + x.T).sum()` over 1 GiB {wl['tcp']['array']['seconds']:.1f} s vs "
+        f"{wl['tcp+mpi']['array']['seconds']:.1f} s, "
         f"a P2P shuffle {wl['tcp']['shuffle']['seconds']:.1f} s vs {wl['tcp+mpi']['shuffle']['seconds']:.1f} s. "
         f"Machine: {doc['cpus']} cores; {_loads(doc['load_avg_at_start'], doc['load_avg_at_end'])}. Configuration: "
         f"workers started by Open MPI's launcher ({doc['cluster']}), so that pairs on one host share memory. "
@@ -216,7 +272,8 @@ def fig_rest(plt, out: Path) -> tuple[str, str]:
         f"REST operations per second, sequential and with 8 and 64 requests in flight. "
         f"{doc['notes']['job_create_delete']}. {doc['notes']['client']}. Machine: {m['cpus']} cores ({m['model']}); "
         f"load average {m['load'][0]:.1f}. Configuration: state directory "
-        f"{'on' if doc['params']['state_dir'] else 'off'}, {doc['params']['transport']}. Source: `bench/results/rest.json`."
+        f"{'on' if doc['params']['state_dir'] else 'off'}, {doc['params']['transport']}. "
+        "Source: `bench/results/rest.json`."
     )
     return path, caption
 
@@ -238,10 +295,16 @@ def write_page(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     plt = _plt()
     sections = [
-        ("Jobs, Open MPI", fig_headline(plt, out, "headline-openmpi.json", "mpirun", "mpirun",
-                                        "run_mpi vs mpirun, Open MPI 5.0.11")),
-        ("Jobs, MPICH", fig_headline(plt, out, "headline-mpich.json", "mpiexec_hydra", "mpiexec (hydra)",
-                                     "run_mpi vs mpiexec, MPICH 5.0.2")),
+        (
+            "Jobs, Open MPI",
+            fig_headline(plt, out, "headline-openmpi.json", "mpirun", "mpirun", "run_mpi vs mpirun, Open MPI 5.0.11"),
+        ),
+        (
+            "Jobs, MPICH",
+            fig_headline(
+                plt, out, "headline-mpich.json", "mpiexec_hydra", "mpiexec (hydra)", "run_mpi vs mpiexec, MPICH 5.0.2"
+            ),
+        ),
         ("PMIx server", fig_pmix(plt, out)),
         ("PMI server", fig_pmi(plt, out)),
         ("Dask's traffic over MPI", fig_comm(plt, out)),

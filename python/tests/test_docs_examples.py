@@ -21,15 +21,16 @@ pytestmark = pytest.mark.skipif(IMPL != "openmpi", reason="the examples use the 
 
 def examples() -> dict[str, str]:
     """{first place it appears: code} for every distinct ```python block."""
-    files = [ROOT / "README.md"] + sorted(p for p in (ROOT / "docs").rglob("*.md")
-                                          if not {"_build", "_generated"} & set(p.parts))
+    files = [ROOT / "README.md"] + sorted(
+        p for p in (ROOT / "docs").rglob("*.md") if not {"_build", "_generated"} & set(p.parts)
+    )
     found: dict[str, str] = {}
     for path in files:
         text = path.read_text()
         for m in re.finditer(r"^```python\n(.*?)^```", text, re.S | re.M):
             code = m.group(1)
             if code not in found.values():
-                line = text[:m.start()].count("\n") + 1
+                line = text[: m.start()].count("\n") + 1
                 found[f"{path.relative_to(ROOT)}:{line}"] = code
     return found
 
@@ -45,6 +46,12 @@ def test_there_are_examples():
 def test_example_runs(where, tmp_path):
     script = tmp_path / "example.py"
     script.write_text(EXAMPLES[where])
-    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=240,
-                          env={**os.environ, "PYTHONPATH": ""})
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "PYTHONPATH": ""},
+    )
     assert proc.returncode == 0, f"{where} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"

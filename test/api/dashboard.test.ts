@@ -3,7 +3,7 @@
 // namespace is a credential, so readers without the token never see it.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { redact } from '../../src/api/routes/dashboard.js';
-import { apiFixture, worker, type ApiFixture } from './fixture.js';
+import { type ApiFixture, apiFixture, worker } from './fixture.js';
 
 let fx: ApiFixture;
 beforeAll(async () => {
@@ -11,8 +11,13 @@ beforeAll(async () => {
 });
 afterAll(() => fx.close());
 
-const traffic = (tcp: number, mpi: number) => ({ tcp: { bytesSent: tcp, bytesReceived: tcp }, mpi: { bytesSent: mpi, bytesReceived: mpi } });
-const report = (...workers: [string, number, number][]) => ({ workers: workers.map(([id, tcp, mpi]) => ({ id, ...traffic(tcp, mpi) })) });
+const traffic = (tcp: number, mpi: number) => ({
+  tcp: { bytesSent: tcp, bytesReceived: tcp },
+  mpi: { bytesSent: mpi, bytesReceived: mpi },
+});
+const report = (...workers: [string, number, number][]) => ({
+  workers: workers.map(([id, tcp, mpi]) => ({ id, ...traffic(tcp, mpi) })),
+});
 
 describe('GET /v1/dashboard', () => {
   it('shows workers, psets and jobs with their members, without namespaces, pids, uids or tags', async () => {
@@ -32,7 +37,10 @@ describe('GET /v1/dashboard', () => {
     expect(r.body.psets).toContainEqual({ name: 'dp', members: ['d1', 'd2'] });
     const shown = r.body.jobs.find((j: { id: string }) => j.id === job.id);
     expect(shown).toMatchObject({ id: job.id, impl: 'openmpi', mode: 'fork', pset: 'dp', createdAt: job.createdAt });
-    expect(shown.members.map((m: { rank: number; workerId: string }) => [m.rank, m.workerId])).toEqual([[0, 'd1'], [1, 'd2']]);
+    expect(shown.members.map((m: { rank: number; workerId: string }) => [m.rank, m.workerId])).toEqual([
+      [0, 'd1'],
+      [1, 'd2'],
+    ]);
     await fx.call('DELETE', `/v1/jobs/${job.id}`);
   });
 
@@ -41,8 +49,9 @@ describe('GET /v1/dashboard', () => {
   });
 
   it('takes free text apart from namespaces and pids', () => {
-    expect(redact('rank 1 of dask-pmix.j00ab-3.0123456789abcdef0123456789abcdef (pid 4242) was lost'))
-      .toBe('rank 1 of <namespace> (pid) was lost');
+    expect(redact('rank 1 of dask-pmix.j00ab-3.0123456789abcdef0123456789abcdef (pid 4242) was lost')).toBe(
+      'rank 1 of <namespace> (pid) was lost',
+    );
     expect(redact('this worker is in pool dask-pmix.pool-ab12.1')).toBe('this worker is in pool <namespace>');
   });
 });
@@ -65,7 +74,9 @@ describe('PUT /v1/traffic', () => {
   });
 
   it('refuses a malformed report and a caller without the token', async () => {
-    const bad = { workers: [{ id: 'd1', tcp: { bytesSent: -1, bytesReceived: 0 }, mpi: { bytesSent: 0, bytesReceived: 0 } }] };
+    const bad = {
+      workers: [{ id: 'd1', tcp: { bytesSent: -1, bytesReceived: 0 }, mpi: { bytesSent: 0, bytesReceived: 0 } }],
+    };
     expect((await fx.call('PUT', '/v1/traffic', bad)).status).toBe(400);
     expect((await fx.call('PUT', '/v1/traffic', { ...report(['d1', 1, 1]), extra: 1 })).status).toBe(400);
     expect((await fx.anon('PUT', '/v1/traffic', report(['d1', 1, 1]))).status).toBe(401);
@@ -95,7 +106,8 @@ describe("a fork job's namespace is its ranks' credential", () => {
       const read = async (token: boolean): Promise<string> => {
         const ac = new AbortController();
         const res = await fetch(`${open.url}/v1/events?since=0`, {
-          headers: token ? { authorization: 'Bearer sekret-token' } : {}, signal: ac.signal,
+          headers: token ? { authorization: 'Bearer sekret-token' } : {},
+          signal: ac.signal,
         });
         const reader = res.body!.pipeThrough(new TextDecoderStream()).getReader();
         let text = '';

@@ -1,7 +1,7 @@
 // The compatibility matrix's pass criteria: a rank's own "ok" is not enough.
 import { describe, expect, it } from 'vitest';
 import type { Agent } from '../../compat-matrix/agents.js';
-import { allPassed, sawWholeJob, type RankRun } from '../../compat-matrix/features/common.js';
+import { allPassed, type RankRun, sawWholeJob } from '../../compat-matrix/features/common.js';
 
 function run(rank: number, line: Record<string, unknown>): RankRun {
   const agent = { lines: [{ feature: 'world', ...line }] } as unknown as Agent;

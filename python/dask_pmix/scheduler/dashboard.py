@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from pathlib import Path
-
-from tornado import httpclient, web
+from typing import Any
 
 from distributed.http.utils import RequestHandler
+from tornado import httpclient, web
 
 from .. import config
 from ..protocol import SCHEDULER_PLUGIN
@@ -70,8 +71,9 @@ class SidecarRelay(RequestHandler):
         if plugin.token:
             headers["Authorization"] = f"Bearer {plugin.token}"
         self.set_header("Cache-Control", "no-store")
-        request = httpclient.HTTPRequest(plugin.url.rstrip("/") + "/" + RELAYED, headers=headers, connect_timeout=10,
-                                         request_timeout=30)
+        request = httpclient.HTTPRequest(
+            plugin.url.rstrip("/") + "/" + RELAYED, headers=headers, connect_timeout=10, request_timeout=30
+        )
         try:
             response = await httpclient.AsyncHTTPClient().fetch(request, raise_error=False)
         except OSError as e:
@@ -107,8 +109,12 @@ def install(scheduler) -> None:
     from distributed.http.utils import get_handlers
 
     app = getattr(scheduler, "http_application", None)
-    if app is None or not enabled() or __name__ in dask.config.get("distributed.scheduler.http.routes", []) \
-            or getattr(app, "_dask_pmix_routes", False):
+    if (
+        app is None
+        or not enabled()
+        or __name__ in dask.config.get("distributed.scheduler.http.routes", [])
+        or getattr(app, "_dask_pmix_routes", False)
+    ):
         return
     app.add_handlers(r".*$", get_handlers(server=scheduler, modules=[__name__], prefix=_dashboard_prefix(app)))
     app._dask_pmix_routes = True
@@ -117,8 +123,10 @@ def install(scheduler) -> None:
 def _traffic(metric) -> dict | None:
     """A worker's `dask_pmix_comm` metric as the sidecar takes it, or None."""
     try:
-        return {t: {"bytesSent": int(metric[t]["bytes_sent"]), "bytesReceived": int(metric[t]["bytes_received"])}
-                for t in ("tcp", "mpi")}
+        return {
+            t: {"bytesSent": int(metric[t]["bytes_sent"]), "bytesReceived": int(metric[t]["bytes_received"])}
+            for t in ("tcp", "mpi")
+        }
     except (KeyError, TypeError, ValueError):
         return None
 
@@ -127,7 +135,7 @@ class TrafficReport:
     """Sends the workers' comm counters that changed to the sidecar, every TRAFFIC_EVERY seconds,
     in one request; workers running no tcp+mpi:// backend report none and are left out."""
 
-    def __init__(self, scheduler, send):
+    def __init__(self, scheduler: Any, send: Callable[[list[dict]], object]) -> None:
         self.scheduler = scheduler
         self.send = send  # blocking: list of {"id", "tcp", "mpi"} -> None
         self.sent: dict[str, dict] = {}

@@ -16,8 +16,15 @@ const browser = await chromium.launch({
   executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
   headless: true,
   timeout: 60_000,
-  args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update',
-    '--disable-sync', '--no-first-run'],
+  args: [
+    '--headless',
+    '--no-sandbox',
+    '--disable-gpu',
+    '--disable-background-networking',
+    '--disable-component-update',
+    '--disable-sync',
+    '--no-first-run',
+  ],
 });
 const page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
 const errors = [];
@@ -30,12 +37,19 @@ async function run(cmd) {
   }
   if (cmd.waitText) {
     const [selector, text] = cmd.waitText;
-    await page.waitForFunction(([s, t]) => (document.querySelector(s)?.textContent ?? '').includes(t), [selector, text],
-      { timeout: cmd.timeout ?? 30_000, polling: 100 });
+    await page.waitForFunction(
+      ([s, t]) => (document.querySelector(s)?.textContent ?? '').includes(t),
+      [selector, text],
+      { timeout: cmd.timeout ?? 30_000, polling: 100 },
+    );
     return {};
   }
   if (cmd.rows) {
-    return { rows: await page.$$eval(`${cmd.rows} tbody tr`, (trs) => trs.map((tr) => [...tr.cells].map((td) => td.textContent))) };
+    return {
+      rows: await page.$$eval(`${cmd.rows} tbody tr`, (trs) =>
+        trs.map((tr) => [...tr.cells].map((td) => td.textContent)),
+      ),
+    };
   }
   if (cmd.text) return { text: await page.textContent(cmd.text, { timeout: 10_000 }) };
   if (cmd.screenshot) {
@@ -62,6 +76,6 @@ for await (const line of createInterface({ input: process.stdin })) {
   } catch (err) {
     answer = { ok: false, error: String(err?.message ?? err) };
   }
-  process.stdout.write(JSON.stringify({ ...answer, pageErrors: errors.splice(0) }) + '\n');
+  process.stdout.write(`${JSON.stringify({ ...answer, pageErrors: errors.splice(0) })}\n`);
 }
 await browser.close();

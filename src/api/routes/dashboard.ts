@@ -5,9 +5,9 @@
 // per transport (the scheduler plugin reports them in one request), for the page's traffic view.
 import type { FastifyPluginAsync } from 'fastify';
 import type { Job } from '../../rm/types.js';
-import type { JsonSchema } from '../schemas.js';
 import { REQUEST_LIMITS } from '../limits.js';
-import { errors, type Body, type RouteOptions } from './context.js';
+import type { JsonSchema } from '../schemas.js';
+import { type Body, errors, type RouteOptions } from './context.js';
 
 export interface DashboardOptions extends RouteOptions {
   version: string;
@@ -64,7 +64,12 @@ function jobView(j: Readonly<Job>) {
     ...(j.endedAt ? { endedAt: j.endedAt } : {}),
     ...(j.error ? { error: redact(j.error) } : {}),
     ...(j.pset ? { pset: j.pset } : {}),
-    members: j.members.map((m) => ({ rank: m.rank, workerId: m.workerId, state: m.state, ...(m.reason ? { reason: redact(m.reason) } : {}) })),
+    members: j.members.map((m) => ({
+      rank: m.rank,
+      workerId: m.workerId,
+      state: m.state,
+      ...(m.reason ? { reason: redact(m.reason) } : {}),
+    })),
   };
 }
 
@@ -84,67 +89,98 @@ export const dashboardRoutes: FastifyPluginAsync<DashboardOptions> = async (app,
     }
   };
 
-  app.put<Body<{ workers: (Traffic & { id: string })[] }>>('/traffic', {
-    onRequest: auth.write,
-    schema: {
-      security: auth.security.write,
-      summary: "The bytes each worker's comm backend moved per transport since it started (the scheduler plugin reports " +
-        'them); workers that are not registered are left out',
-      tags: ['workers'],
-      body: trafficSchema,
-      response: { 200: { type: 'object', properties: { accepted: { type: 'integer' } }, required: ['accepted'] }, ...errors(400, 401) },
+  app.put<Body<{ workers: (Traffic & { id: string })[] }>>(
+    '/traffic',
+    {
+      onRequest: auth.write,
+      schema: {
+        security: auth.security.write,
+        summary:
+          "The bytes each worker's comm backend moved per transport since it started (the scheduler plugin reports " +
+          'them); workers that are not registered are left out',
+        tags: ['workers'],
+        body: trafficSchema,
+        response: {
+          200: { type: 'object', properties: { accepted: { type: 'integer' } }, required: ['accepted'] },
+          ...errors(400, 401),
+        },
+      },
     },
-  }, async (req) => {
-    let accepted = 0;
-    for (const t of req.body.workers) {
-      const w = tryWorker(t.id);
-      if (!w) continue;
-      traffic.set(t.id, { tcp: t.tcp, mpi: t.mpi, at: new Date().toISOString(), registeredAt: w.registeredAt });
-      accepted++;
-    }
-    return { accepted };
-  });
+    async (req) => {
+      let accepted = 0;
+      for (const t of req.body.workers) {
+        const w = tryWorker(t.id);
+        if (!w) continue;
+        traffic.set(t.id, { tcp: t.tcp, mpi: t.mpi, at: new Date().toISOString(), registeredAt: w.registeredAt });
+        accepted++;
+      }
+      return { accepted };
+    },
+  );
 
-  app.get('/dashboard', {
-    onRequest: auth.read,
-    schema: {
-      ...(auth.security.read ? { security: auth.security.read } : {}),
-      summary: 'What the dashboard page shows: workers, pool epochs, psets, recent jobs, traffic; no namespaces, pids or uids',
-      tags: ['service'],
-      response: { ...errors(401) },
+  app.get(
+    '/dashboard',
+    {
+      onRequest: auth.read,
+      schema: {
+        ...(auth.security.read ? { security: auth.security.read } : {}),
+        summary:
+          'What the dashboard page shows: workers, pool epochs, psets, recent jobs, traffic; no namespaces, pids or uids',
+        tags: ['service'],
+        response: { ...errors(401) },
+      },
     },
-  }, async () => {
-    const workers = rm.listWorkers();
-    const present = new Map(workers.map((w) => [w.id, w.registeredAt]));
-    for (const [id, t] of [...traffic]) if (present.get(id) !== t.registeredAt) traffic.delete(id);
-    // A rank is busy while its worker is a member of a running in-process job (a fork job's
-    // members run as other processes and leave the rank idle).
-    const inprocess = new Set(rm.activeJobs().filter((j) => j.mode === 'inprocess').map((j) => j.id));
-    const busy = new Map<number, number>();
-    const seated = new Map<number, number>();
-    for (const w of workers) {
-      if (!w.pool || w.pool.impl || w.pool.state === 'retired') continue;
-      seated.set(w.pool.epoch, (seated.get(w.pool.epoch) ?? 0) + 1);
-      if (w.jobId && inprocess.has(w.jobId)) busy.set(w.pool.epoch, (busy.get(w.pool.epoch) ?? 0) + 1);
-    }
-    const pmix = opts.pmixProgress?.() ?? { stalled: false, stalledMs: 0 };
-    const jobs = [...rm.listJobs()].sort((a, b) => b.createdAt.localeCompare(a.createdAt)).slice(0, maxJobs);
-    return {
-      version: opts.version,
-      pmixVersion: opts.pmixVersion,
-      status: rm.isStopping ? 'stopping' : pmix.stalled ? 'pmix-stalled' : 'ok',
-      now: new Date().toISOString(),
-      workers: workers.map((w) => ({
-        id: w.id,
-        host: w.host,
-        state: w.state,
-        ...(w.jobId ? { jobId: w.jobId } : {}),
-        ...(w.pool ? { pool: { epoch: w.pool.epoch, rank: w.pool.rank, state: w.pool.state, ...(w.pool.impl ? { impl: w.pool.impl } : {}) } } : {}),
-        ...(traffic.has(w.id) ? { traffic: trafficView(traffic.get(w.id)!) } : {}),
-      })),
-      epochs: (rm.pool?.epochSummaries() ?? []).map((e) => ({ ...e, seated: seated.get(e.epoch) ?? 0, busy: busy.get(e.epoch) ?? 0 })),
-      psets: rm.listPsets().map((p) => ({ name: p.name, members: [...p.members] })),
-      jobs: jobs.map(jobView),
-    };
-  });
+    async () => {
+      const workers = rm.listWorkers();
+      const present = new Map(workers.map((w) => [w.id, w.registeredAt]));
+      for (const [id, t] of [...traffic]) if (present.get(id) !== t.registeredAt) traffic.delete(id);
+      // A rank is busy while its worker is a member of a running in-process job (a fork job's
+      // members run as other processes and leave the rank idle).
+      const inprocess = new Set(
+        rm
+          .activeJobs()
+          .filter((j) => j.mode === 'inprocess')
+          .map((j) => j.id),
+      );
+      const busy = new Map<number, number>();
+      const seated = new Map<number, number>();
+      for (const w of workers) {
+        if (!w.pool || w.pool.impl || w.pool.state === 'retired') continue;
+        seated.set(w.pool.epoch, (seated.get(w.pool.epoch) ?? 0) + 1);
+        if (w.jobId && inprocess.has(w.jobId)) busy.set(w.pool.epoch, (busy.get(w.pool.epoch) ?? 0) + 1);
+      }
+      const pmix = opts.pmixProgress?.() ?? { stalled: false, stalledMs: 0 };
+      const jobs = [...rm.listJobs()].sort((a, b) => b.createdAt.localeCompare(a.createdAt)).slice(0, maxJobs);
+      return {
+        version: opts.version,
+        pmixVersion: opts.pmixVersion,
+        status: rm.isStopping ? 'stopping' : pmix.stalled ? 'pmix-stalled' : 'ok',
+        now: new Date().toISOString(),
+        workers: workers.map((w) => ({
+          id: w.id,
+          host: w.host,
+          state: w.state,
+          ...(w.jobId ? { jobId: w.jobId } : {}),
+          ...(w.pool
+            ? {
+                pool: {
+                  epoch: w.pool.epoch,
+                  rank: w.pool.rank,
+                  state: w.pool.state,
+                  ...(w.pool.impl ? { impl: w.pool.impl } : {}),
+                },
+              }
+            : {}),
+          ...(traffic.has(w.id) ? { traffic: trafficView(traffic.get(w.id)!) } : {}),
+        })),
+        epochs: (rm.pool?.epochSummaries() ?? []).map((e) => ({
+          ...e,
+          seated: seated.get(e.epoch) ?? 0,
+          busy: busy.get(e.epoch) ?? 0,
+        })),
+        psets: rm.listPsets().map((p) => ({ name: p.name, members: [...p.members] })),
+        jobs: jobs.map(jobView),
+      };
+    },
+  );
 };
