@@ -276,6 +276,7 @@ def main():
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "comm.json"))
     ap.add_argument("--idle-seconds", type=float, default=10)
     ap.add_argument("--only", default="get_data,workloads,communicators")
+    ap.add_argument("--sizes", help="get_data sizes in bytes, comma-separated (e.g. 65536,1MiB)")
     args = ap.parse_args()
     if args.quick:
         sizes, budget = [KiB, MiB, 64 * MiB], 256 * MiB
@@ -286,6 +287,9 @@ def main():
         sizes, budget = [KiB, MiB, 64 * MiB, 512 * MiB], 1 * GiB
         args.array_n, args.array_chunk = 11_585, 2_048        # 1 GiB of float64
         args.shuffle_rows, args.shuffle_partitions = 40_000_000, 32   # ~1 GiB of rows
+    if args.sizes:
+        from dask.utils import parse_bytes
+        sizes = [parse_bytes(x) for x in args.sizes.split(",")]
     only = set(args.only.split(","))
     result = {"benchmark": "comm", "cluster": args.cluster, "host": platform.node(), "cpus": os.cpu_count(),
               "python": platform.python_version(), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),

@@ -1,6 +1,8 @@
 """tcp+mpi:// in a real LocalCluster whose workers are ranks of the sidecar's in-process MPI pool:
-worker-to-worker data goes over MPI, results are those of tcp://, a worker killed mid-transfer
-fails the reader within seconds and nobody else, a worker added later joins the traffic."""
+the workers that started together share memory (a cohort) and move worker-to-worker data over MPI,
+results are those of tcp://, a worker killed mid-transfer fails the reader within seconds and
+nobody else, and a worker added later, which Open MPI cannot reach through shared memory, keeps
+its frames in the TCP stream (each pair's path, paths.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import os
 import threading
 import time
 
+import dask
 import numpy as np
 import pytest
 from distributed import Client, LocalCluster, wait
@@ -57,9 +60,26 @@ def start(protocol, n=4, pool_plugin=True):
     return cluster, client
 
 
+def _local_peers():
+    from dask_pmix.comm.link import current_link
+
+    return sorted(current_link().local_peers)
+
+
+def cohort_of(client):
+    """The workers that share memory with others (the nanny's replacements and workers added
+    later do not)."""
+    return sorted(w for w, p in client.run(_local_peers).items() if len(p) > 1)
+
+
 @pytest.fixture(scope="module")
 def mpi_cluster():
-    cluster, client = start("tcp+mpi://")
+    # Cohorts (the scheduler's plugin starts the sidecar in this process and reads this setting).
+    with dask.config.set({"dask-pmix.pool.cohort": "0.5s"}):
+        cluster, client = start("tcp+mpi://")
+    # The workers started together: Open MPI put them on one node (they share memory).
+    peers = client.run(_local_peers)
+    assert all(len(p) == 4 and p == sorted(_wait_in_pool(client, 4).values()) for p in peers.values()), peers
     yield cluster, client
     client.close()
     cluster.close()
@@ -111,6 +131,8 @@ def test_workloads_match_tcp_and_go_over_mpi(mpi_cluster):
     assert moved_mpi > 256 << 20, stats
     assert moved_tcp < moved_mpi / 10, stats
     assert all(s["mpi"]["connections"] > 0 for s in stats.values()), stats
+    # every pair of these workers shares memory: each connection between them chose sm
+    assert all(s["paths"]["sm"] > 0 and s["paths"]["tcp"] == 0 for s in stats.values()), stats
 
     tcp_cluster, tcp_client = start("tcp://", pool_plugin=False)
     try:
@@ -168,7 +190,7 @@ async def _write_big_then_die(addr, nbytes, dask_worker=None):
 
 def test_peer_killed_mid_transfer_fails_the_read_within_seconds(mpi_cluster):
     _, client = mpi_cluster
-    a, b, c = sorted(client.scheduler_info()["workers"])[:3]
+    a, b, c = cohort_of(client)[:3]
     addr = client.run(_listen_and_read, workers=[a])[a]
     fut = client.submit(np.arange, 10_000_000, workers=[c], pure=False)  # data on a third worker
     wait(fut)
@@ -186,7 +208,11 @@ def test_peer_killed_mid_transfer_fails_the_read_within_seconds(mpi_cluster):
     client.wait_for_workers(4, timeout=120)  # the nanny replaced B
 
 
-def test_worker_added_later_carries_its_traffic_over_mpi(mpi_cluster):
+def test_a_worker_added_later_keeps_its_frames_in_the_tcp_stream(mpi_cluster):
+    """Open MPI 5.0.x shares memory only between ranks declared on one node when they initialised
+    together; a worker that joins later is remote to the cohort, where MPI would run over its TCP
+    transport (slower than the TCP stream itself). Its pairs choose TCP: no pair communicator,
+    no MPI bytes; the cohort's own pairs go on choosing sm."""
     cluster, client = mpi_cluster
     old = set(client.scheduler_info()["workers"])
     cluster.scale(len(old) + 1)
@@ -194,14 +220,25 @@ def test_worker_added_later_carries_its_traffic_over_mpi(mpi_cluster):
     new = (set(client.scheduler_info()["workers"]) - old).pop()
     ranks = _wait_in_pool(client, len(old) + 1)
     assert ranks[new] not in {ranks[w] for w in old}
-    src = sorted(old)[0]
+    assert client.run(_local_peers, workers=[new])[new] == [ranks[new]]
+    src, other = cohort_of(client)[:2]
+    before = client.run(dask_pmix.comm_stats)
     fut = client.submit(np.ones, 64 << 20, dtype="u1", workers=[src], pure=False)
     total = client.submit(lambda x: int(x.sum()), fut, workers=[new], pure=False).result(timeout=120)
     assert total == 64 << 20
     back = client.submit(lambda: np.ones(32 << 20, dtype="u1"), workers=[new], pure=False)
     assert client.submit(lambda x: int(x.sum()), back, workers=[src], pure=False).result(timeout=120) == 32 << 20
-    s = client.run(dask_pmix.comm_stats, workers=[new])[new]
-    assert s["mpi"]["bytes_received"] >= 64 << 20 and s["mpi"]["bytes_sent"] >= 32 << 20, s
+    # and between two cohort members, over MPI (data of its own: new holds a copy of fut by now)
+    mine = client.submit(np.ones, 64 << 20, dtype="u1", workers=[src], pure=False)
+    there = client.submit(lambda x: int(x.sum()), mine, workers=[other], pure=False).result(timeout=120)
+    assert there == 64 << 20
+    after = client.run(dask_pmix.comm_stats)
+    s = after[new]
+    assert s["paths"]["tcp"] > 0 and s["paths"]["sm"] == 0 and s["mpi"]["connections"] == 0, s
+    assert s["mpi"]["bytes_received"] == 0 and s["tcp"]["bytes_received"] >= 64 << 20, s
+    assert "pair_comms" not in s["events"], s
+    assert after[src]["paths"]["tcp"] > before[src]["paths"]["tcp"], after[src]
+    assert after[other]["mpi"]["bytes_received"] - before[other]["mpi"]["bytes_received"] >= 64 << 20, after[other]
 
 
 def _job_body(comm):
@@ -219,7 +256,8 @@ def test_mpi_jobs_on_workers_whose_dask_data_moves_over_mpi_meanwhile(mpi_cluste
     from dask_pmix import run_mpi
 
     _, client = mpi_cluster
-    workers = sorted(client.scheduler_info()["workers"])
+    workers = cohort_of(client)
+    assert len(workers) >= 3, workers
     stop, moved, errors = threading.Event(), [], []
 
     def traffic(seed):
@@ -243,7 +281,7 @@ def test_mpi_jobs_on_workers_whose_dask_data_moves_over_mpi_meanwhile(mpi_cluste
     try:
         rng = np.random.default_rng(7)
         for i in range(30):
-            members = sorted(rng.choice(workers, int(rng.integers(2, 5)), replace=False))
+            members = sorted(rng.choice(workers, int(rng.integers(2, min(4, len(workers)) + 1)), replace=False))
             assert run_mpi(client, _job_body, workers=members, timeout=40) == [float(sum(range(len(members))))] * len(members), i
     finally:
         stop.set()

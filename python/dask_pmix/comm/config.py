@@ -1,5 +1,5 @@
 """Settings of the tcp+mpi backend, read from dask.config under "dask-pmix.comm" (or the
-environment, e.g. DASK_DASK_PMIX__COMM__MPI_THRESHOLD=1MiB), with these defaults."""
+environment, e.g. DASK_DASK_PMIX__COMM__SM_THRESHOLD=1MiB), with these defaults."""
 
 from __future__ import annotations
 
@@ -7,9 +7,14 @@ import dask.config
 from dask.utils import parse_bytes, parse_timedelta
 
 DEFAULTS = {
-    # frames at least this large go over MPI (smaller ones stay in the TCP stream, where a
-    # message costs no more than over tcp://)
-    "mpi-threshold": "256 KiB",
+    # frames at least this large go over MPI between workers that share memory (see paths.py);
+    # smaller ones stay in the TCP stream, where a message costs what it costs on tcp://
+    "sm-threshold": "256 KiB",
+    # whether this worker's MPI library reaches workers of other hosts over a network faster than
+    # TCP (UCX or OFI on InfiniBand, RoCE, EFA): then pairs on different hosts use MPI too
+    "fabric": False,
+    # ... for frames at least this large
+    "fabric-threshold": "1 MiB",
     # one frame moves as MPI messages of at most this size (Open MPI 5.0 counts are C ints)
     "chunk": "1 GiB",
     # the TCP stream closed while a message's MPI frames are in flight: wait this long for them
@@ -19,9 +24,13 @@ DEFAULTS = {
     "drain": "10 s",
 }
 
+_BYTES = ("sm-threshold", "fabric-threshold", "chunk")
+
 
 def get(key: str):
     value = dask.config.get(f"dask-pmix.comm.{key}", DEFAULTS[key])
-    if key in ("mpi-threshold", "chunk"):
+    if key in _BYTES:
         return parse_bytes(value) if isinstance(value, str) else int(value)
+    if key == "fabric":
+        return value in (True, 1) or (isinstance(value, str) and value.lower() in ("true", "yes", "1"))
     return parse_timedelta(value, default="seconds")

@@ -1,15 +1,18 @@
 """The transport negotiation at the start of every tcp+mpi connection, over its TCP stream, before
-Dask's own handshake: do both ends use MPI for this connection, over which pair communicator,
-and with which tags?
+Dask's own handshake: does this connection move frames over MPI, on which path (paths.py), over
+which pair communicator, and with which tags?
 
-    connector -> listener   {"epoch": E, "rank": r}       ({"epoch": None}: not in a pool)
-    listener  -> connector  {"mpi": true, "rank": r', "pairs": [names it holds with r], "tag": t'}
+    connector -> listener   {"epoch": E, "rank": r, "local": [...], "fabric": f}   ({"epoch": None}: not in a pool)
+    listener  -> connector  {"mpi": true, "path": p, "rank": r', "local": [...], "fabric": f',
+                             "pairs": [names it holds with r], "tag": t'}
                             or {"mpi": false, "why": ..., "epoch": E' or None, "starting": bool}
     connector -> listener   {"mpi": true, "pair": name, "tag": t}  or {"mpi": false, "why": ...}
 
-One round trip more than tcp:// for every connection (scheduler and clients included, whose
-connections to workers are few and pooled), one and a half between pool ranks, plus building the
-pair's communicator the first time two processes meet.
+Both ends choose the path from the same two descriptions (paths.choose is symmetric), so a pair
+without an MPI path is answered at once and stays a plain TCP connection: no pair communicator,
+no progress engine. One round trip more than tcp:// for every connection (scheduler and clients
+included, whose connections to workers are few and pooled), one and a half between pool ranks
+with an MPI path, plus building the pair's communicator the first time two processes meet.
 
 A TCP answer may only be for now: the connector was not in the pool yet but the listener is
 (epoch E'), or the listener is still joining ("starting"). The connector's comm then remembers
@@ -35,6 +38,7 @@ from . import stats
 from .engine import Engine
 from .link import PoolLink, current_link, pool_starting
 from .pairs import peer_index, registry_for
+from .paths import Path, choose, describe, why_not
 
 MAGIC = b"DPMX"
 _HEAD = struct.Struct("<4sI")
@@ -72,6 +76,8 @@ class Route:
     recv_tag: int
     pair: str
     peer_rank: int
+    path: Path
+    peer_pid: Optional[int] = None  # on the sm path (one host): the peer's process, to tell a death at once
 
 
 async def _write(stream, body: dict) -> None:
@@ -116,17 +122,27 @@ def _fallback(why: str) -> None:
 async def offer(stream, timeout: float, chunk_bytes: int) -> tuple[Optional[Route], Optional[Revisit]]:
     """Connector side: the MPI route, or None for a TCP connection and when to revisit that."""
     link = current_link()
-    await _write(stream, {"epoch": link.epoch if link else None, "rank": link.rank if link else None})
+    mine = describe(link)
+    await _write(stream, mine)
     reply = await asyncio.wait_for(_read(stream), timeout)
     if not reply.get("mpi"):
         why = str(reply.get("why", "peer"))
         _fallback(why)
+        if link is not None and reply.get("epoch") is not None:
+            stats.path("tcp")  # two pool workers without an MPI path between them
         if reply.get("starting"):
             return None, Revisit(after=time.monotonic() + REVISIT_AFTER)
         if link is None and reply.get("epoch") is not None:
             return None, Revisit(epoch=str(reply["epoch"]))
         return None, None
     peer = int(reply["rank"])
+    path = choose(mine, reply)
+    if path is None or path.name != reply.get("path"):
+        # The two ends see the pair differently (settings that differ between workers): TCP.
+        await _write(stream, {"mpi": False, "why": "path-mismatch"})
+        _fallback("path-mismatch")
+        stats.path("tcp")
+        return None, None
     reg = registry_for(link)
     tag = None if reg.broken(peer) else reg.alloc_tag(peer)
     if tag is None:
@@ -148,31 +164,37 @@ async def offer(stream, timeout: float, chunk_bytes: int) -> tuple[Optional[Rout
     fut = reg.start(name, peer, reserved=reserved)
     await _write(stream, {"mpi": True, "pair": name, "tag": tag})
     comm = await _built(reg, fut, peer, timeout)
-    return Route(_engine(link, chunk_bytes), comm, peer_index(link.rank, peer), int(reply["tag"]), tag, name, peer), None
+    stats.path(path.name)
+    return Route(_engine(link, chunk_bytes), comm, peer_index(link.rank, peer), int(reply["tag"]), tag, name, peer,
+                 path, _pid(reply)), None
 
 
 async def answer(stream, timeout: float, chunk_bytes: int) -> Optional[Route]:
     """Listener side. Returns the MPI route, or None for a TCP connection."""
     hello = await asyncio.wait_for(_read(stream), timeout)
     link = current_link()
-    mine = {"epoch": link.epoch if link else None, "starting": link is None and pool_starting()}
-    if hello.get("epoch") is None or link is None or link.epoch != hello["epoch"]:
-        why = ("connector-no-pool" if hello.get("epoch") is None else "no-pool" if link is None else "other-epoch")
-        await _write(stream, {"mpi": False, "why": why, **mine})
+    me = describe(link)
+    status = {"epoch": me["epoch"], "starting": link is None and pool_starting()}
+    path = choose(me, hello)
+    if path is None:
+        why = why_not(me, hello)
+        await _write(stream, {"mpi": False, "why": why, **status})
         _fallback(why)
+        if me["epoch"] is not None and hello.get("epoch") is not None:
+            stats.path("tcp")  # two pool workers without an MPI path between them
         return None
     peer = int(hello["rank"])
     reg = registry_for(link)
     tag = None if reg.broken(peer) else reg.alloc_tag(peer)
     if tag is None:
-        await _write(stream, {"mpi": False, "why": "listener", **mine})
+        await _write(stream, {"mpi": False, "why": "listener", **status})
         _fallback("pair-unusable")
         return None
     # Whether a new pair communicator may be built here now (no job runs: activation.py); held
     # until the connector's choice says whether it is needed.
     reserved = GATE.reserve_pair()
     try:
-        await _write(stream, {"mpi": True, "rank": link.rank, "pairs": reg.names(peer), "tag": tag,
+        await _write(stream, {"mpi": True, "path": path.name, **me, "pairs": reg.names(peer), "tag": tag,
                               "can_build": reserved is not None})
         choice = await asyncio.wait_for(_read(stream), timeout)
     except BaseException:
@@ -185,7 +207,14 @@ async def answer(stream, timeout: float, chunk_bytes: int) -> Optional[Route]:
     name = str(choice["pair"])
     # start() lets the reservation go when the communicator exists or another connection builds it.
     comm = await _built(reg, reg.start(name, peer, reserved=reserved), peer, timeout)
-    return Route(_engine(link, chunk_bytes), comm, peer_index(link.rank, peer), int(choice["tag"]), tag, name, peer)
+    stats.path(path.name)
+    return Route(_engine(link, chunk_bytes), comm, peer_index(link.rank, peer), int(choice["tag"]), tag, name, peer,
+                 path, _pid(hello))
+
+
+def _pid(desc: dict) -> Optional[int]:
+    pid = desc.get("pid")
+    return int(pid) if isinstance(pid, int) and pid > 0 else None
 
 
 async def _built(reg, fut, peer: int, timeout: float):

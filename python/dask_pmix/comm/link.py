@@ -24,6 +24,7 @@ class PoolLink:
     MPI: Any                                       # mpi4py.MPI, initialised through a session
     create_comm: Callable[[list, str], Any]        # blocking, collective over the ranks: (ranks, tag) -> Intracomm
     session: Any = None                            # kept alive as long as the link
+    local_peers: frozenset = frozenset()           # the epoch's ranks that share memory with this one (itself included)
 
 
 _override: Optional[PoolLink] = None
@@ -54,7 +55,44 @@ def _from_pool() -> Optional[PoolLink]:
     _watch_pool_close(pool)
     # Two processes share communicators only within one epoch: its PMIx namespace names it.
     return PoolLink(epoch=f"{member.namespace}#{member.epoch}", rank=int(member.rank), MPI=member.MPI,
-                    create_comm=member.comm, session=member.session)
+                    create_comm=member.comm, session=member.session, local_peers=_shared_of(member))
+
+
+_shared: dict[int, frozenset] = {}
+
+
+def _shared_of(member) -> frozenset:
+    """The pool ranks Open MPI put on this process's node (its shared-memory process set, i.e. the
+    PMIX_LOCAL_PEERS it read at initialisation): the processes its sm transport can reach. Asked
+    once per session."""
+    key = id(member.session)
+    got = _shared.get(key)
+    if got is None:
+        got = _shared[key] = shared_ranks(member.MPI, member.session, member.world)
+    return got
+
+
+# Open MPI 5.0.x names the process set of the processes on this node "mpix://SHARED"
+# (instance.c, ompi_group_from_pset); MPI 4.1 names none, and later versions may say "mpi://".
+SHARED_PSETS = ("mpix://SHARED", "mpi://SHARED")
+
+
+def shared_ranks(MPI, session, world) -> frozenset:
+    """WORLD ranks of the session's shared-memory process set (just this process's if the
+    library names none)."""
+    for name in SHARED_PSETS:
+        try:
+            shared = session.Create_group(name)
+            break
+        except Exception:  # noqa: BLE001 - not this library's name for it
+            continue
+    else:
+        return frozenset({world.Get_rank()})
+    try:
+        ranks = shared.Translate_ranks(list(range(shared.Get_size())), world)
+        return frozenset(int(r) for r in ranks if r != MPI.UNDEFINED)
+    finally:
+        shared.Free()
 
 
 _watching = False
@@ -108,7 +146,8 @@ def join_launcher_world() -> PoolLink:
             group.Free()
 
     epoch = os.environ.get("PMIX_NAMESPACE") or f"launcher-{os.getppid()}"
-    return PoolLink(epoch=epoch, rank=world.Get_rank(), MPI=MPI, create_comm=create_comm, session=session)
+    return PoolLink(epoch=epoch, rank=world.Get_rank(), MPI=MPI, create_comm=create_comm, session=session,
+                    local_peers=shared_ranks(MPI, session, world))
 
 
 def leave_launcher_world(link: PoolLink) -> None:

@@ -2,6 +2,7 @@
 
 Bytes are counted where they physically went ("tcp": the connection's socket, "mpi": MPI
 point-to-point); a message counts under "mpi" when at least one of its frames went over MPI.
+"paths" counts the connections between two pool workers by the path they chose (paths.py).
 Read them in a worker with dask_pmix.comm_stats(); workers also report them as the
 "dask_pmix_comm" worker metric (scheduler side: WorkerState.metrics).
 """
@@ -51,6 +52,16 @@ _TCP_MSG_SENT, _MPI_MSG_SENT = ("tcp", "messages_sent"), ("mpi", "messages_sent"
 _TCP_MSG_RECV, _MPI_MSG_RECV = ("tcp", "messages_received"), ("mpi", "messages_received")
 
 
+PATHS = ("sm", "fabric", "tcp")
+
+
+def path(name: str) -> None:
+    """A connection between two pool workers chose its path (paths.py): "tcp" when its frames
+    stay in the TCP stream."""
+    with _lock:
+        _counts[("paths", name)] += 1
+
+
 def note(event: str, n: int = 1) -> None:
     """Events that are not per transport: fallbacks and their reasons, communicators built."""
     with _lock:
@@ -58,10 +69,12 @@ def note(event: str, n: int = 1) -> None:
 
 
 def comm_stats() -> dict:
-    """{"tcp": {...}, "mpi": {...}, "events": {...}}: counters since the process started."""
+    """{"tcp": {...}, "mpi": {...}, "paths": {...}, "events": {...}}: counters since the process
+    started. "paths": connections between two pool workers by the path they chose (paths.py)."""
     with _lock:
         items = list(_counts.items())
     out: dict = {t: dict.fromkeys(FIELDS, 0) for t in TRANSPORTS}
+    out["paths"] = dict.fromkeys(PATHS, 0)
     out["events"] = {}
     for (group, name), value in items:
         out.setdefault(group, {})[name] = value

@@ -1,5 +1,6 @@
 """The tcp+mpi:// scheme: Dask connections that are TCP connections, whose bulk frames move over
-MPI point-to-point when both ends are ranks of the same pool epoch.
+MPI point-to-point when both ends are ranks of the same pool epoch and MPI has a path between them
+that beats the TCP stream (paths.py).
 
 The TCP connection stays open for the connection's whole life. It carries the negotiation
 (hello.py), Dask's handshake, every message's block (framing.py) and so the order of messages;
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import struct
 import time
@@ -57,6 +59,19 @@ async def _read_exact(stream, n: int) -> memoryview:
     return buf
 
 
+def _process_gone(pid) -> bool:
+    """Whether the process pid (of this host) has ended."""
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # it exists (another user's) or cannot be asked
+    return False
+
+
 def _settle_from_thread(loop, fut):
     def done(error):
         loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(error))
@@ -64,9 +79,9 @@ def _settle_from_thread(loop, fut):
 
 
 class TCPMPI(TCP):
-    """One Dask connection. Without a route (a peer outside this process's pool epoch) it is a
-    plain TCP connection with this module's framing; with one, frames of at least the MPI
-    threshold go over the pair communicator."""
+    """One Dask connection. Without a route (a peer outside this process's pool epoch, or one that
+    MPI reaches no faster than TCP) it is a plain TCP connection with this module's framing; with
+    one, frames of at least the path's threshold go over the pair communicator."""
 
     def __init__(self, stream, local_addr: str, peer_addr: str, deserialize: bool = True):
         super().__init__(stream, local_addr, peer_addr, deserialize)
@@ -75,7 +90,6 @@ class TCPMPI(TCP):
         self._revisit = None        # connector side: when a TCP connection should negotiate again
         self._ops = 0               # reads and writes in progress
         self._last_op = time.monotonic()
-        self._threshold = config.get("mpi-threshold")
         if hasattr(stream, "_dask_pmix_route"):  # negotiated by the listener before the comm existed
             self._use(stream._dask_pmix_route)
 
@@ -122,7 +136,7 @@ class TCPMPI(TCP):
             )
             sizes = [nbytes(f) for f in frames]
             route = self._route
-            where = framing.placement(sizes, self._threshold if route is not None else None)
+            where = framing.placement(sizes, route.path.threshold if route is not None else None)
             tcp_bytes = mpi_bytes = 0
             try:
                 if self.stream is None:
@@ -235,8 +249,9 @@ class TCPMPI(TCP):
 
     async def _await_mpi(self, arrived, transfer) -> None:
         """Wait for a message's MPI frames while watching the TCP connection: once the peer has
-        closed it (or its process died), the frames get config "liveness" seconds more, which a
-        clean close needs (its sends complete as the receives are posted)."""
+        closed it, the frames get config "liveness" seconds more, which a clean close needs (its
+        sends complete as the receives are posted); a peer on this host whose process has ended
+        fails the read at once (Open MPI's shared-memory transport does not report it)."""
         stream = self.stream
         while not arrived.done():
             await asyncio.wait([arrived], timeout=LIVENESS_POLL)
@@ -245,6 +260,8 @@ class TCPMPI(TCP):
             if self._torn:
                 raise CommClosedError(f"in {self!r}: closed while receiving MPI frames")
             if not _peer_connected(stream):
+                if _process_gone(self._route.peer_pid):
+                    raise CommClosedError(f"in {self!r}: the peer process died with MPI frames in flight")
                 grace = config.get("liveness")
                 await asyncio.wait([arrived], timeout=grace)
                 if not arrived.done():
