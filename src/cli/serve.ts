@@ -36,7 +36,7 @@ const HELP = `usage: dask-pmix serve [options]
                                                           [DASK_PMIX_POOL_SIZE, default 1024]
   --pool-cohort SECS       workers of one host that join the pool together share memory (a cohort):
                            the first pool epoch is registered once no worker registered or asked
-                           to join for SECS (0: no cohorts)  [DASK_PMIX_POOL_COHORT, default 0]
+                           to join for SECS (0: no cohorts)  [DASK_PMIX_POOL_COHORT, default 0.5]
   --pool-cohort-max SECS   ... at the latest SECS after the first worker asked  [default 10]
   --remote                 accept PMIx clients on other hosts over TCP
   --pmix-if IFACE          interface, subnet or address for remote PMIx clients (implies --remote)
@@ -156,7 +156,7 @@ export async function serve(argv: string[]): Promise<number> {
   const grace = num('release-grace', values['release-grace']);
   const poolSize = num('pool-size', values['pool-size'] ?? env.DASK_PMIX_POOL_SIZE, 1024)!;
   if (!Number.isInteger(poolSize)) throw new Error(`--pool-size must be a whole number, not '${poolSize}'`);
-  const cohort = num('pool-cohort', values['pool-cohort'] ?? env.DASK_PMIX_POOL_COHORT, 0)!;
+  const cohort = num('pool-cohort', values['pool-cohort'] ?? env.DASK_PMIX_POOL_COHORT, 0.5)!;
   const cohortMax = num('pool-cohort-max', values['pool-cohort-max'], 10)!;
   const stateDir = values['state-dir'] ?? env.DASK_PMIX_STATE_DIR;
   if (stateDir) mkdirSync(stateDir, { recursive: true, mode: 0o700 });

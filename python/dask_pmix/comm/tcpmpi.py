@@ -60,16 +60,20 @@ async def _read_exact(stream, n: int) -> memoryview:
 
 
 def _process_gone(pid) -> bool:
-    """Whether the process pid (of this host) has ended."""
+    """Whether the process pid (of this host) has ended: gone, or a zombie its parent (the
+    nanny) has not reaped yet."""
     if pid is None:
         return False
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except FileNotFoundError:
         return True
     except OSError:
-        return False  # it exists (another user's) or cannot be asked
-    return False
+        return False  # cannot be asked: rely on the grace
+    # "pid (comm) state ...": comm may hold spaces and parentheses, the state follows the last ")"
+    state = stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3]
+    return state in (b"Z", b"X", b"x")
 
 
 def _settle_from_thread(loop, fut):
