@@ -61,6 +61,26 @@ export class Metrics {
     });
   }
 
+  /**
+   * The PMIx gate's counters (connections by what became of them) and what waits: handshakes
+   * still being sent, and namespaces of ended jobs whose clients are still connected.
+   */
+  watchGate(gate: () => Readonly<Record<string, number>>, lingeringNamespaces: () => number): void {
+    const registers = [this.registry];
+    new client.Counter({
+      name: 'dask_pmix_gate_connections_total', help: 'Connections to the PMIx gate, by what became of them', labelNames: ['outcome'], registers,
+      collect() {
+        this.reset();
+        for (const [outcome, n] of Object.entries(gate())) if (outcome !== 'pending') this.inc({ outcome }, n);
+      },
+    });
+    new client.Gauge({ name: 'dask_pmix_gate_pending', help: 'Connections still sending their PMIx handshake', registers, collect() { this.set(gate().pending ?? 0); } });
+    new client.Gauge({
+      name: 'dask_pmix_pmix_lingering_namespaces', help: 'Namespaces of ended jobs waiting for their clients to disconnect', registers,
+      collect() { this.set(lingeringNamespaces()); },
+    });
+  }
+
   get contentType(): string {
     return this.registry.contentType;
   }

@@ -31,6 +31,8 @@ export class PmixBackend implements JobBackend {
   private readonly server: PmixServer;
   /** Jobs whose pset is defined in libpmix, to delete it on release. */
   private readonly definedPsets = new Map<string, string>();
+  /** Namespaces of released jobs waiting for their clients to disconnect. */
+  private readonly draining = new Set<string>();
   private closed = false;
 
   constructor(private readonly opts: PmixBackendOptions) {
@@ -145,19 +147,24 @@ export class PmixBackend implements JobBackend {
     const clients = this.opts.clients;
     if (clients.count(job.namespace) === 0) return teardown();
     const drain = async () => {
-      if (await clients.drained(job.namespace, this.opts.drainTimeoutMs ?? 300_000)) return teardown();
-      const lingering = clients.count(job.namespace);
-      const shut = this.server.disconnectClients(job.namespace);
-      this.opts.onError?.('release', new Error(`${lingering} client(s) of ${job.namespace} still connected ${Math.round((this.opts.drainTimeoutMs ?? 300_000) / 1000)} s after the job ended: ${shut} connection(s) shut down`));
-      if (!(await clients.drained(job.namespace, 10_000))) clients.forget(job.namespace);
-      return teardown();
+      const ms = this.opts.drainTimeoutMs ?? 300_000;
+      if (!(await clients.drained(job.namespace, ms))) {
+        const lingering = clients.count(job.namespace);
+        const shut = this.server.disconnectClients(job.namespace);
+        this.opts.onError?.('release', new Error(`${lingering} client(s) of ${job.namespace} still connected ${ms / 1000} s after the job ended: ${shut} connection(s) shut down`));
+        if (!(await clients.drained(job.namespace, 10_000))) clients.forget(job.namespace);
+      }
+      await teardown();
     };
-    void drain().catch((e: unknown) => this.opts.onError?.('deregisterNspace', e));
+    this.draining.add(job.namespace);
+    void drain()
+      .catch((e: unknown) => this.opts.onError?.('deregisterNspace', e))
+      .finally(() => this.draining.delete(job.namespace));
   }
 
-  /** Namespaces whose teardown waits for connected clients. */
-  get lingering(): Record<string, number[]> {
-    return this.opts.clients.snapshot();
+  /** Namespaces of released jobs whose teardown waits for connected clients. */
+  get lingering(): string[] {
+    return [...this.draining];
   }
 
   async close(): Promise<void> {

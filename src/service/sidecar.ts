@@ -160,10 +160,12 @@ export class Sidecar {
     try {
       const ompiEnv = opts.ompiEnv ?? { ...DEFAULT_MEMBER_ENV.openmpi };
       const onError = (what: string, err: unknown) => log.warn({ err, what }, 'PMIx backend call failed');
-      rm.addBackend(new PmixBackend({
+      const backend = new PmixBackend({
         server: pmix, clients, tmpdir: opts.tmpdir, ompiEnv, onError,
         ...(opts.pmixDrainTimeoutMs !== undefined ? { drainTimeoutMs: opts.pmixDrainTimeoutMs } : {}),
-      }));
+      });
+      rm.addBackend(backend);
+      metrics.watchGate(() => pmix.gateStats, () => backend.lingering.length);
       if (opts.poolSize) {
         rm.installPool(opts.poolSize, new PmixPool({ server: pmix, clients, tmpdir: opts.tmpdir, ompiEnv, onError }), opts.poolCohort);
         const t0 = performance.now();
