@@ -134,6 +134,20 @@ def fig_headline(plt, out: Path, file: str, ref: str, ref_label: str, title: str
     return path, caption
 
 
+def _versus(plt, out: Path, name: str, results: list, reference: str, panels: list) -> str:
+    """One panel per operation, dask-pmix against the reference by rank count; each panel is
+    (title, y label, value of ours in a result, value of the reference's)."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(9, 2.6))
+    ranks = [str(r["ranks"]) for r in results]
+    for ax, (title, ylabel, ours, theirs) in zip(axes, panels):
+        _bars(ax, ranks, {"dask-pmix": [ours(r) for r in results], reference: [theirs(r) for r in results]}, ylabel)
+        ax.set_title(title)
+        ax.set_xlabel("ranks")
+    path = _save(fig, out, name)
+    plt.close(fig)
+    return path
+
+
 def fig_pmix(plt, out: Path) -> tuple[str, str]:
     doc = load("pmix.json")
     ops = [
@@ -142,22 +156,11 @@ def fig_pmix(plt, out: Path) -> tuple[str, str]:
         ("dmodex_get_us", "direct-modex get"),
         ("group_us", "group construct"),
     ]
-    fig, axes = plt.subplots(1, len(ops), figsize=(9, 2.6))
-    ranks = [str(r["ranks"]) for r in doc["results"]]
-    for ax, (key, label) in zip(axes, ops):
-        _bars(
-            ax,
-            ranks,
-            {
-                "dask-pmix": [r["ours"][key] for r in doc["results"]],
-                "prterun": [r["prrte"][key] for r in doc["results"]],
-            },
-            "µs (median)" if key == "fence_us" else "",
-        )
-        ax.set_title(label)
-        ax.set_xlabel("ranks")
-    path = _save(fig, out, "pmix")
-    plt.close(fig)
+    panels = [
+        (label, "µs (median)" if i == 0 else "", lambda r, k=key: r["ours"][k], lambda r, k=key: r["prrte"][k])
+        for i, (key, label) in enumerate(ops)
+    ]
+    path = _versus(plt, out, "pmix", doc["results"], "prterun", panels)
     m = doc["machine"]
     caption = (
         f"PMIx operations timed inside the same bare client under the sidecar and under `prterun` "
@@ -170,43 +173,27 @@ def fig_pmix(plt, out: Path) -> tuple[str, str]:
 
 def fig_pmi(plt, out: Path) -> tuple[str, str]:
     doc = load("pmi.json")
-    res = doc["results"]
-    ranks = [str(r["ranks"]) for r in res]
-    fig, axes = plt.subplots(1, 3, figsize=(9, 2.6))
-    _bars(
-        axes[0],
-        ranks,
-        {
-            "dask-pmix": [r["pmi_latency"]["ours"]["barrier_us"] for r in res],
-            "hydra": [r["pmi_latency"]["hydra"]["barrier_us"] for r in res],
-        },
-        "µs (median)",
-    )
-    axes[0].set_title("PMI barrier")
-    _bars(
-        axes[1],
-        ranks,
-        {
-            "dask-pmix": [r["pmi_latency"]["ours"]["put_barrier_get_us"] for r in res],
-            "hydra": [r["pmi_latency"]["hydra"]["put_barrier_get_us"] for r in res],
-        },
-        "",
-    )
-    axes[1].set_title("put + barrier + get")
-    _bars(
-        axes[2],
-        ranks,
-        {
-            "dask-pmix": [r["mpi_init"]["mpich5"]["ours"]["launch_to_last_init_s"] for r in res],
-            "hydra": [r["mpi_init"]["mpich5"]["hydra"]["launch_to_last_init_s"] for r in res],
-        },
-        "s (median)",
-    )
-    axes[2].set_title("MPI_Init, MPICH 5.0.2")
-    for ax in axes:
-        ax.set_xlabel("ranks")
-    path = _save(fig, out, "pmi")
-    plt.close(fig)
+    panels = [
+        (
+            "PMI barrier",
+            "µs (median)",
+            lambda r: r["pmi_latency"]["ours"]["barrier_us"],
+            lambda r: r["pmi_latency"]["hydra"]["barrier_us"],
+        ),
+        (
+            "put + barrier + get",
+            "",
+            lambda r: r["pmi_latency"]["ours"]["put_barrier_get_us"],
+            lambda r: r["pmi_latency"]["hydra"]["put_barrier_get_us"],
+        ),
+        (
+            "MPI_Init, MPICH 5.0.2",
+            "s (median)",
+            lambda r: r["mpi_init"]["mpich5"]["ours"]["launch_to_last_init_s"],
+            lambda r: r["mpi_init"]["mpich5"]["hydra"]["launch_to_last_init_s"],
+        ),
+    ]
+    path = _versus(plt, out, "pmi", doc["results"], "hydra", panels)
     load_ = doc["load_avg_1m"]
     caption = (
         f"PMI-1 wire operations and MPI_Init (launch to the last rank's return) with the same bare client and MPI "
