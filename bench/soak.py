@@ -8,7 +8,8 @@ starts the embedded sidecar, and `dask worker` processes under nannies): one fro
 MPI: in-process by default, and fork), one from .venv-mpich (MPICH, fork), each of 4 workers. The
 jobs mix clusters, modes and sizes 1-4; about a tenth are faults (soaklib/plan.py): kill -9 of a
 member mid-job, MPI_Abort, a rank that hangs (in Python or in MPI) under a run_mpi timeout, a
-silent connection to the sidecar held over several jobs, SIGTERM and kill -9 of the sidecar.
+silent connection to the sidecar held over several jobs, another uid at every port of the sidecar, 300
+silent connections kept open on the PMIx gate during a job, SIGTERM and kill -9 of the sidecar.
 After each fault, the next job on that cluster must succeed. Checked (each a violation when it
 does not hold; --check exits 1 on any):
   - no run_mpi hangs: each returns or raises within its bound (a watchdog thread per job);
@@ -45,6 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 from soaklib import shm  # noqa: E402
+from soaklib.plan import HEALTHY_FAULTS  # noqa: E402
 
 WORKERS = 4
 SAMPLE_EVERY = 10        # RSS and /dev/shm samples every this many jobs (fewer jobs: more often)
@@ -69,6 +71,8 @@ def parse() -> argparse.Namespace:
                     help="the sidecar faults come after this share of the jobs")
     ap.add_argument("--fork-faults", default="",
                     help="fault kinds (comma-separated) that run in fork mode on the Open MPI cluster too")
+    ap.add_argument("--fault-kinds", default="",
+                    help="only these fault kinds (comma-separated; default: all, by soaklib.plan.FAULT_WEIGHTS)")
     ap.add_argument("--out", help="write the JSON here too")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs) even when all holds")
     ap.add_argument("--check", action="store_true", help="exit 1 when an invariant does not hold")
@@ -137,7 +141,7 @@ def final_state(cluster) -> dict:
 def summarize(records: list[dict]) -> dict:
     out: dict = {}
     by_idx = {r["idx"]: r for r in records}
-    healthy = [r for r in records if r["fault"] in (None, "silent")]
+    healthy = [r for r in records if r["fault"] in (None, *HEALTHY_FAULTS)]
     by_kind: dict[str, dict] = {}
     for r in healthy:
         key = f"{r['cluster']}/{r['mode'] or 'default'}"
@@ -189,7 +193,7 @@ def summarize(records: list[dict]) -> dict:
         bad = r["outcome"] not in ("ok", "failed-as-promised") or r.get("members_left_frozen")
         if not bad:
             continue
-        cause = r if r["fault"] not in (None, "silent") else by_idx.get(r.get("follows"), r)
+        cause = r if r["fault"] not in (None, *HEALTHY_FAULTS) else by_idx.get(r.get("follows"), r)
         key = (f"{cause['fault'] or 'healthy job'}@{cause['cluster']}/{cause['mode'] or 'default'}"
                + (" (its next job)" if cause is not r else ""))
         f = findings.setdefault(key, {"jobs": [], "outcomes": {}, "members_left_frozen": 0})
@@ -212,10 +216,14 @@ def violations_of(result: dict, records: list[dict]) -> list[str]:
         where = f"job {r['idx']} ({r['cluster']}, mode {r['mode']}, n={r['n']}, fault {r['fault']})"
         if r["outcome"] == "hung":
             v.append(f"{where}: run_mpi hung (no return within the watchdog's bound)")
-        elif r["fault"] in (None, "silent") and r["outcome"] != "ok":
+        if r.get("stranger", {}).get("harmful"):
+            v.append(f"{where}: another uid got in: {r['stranger']['harmful'][:3]}")
+        if r["outcome"] == "hung":
+            pass
+        elif r["fault"] in (None, *HEALTHY_FAULTS) and r["outcome"] != "ok":
             what = "the next job after a fault" if r.get("follows") is not None else "a healthy job"
             v.append(f"{where}: {what} did not succeed: {r['outcome']} {json.dumps(r.get('error') or r.get('result'))}")
-        elif r["fault"] not in (None, "silent") and r["outcome"] != "failed-as-promised":
+        elif r["fault"] not in (None, *HEALTHY_FAULTS) and r["outcome"] != "failed-as-promised":
             timeline = f", timeline {json.dumps(r['timeline'])}" if r.get("timeline") else ""
             v.append(f"{where}: {r['outcome']} (latency {r.get('latency')} s, bound {r.get('bound')} s{timeline}): "
                      f"{json.dumps(r.get('error'))}")
@@ -269,6 +277,7 @@ def main() -> int:
 
     names = tuple(args.clusters.split(","))
     plan = make_plan(args.jobs, args.faults, args.seed, clusters=names, mpich_share=args.mpich_share,
+                     kinds=tuple(k for k in args.fault_kinds.split(",") if k) or None,
                      fork_share=args.fork_share, sidecar_faults_from=args.sidecar_faults_from,
                      fork_faults=tuple(filter(None, args.fork_faults.split(","))))
     workdir = Path(tempfile.mkdtemp(prefix="dask-pmix-soak-"))
@@ -382,9 +391,9 @@ def main() -> int:
     result["ok"] = not v
     result["invariants"] = {
         "hung_jobs": sum(1 for r in records if r["outcome"] == "hung"),
-        "faults_not_as_promised": sum(1 for r in records if r["fault"] not in (None, "silent")
+        "faults_not_as_promised": sum(1 for r in records if r["fault"] not in (None, *HEALTHY_FAULTS)
                                       and r["outcome"] != "failed-as-promised"),
-        "healthy_jobs_failed": sum(1 for r in records if r["fault"] in (None, "silent") and r["outcome"] != "ok"),
+        "healthy_jobs_failed": sum(1 for r in records if r["fault"] in (None, *HEALTHY_FAULTS) and r["outcome"] != "ok"),
         "next_jobs_failed": sum(1 for r in records if r.get("follows") is not None and r["outcome"] != "ok"),
         "members_left_frozen": sum(len(r.get("members_left_frozen", [])) for r in records),
         "frozen_workers_at_end": sum(len(st["frozen_rest"]) + len(st["frozen_plugin"]) for st in result["final"].values()),

@@ -123,6 +123,14 @@ class DaskCluster:
 
         return self.client.run_on_scheduler(probe)
 
+    def gate_port(self) -> int | None:
+        """The PMIx gate's port (where ranks connect), from the sidecar's start-up log line."""
+        try:
+            ports = re.findall(r'"pmix":"tcp4://[^"]*:(\d+)"', self.sidecar_log.read_text(errors="replace"))
+        except OSError:
+            return None
+        return int(ports[-1]) if ports else None
+
     def libpmix_socket(self) -> str | None:
         """libpmix's own listener behind the gate (a UNIX socket only the sidecar's uid reaches),
         from the sidecar's start-up log line."""

@@ -5,10 +5,12 @@ returns nor raises within it counts as hung (and is left behind, not waited for)
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 import socket
+import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
@@ -17,8 +19,9 @@ from typing import Any, Callable
 
 from dask_pmix import MPIJobError, run_mpi, submit_mpi
 
-from . import bodies
+from . import bodies, stranger
 from .cluster import DaskCluster
+from .flood import Flood
 from .plan import Spec
 from .shm import fd_targets
 
@@ -218,6 +221,10 @@ class Runner:
             if spec.fault == "silent":
                 rec["silent"] = self._open_silent(cluster)
             self._healthy(cluster, spec, n, before, rec)
+        elif spec.fault == "stranger":
+            self._stranger(cluster, spec, n, before, rec)
+        elif spec.fault == "flood":
+            self._flood(cluster, spec, n, before, rec)
         elif spec.fault in ("kill", "abort", "hang-sleep", "hang-mpi"):
             self._member_fault(cluster, spec, n, rec)
         else:
@@ -419,6 +426,52 @@ class Runner:
         except Exception as e:  # noqa: BLE001
             out["read_error"] = str(e)
         return out
+
+    # -- another uid, and a flood of silent connections ---------------------------------------------
+    def _stranger(self, cluster: DaskCluster, spec: Spec, n: int, before: dict, rec: dict) -> None:
+        """Another local uid (nobody) connects to every TCP port the sidecar's process listens on
+        and to libpmix's UNIX socket, and sends each port PMIx handshakes naming a job's and the
+        pool's ranks (its own uid and a lie), a tool's, PMI, HTTP and junk; a job runs meanwhile.
+        Refused or harmless (stranger.harmful), and the job succeeds."""
+        out: dict[str, Any] = {}
+        rec["stranger"] = out
+        if os.getuid() != 0:
+            out["skipped"] = "running as another uid needs root"
+            return self._healthy(cluster, spec, n, before, rec)
+        pid = cluster.sidecar()["pid"]
+        ports = listening_ports(pid)
+        jobs = cluster.rest.jobs()
+        namespace = next((j.get("namespace") for j in reversed(jobs) if j.get("namespace")), "dask-pmix-job-0")
+        pools = [w.get("pool", {}).get("namespace") for w in cluster.rest.workers() if w.get("pool")]
+        plan = {"ports": ports, "paths": [p for p in [cluster.libpmix_socket()] if p], "silent": 20, "wait": 2.0,
+                "payloads": {k: v.hex() for k, v in stranger.payloads(namespace, next(iter(pools), None)).items()}}
+        proc = subprocess.Popen(["/usr/bin/python3", stranger.__file__, json.dumps(plan)], user=stranger.NOBODY,
+                                group=stranger.NOBODY, cwd="/tmp", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self._healthy(cluster, spec, n, before, rec)
+        try:
+            sout, serr = proc.communicate(timeout=120)
+            report = json.loads(sout.strip().splitlines()[-1])
+        except Exception as e:  # noqa: BLE001
+            proc.kill()
+            out["error"] = f"the stranger gave no report: {e!r}"
+            return
+        out.update(ports=ports, uid=report["uid"], held=report["held"], harmful=stranger.harmful(report),
+                   answers={port: {k: a.get("status") if a.get("status") is not None else a.get("error") or a.get("text", "")[:40]
+                                   for k, a in answers.items()} for port, answers in report["ports"].items()},
+                   paths={p: a.get("error") for p, a in report["paths"].items()})
+
+    def _flood(self, cluster: DaskCluster, spec: Spec, n: int, before: dict, rec: dict) -> None:
+        """300 connections that send nothing kept open on the PMIx gate (each one it closes opened
+        again), from the soak's own uid, while a job runs: the job succeeds."""
+        port = cluster.gate_port()
+        if port is None or cluster.name == "mpich":
+            rec["flood"] = {"skipped": "no PMIx gate" if port is None else "an MPICH cluster: no PMIx gate"}
+            return self._healthy(cluster, spec, n, before, rec)
+        flood = Flood(port, 300).start()
+        try:
+            self._healthy(cluster, spec, n, before, rec)
+        finally:
+            rec["flood"] = {"port": port, **flood.stop()}
 
     # -- silent connections -----------------------------------------------------------------------
     def _open_silent(self, cluster: DaskCluster) -> dict:

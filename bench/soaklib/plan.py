@@ -15,10 +15,14 @@ FAULT_WEIGHTS = {
     "hang-sleep": 0.12,    # a rank that sleeps in Python; the job's timeout ends it
     "hang-mpi": 0.12,      # a rank that waits in MPI for a message nobody sends; the timeout ends it
     "silent": 0.16,        # a connection that sends nothing, held open to the sidecar while jobs run
+    "stranger": 0.05,      # another uid connects to every port of the sidecar and sends handshakes, PMI, HTTP, junk
+    "flood": 0.05,         # 300 connections that send nothing kept open on the PMIx gate while a job runs
     "sidecar-term": 0.06,  # SIGTERM of the sidecar mid-job
     "sidecar-kill": 0.06,  # kill -9 of the sidecar mid-job
 }
 SIDECAR_FAULTS = ("sidecar-term", "sidecar-kill")
+# Faults done beside a healthy job, which must succeed all the same.
+HEALTHY_FAULTS = ("silent", "stranger", "flood")
 
 
 def _openmpi_mode(rng: random.Random, fork_share: float) -> str | None:
@@ -36,14 +40,15 @@ class Spec:
     submit: bool = False      # a healthy job through submit_mpi (futures, gathered) instead of run_mpi
 
 
-def fault_counts(n_faults: int) -> dict[str, int]:
-    """Faults per kind: at least one of each when there are enough, the rest by weight."""
-    kinds = list(FAULT_WEIGHTS)
+def fault_counts(n_faults: int, only: tuple[str, ...] | None = None) -> dict[str, int]:
+    """Faults per kind (of `only`, or all): at least one of each when there are enough, the rest by weight."""
+    kinds = [k for k in FAULT_WEIGHTS if only is None or k in only]
     counts = {k: 0 for k in kinds}
     if n_faults >= len(kinds):
         counts = {k: 1 for k in kinds}
     left = n_faults - sum(counts.values())
-    shares = {k: FAULT_WEIGHTS[k] * left for k in kinds}
+    total = sum(FAULT_WEIGHTS[k] for k in kinds)
+    shares = {k: FAULT_WEIGHTS[k] / total * left for k in kinds}
     for k in kinds:
         counts[k] += int(shares[k])
     for k in sorted(kinds, key=lambda k: shares[k] - int(shares[k]), reverse=True)[:n_faults - sum(counts.values())]:
@@ -54,16 +59,20 @@ def fault_counts(n_faults: int) -> dict[str, int]:
 def make_plan(n_jobs: int, fault_fraction: float, seed: int, clusters: tuple[str, ...] = ("openmpi", "mpich"),
               mpich_share: float = 0.3, max_size: int = 4, warmup: int = 10,
               submit_share: float = 0.2, fork_share: float = 1 / 3, sidecar_faults_from: float = 0.75,
-              fork_faults: tuple[str, ...] = ()) -> list[Spec]:
-    """`fork_faults`: fault kinds that run in fork mode on the Open MPI cluster too (never in-process)."""
+              fork_faults: tuple[str, ...] = (), kinds: tuple[str, ...] | None = None) -> list[Spec]:
+    """`fork_faults`: fault kinds that run in fork mode on the Open MPI cluster too (never in-process);
+    `kinds`: only these fault kinds."""
+    unknown = set(kinds or ()) - set(FAULT_WEIGHTS)
+    if unknown:
+        raise ValueError(f"unknown fault kinds: {sorted(unknown)}")
     rng = random.Random(seed)
     n_faults = round(n_jobs * fault_fraction)
-    counts = fault_counts(n_faults)
+    counts = fault_counts(n_faults, kinds)
     # Slots: a fault at i needs i+1 for its next job; faults never adjacent.
     late_start = max(warmup, int(n_jobs * sidecar_faults_from))
-    kinds = [k for k, c in counts.items() for _ in range(c)]
-    early = [k for k in kinds if k not in SIDECAR_FAULTS]
-    late = [k for k in kinds if k in SIDECAR_FAULTS]
+    chosen = [k for k, c in counts.items() for _ in range(c)]
+    early = [k for k in chosen if k not in SIDECAR_FAULTS]
+    late = [k for k in chosen if k in SIDECAR_FAULTS]
     positions: dict[int, str] = {}
 
     def place(kinds_here: list[str], lo: int, hi: int) -> None:
@@ -82,6 +91,8 @@ def make_plan(n_jobs: int, fault_fraction: float, seed: int, clusters: tuple[str
         if kind in SIDECAR_FAULTS:
             done = sum(1 for i, k in positions.items() if k in SIDECAR_FAULTS and i < current)
             return clusters[done % len(clusters)]  # alternate, Open MPI first
+        if kind == "flood" and "openmpi" in clusters:
+            return "openmpi"  # the PMIx gate's flood: only Open MPI jobs come through it
         return "mpich" if rng.random() < mpich_share else "openmpi"
 
     plan: list[Spec] = []

@@ -42,7 +42,7 @@ def test_a_hundred_jobs_with_faults_keep_every_invariant(tmp_path):
     faults = result["summary"]["faults"]
     assert sum(f["count"] for f in faults.values()) == 10, faults
     kinds = {k.split("@")[0] for k in faults}
-    assert kinds == {"kill", "abort", "hang-sleep", "hang-mpi", "silent", "sidecar-term", "sidecar-kill"}, kinds
+    assert kinds == {"kill", "abort", "hang-sleep", "hang-mpi", "silent", "stranger", "flood", "sidecar-term", "sidecar-kill"}, kinds
     assert {k.split("@")[1] for k in faults} == {"openmpi", "mpich"}, faults
     assert len(result["sidecar_faults"]) == 2 and all(f["recovery"]["restarted"] for f in result["sidecar_faults"])
     assert all(flag for flags in inv["rss_flat"].values() for flag in flags if flag is not None), result["rss"]
