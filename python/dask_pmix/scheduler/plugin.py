@@ -143,7 +143,7 @@ class SidecarPlugin(SchedulerPlugin):
         })
         dashboard.install(scheduler)  # the dashboard page, /dask-pmix/
         if dashboard.enabled():  # the workers' comm counters, for the page's traffic view
-            self._traffic = dashboard.TrafficReport(scheduler, lambda batch: self.rest.report_traffic(batch))
+            self._traffic = dashboard.TrafficReport(scheduler, self.rest.report_traffic)
             self._traffic.start()
         self._waits = concurrent.futures.ThreadPoolExecutor(max_workers=1024, thread_name_prefix="dask-pmix-wait")
         for address in list(scheduler.workers):
