@@ -12,8 +12,9 @@
 //   replaced (dup3) by a UNIX listening socket at `path`, in a directory only this uid can enter,
 //   and re-registered in libevent's epoll set as it was (events and data read from
 //   /proc/self/fdinfo). The TCP port is closed; libpmix accepts only what this process hands it.
-// - handOff(fd, handshake): takes a duplicate of an admitted peer's socket. A thread of its own
-//   connects to the UNIX listener and writes the handshake; when libpmix's answer arrives, libpmix
+// - handOff(fd, handshake, tag): takes a duplicate of an admitted peer's socket. A thread of its
+//   own connects to the UNIX listener (from an abstract address, by which it later tells the
+//   descriptor libpmix accepted) and writes the handshake; when libpmix's answer arrives, libpmix
 //   has accepted, validated and registered the connection in one callback on its progress thread
 //   (ptl_base_connection_hdlr.c: _cnct_complete for a client, process_cbfunc for a tool, each
 //   ending with the connection's events added). Then, on that thread again, the descriptor libpmix
@@ -26,6 +27,7 @@
 //   still open; libpmix then sees them end as it would a client that went away.
 #include "handoff.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -34,6 +36,7 @@
 #include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -108,9 +111,12 @@ void ForEachFd(Visit visit) {
   closedir(dir);
 }
 
+// A UNIX socket's address: a path, or an abstract name (a NUL, then bytes that all count).
 std::string UnixName(const sockaddr_un& a, socklen_t len) {
-  if (a.sun_family != AF_UNIX || len <= offsetof(sockaddr_un, sun_path) || a.sun_path[0] == '\0') return {};
-  return std::string(a.sun_path, strnlen(a.sun_path, len - offsetof(sockaddr_un, sun_path)));
+  const size_t off = offsetof(sockaddr_un, sun_path);
+  if (a.sun_family != AF_UNIX || len <= off) return {};
+  if (a.sun_path[0] == '\0') return std::string(a.sun_path, len - off);
+  return std::string(a.sun_path, strnlen(a.sun_path, len - off));
 }
 
 std::string LocalUnixName(int fd) {
@@ -168,11 +174,10 @@ int EpollWatching(int fd) {
   return found;
 }
 
-// Replaces what `fd` refers to by `with` in the epoll set `epfd`, keeping its entry (events and
-// data) as it was. `with` stays open; the old file is closed unless something else holds it.
-bool Replace(int epfd, int fd, int with) {
-  epoll_event ev{};
-  if (!EpollEntry(epfd, fd, &ev)) return false;
+// Replaces what `fd` refers to by `with` in the epoll set `epfd`, keeping its entry `ev` (events
+// and data, as EpollEntry read them). `with` stays open; the old file is closed unless something
+// else holds it.
+bool Replace(int epfd, int fd, int with, epoll_event ev) {
   // Deleted first: were the old file still held elsewhere (a child that inherited it), its
   // entry would otherwise stay and keep reporting under this descriptor number.
   if (epoll_ctl(epfd, EPOLL_CTL_DEL, fd, nullptr) != 0) return false;
@@ -187,7 +192,7 @@ std::mutex g_mutex;       // guards what follows, and the hand-off queues
 std::string g_path;       // the UNIX listener libpmix accepts on
 int g_epoll_pmix = -1;    // libevent's epoll set on libpmix's progress thread
 std::set<std::string> g_inflight;  // names of this process's connections being handed off
-int g_next_name = 0;
+uint64_t g_next_name = 0;          // with g_name_key, what names them
 
 // ---- the hand-off thread ---------------------------------------------------------------------
 
@@ -246,6 +251,45 @@ bool Drain(Flow& f, int fd) {
   return true;
 }
 
+// Tells a peer that could not be handed over to connect again (PMIX_ERR_TEMP_UNAVAILABLE, on
+// which libpmix's client retries: see src/pmix/gate.ts).
+void AskToRetry(int s) {
+  uint32_t status = htonl(static_cast<uint32_t>(-1367));
+  if (send(s, &status, sizeof status, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) { /* it has gone */ }
+}
+
+// A name for our end of a connection to libpmix's listener, so that the descriptor libpmix
+// accepts can be told by its peer's name: abstract (no file to make and remove), and not to be
+// guessed by another process (that could take it first).
+std::string NextName() {
+  static const uint64_t key = [] {
+    uint64_t k = 0;
+    if (getrandom(&k, sizeof k, 0) != sizeof k) k = static_cast<uint64_t>(NowMs()) ^ (static_cast<uint64_t>(getpid()) << 32);
+    return k;
+  }();
+  char buf[80];
+  std::lock_guard<std::mutex> lock(g_mutex);
+  int n = std::snprintf(buf, sizeof buf, "%cdask-pmix-gate-%d-%016llx-%llu", '\0', static_cast<int>(getpid()),
+                        static_cast<unsigned long long>(key), static_cast<unsigned long long>(g_next_name++));
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+// Opens our connection to libpmix's listener for `conn`; false (errno set) when it cannot.
+bool Open(Conn* conn, const std::string& listener) {
+  sockaddr_un to{}, self{};
+  if (listener.empty() || listener.size() >= sizeof to.sun_path || conn->name.size() > sizeof self.sun_path) {
+    errno = ENAMETOOLONG;
+    return false;
+  }
+  to.sun_family = self.sun_family = AF_UNIX;
+  std::memcpy(to.sun_path, listener.data(), listener.size());
+  std::memcpy(self.sun_path, conn->name.data(), conn->name.size());
+  conn->c = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  return conn->c >= 0 &&
+         bind(conn->c, reinterpret_cast<sockaddr*>(&self), static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + conn->name.size())) == 0 &&
+         connect(conn->c, reinterpret_cast<sockaddr*>(&to), sizeof to) == 0;
+}
+
 // Reads what `from` has into `f` (only when `f` is empty); false at its end or on an error.
 bool Fill(Flow& f, int from) {
   if (!f.buf.empty()) return true;
@@ -285,7 +329,7 @@ bool Swap(Conn* conn, int accepted, const std::string& listener, int epfd) {
     said.buf.resize(at + (n > 0 ? static_cast<size_t>(n) : 0));
     if (n <= 0) break;
   }
-  if (!Replace(epfd, accepted, conn->s)) {
+  if (!Replace(epfd, accepted, conn->s, ev)) {
     // Nothing changed for libpmix; the relay passes on what it said.
     conn->toPeer = std::move(said);
     return false;
@@ -411,9 +455,21 @@ void Loop() {
           closeAll = g_close_all;
           g_close_all = false;
         }
+        std::string listener;
+        {
+          std::lock_guard<std::mutex> lock(g_mutex);
+          listener = g_path;
+        }
         for (auto& f : fresh) {
           Conn* c = f.get();
           conns.push_back(std::move(f));
+          if (!Open(c, listener)) {
+            // libpmix's backlog is full or its listener gone: the peer tries again later.
+            AskToRetry(c->s);
+            g_dropped++;
+            finish(c);
+            continue;
+          }
           watch(c, c->c, EPOLLOUT, EPOLL_CTL_ADD);
           watch(c, c->s, EPOLLRDHUP, EPOLL_CTL_ADD);
         }
@@ -556,7 +612,9 @@ Napi::Value SecureListener(const Napi::CallbackInfo& info) {
     } else {
       // No connection reaches the TCP port any more, even if something else holds it.
       shutdown(tcp, SHUT_RDWR);
-      if (!Replace(epfd, tcp, u)) error = std::string("cannot put the UNIX listener in its place: ") + strerror(errno);
+      epoll_event ev{};
+      if (!EpollEntry(epfd, tcp, &ev) || !Replace(epfd, tcp, u, ev))
+        error = std::string("cannot put the UNIX listener in its place: ") + strerror(errno);
     }
     std::lock_guard<std::mutex> lock(result->m);
     result->error = error;
@@ -584,45 +642,29 @@ Napi::Value SecureListener(const Napi::CallbackInfo& info) {
 }
 
 // handOff(fd, handshake, tag): see the top of this file. The caller closes its own `fd` afterwards.
+// The connection to libpmix is made on the hand-off thread; a peer it fails for is asked to retry.
 Napi::Value HandOff(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   if (info.Length() < 3 || !info[0].IsNumber() || !info[1].IsBuffer() || !info[2].IsString())
     throw Napi::TypeError::New(env, "handOff(fd, handshake, tag)");
-  int fd = info[0].As<Napi::Number>().Int32Value();
-  Napi::Buffer<char> first = info[1].As<Napi::Buffer<char>>();
-  std::string listener;
-  std::string name;
   {
     std::lock_guard<std::mutex> lock(g_mutex);
-    listener = g_path;
-    name = Dirname(g_path) + "/c" + std::to_string(g_next_name++);
+    if (g_path.empty()) throw Napi::Error::New(env, "handOff: libpmix's listener has not been secured");
   }
-  if (listener.empty()) throw Napi::Error::New(env, "handOff: libpmix's listener has not been secured");
-  sockaddr_un to{}, self{};
-  if (!MakeAddress(listener, &to) || !MakeAddress(name, &self)) throw Napi::Error::New(env, "handOff: a socket path is too long");
+  int fd = info[0].As<Napi::Number>().Int32Value();
+  Napi::Buffer<char> first = info[1].As<Napi::Buffer<char>>();
   auto conn = std::make_unique<Conn>();
-  conn->name = name;
-  conn->tag = info[2].As<Napi::String>().Utf8Value();
   conn->s = fcntl(fd, F_DUPFD_CLOEXEC, 0);
-  conn->c = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  // Named, so that the descriptor libpmix accepts can be told by its peer's name.
-  unlink(name.c_str());
-  bool ok = conn->s >= 0 && conn->c >= 0 && bind(conn->c, reinterpret_cast<sockaddr*>(&self), sizeof self) == 0 &&
-            connect(conn->c, reinterpret_cast<sockaddr*>(&to), sizeof to) == 0;
-  std::string why = ok ? "" : strerror(errno);
-  unlink(name.c_str());  // the name stays the socket's; the file is not needed
-  if (!ok) {
-    if (conn->s >= 0) close(conn->s);
-    if (conn->c >= 0) close(conn->c);
-    throw Napi::Error::New(env, "handOff: cannot connect to libpmix: " + why);
-  }
+  if (conn->s < 0) throw Napi::Error::New(env, std::string("handOff: dup: ") + strerror(errno));
   fcntl(conn->s, F_SETFL, fcntl(conn->s, F_GETFL) | O_NONBLOCK);
+  conn->name = NextName();
+  conn->tag = info[2].As<Napi::String>().Utf8Value();
   conn->toPmix.buf.assign(first.Data(), first.Data() + first.Length());
   conn->deadline = NowMs() + kAnswerMs;
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     Start();
-    g_inflight.insert(name);
+    g_inflight.insert(conn->name);
     g_fresh.push_back(std::move(conn));
   }
   Wake();
