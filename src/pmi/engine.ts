@@ -67,6 +67,7 @@ interface NativeEngine {
   reply(conn: number, seq: number, text: string | null, close: boolean): void;
   closeConn(conn: number): void;
   stop(): void;
+  ref(on: boolean): void;
 }
 
 interface EngineBinding {
@@ -144,6 +145,8 @@ export class PmiEngine {
     state: AdoptState, leftover: string,
   ): void {
     this.native.adopt(fd, conn, job.id, rank, state, leftover);
+    // While it holds connections the engine keeps the process alive, as their sockets would.
+    if (this.conns.size === 0) this.native.ref(true);
     this.conns.set(conn, handler);
   }
 
@@ -172,7 +175,7 @@ export class PmiEngine {
           continue;
         }
         const handler = this.conns.get(ev.conn);
-        if (ev.type === 'closed') this.conns.delete(ev.conn);
+        if (ev.type === 'closed' && this.conns.delete(ev.conn) && this.conns.size === 0) this.native.ref(false);
         handler?.(ev);
       } catch (e) {
         // One connection's trouble never stops the others' events.

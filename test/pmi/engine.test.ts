@@ -2,7 +2,10 @@
 // the client sent along, PMI-1 replies stay in order across the engine and JavaScript, node
 // attributes wait across ranks, and the core's collective model (deadlines, observers) holds
 // for the fences the engine runs.
+import { spawnSync } from 'node:child_process';
+import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { BINDER, ROOT } from '../helpers/paths.js';
 import { frame2, parse1, parse2, WireClient } from './helpers/wire-client.js';
 import { PmiRmFixture, type FixtureJob } from './helpers/rm-fixture.js';
 
@@ -103,5 +106,31 @@ describe('the native PMI engine', () => {
     expect(await c.cmd2('cmd=finalize;')).toMatchObject({ rc: '0' });
     await fx.waitFor(j.job.id, ['completed']);
     c.close();
+  });
+
+  it('keeps the process alive while it holds connections, as their sockets would', () => {
+    // The listener's close hangs up on a rank the engine serves and waits to hear it closed:
+    // nothing else keeps this process alive meanwhile.
+    const script = `
+      import { ResourceManager } from ${JSON.stringify(join(ROOT, 'dist/src/rm/index.js'))};
+      import { defaultPolicy } from ${JSON.stringify(join(ROOT, 'dist/src/policy/index.js'))};
+      import { PmiBackend } from ${JSON.stringify(join(ROOT, 'dist/src/service/pmi-backend.js'))};
+      import { spawn } from 'node:child_process';
+      const rm = new ResourceManager({ policy: defaultPolicy({ releaseGraceMs: 100 }) });
+      const backend = await PmiBackend.start({ rm, topology: false });
+      rm.addBackend(backend);
+      rm.registerWorker({ id: 'w', host: 'localhost' });
+      const job = await rm.createJob({ impl: 'mpich', members: ['w'] });
+      const running = new Promise((resolve) => rm.events.subscribe(({ event: e }) => e.kind === 'jobStateChanged' && e.to === 'running' && resolve()));
+      const rank = spawn(${JSON.stringify(BINDER)}, ['sleep', '5'], { env: rm.memberEnv(job.id, 'w').env, stdio: 'ignore' });
+      rank.unref();
+      await running;
+      await backend.close();
+      console.log(rm.getJob(job.id).state, rm.getJob(job.id).error);
+      rank.kill();
+    `;
+    const r = spawnSync(process.execPath, ['--input-type=module', '-e', script], { encoding: 'utf8', timeout: 30_000 });
+    expect(r.status, r.stderr).toBe(0);
+    expect(r.stdout).toContain('failed rank 0 (worker w) was lost: its PMI connection closed before PMI finalize');
   });
 });

@@ -40,6 +40,7 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
                            InstanceMethod<&EngineWrap::Reply>("reply"),
                            InstanceMethod<&EngineWrap::CloseConn>("closeConn"),
                            InstanceMethod<&EngineWrap::Stop>("stop"),
+                           InstanceMethod<&EngineWrap::Ref>("ref"),
                        });
   }
 
@@ -120,6 +121,11 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
   }
 
   void CloseConn(const Napi::CallbackInfo& info) { engine(info.Env()).CloseConn(Id(info[0])); }
+
+  // ref(true | false): whether the engine keeps the event loop alive.
+  void Ref(const Napi::CallbackInfo& info) {
+    if (engine_) engine_->Ref(info.Env(), info[0].ToBoolean());
+  }
 
   void Stop(const Napi::CallbackInfo&) {
     if (engine_) engine_->Stop();

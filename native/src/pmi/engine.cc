@@ -46,6 +46,8 @@ const char* FrameKindName(Frame::Kind k) {
 
 }  // namespace
 
+void DeliverBatch(Napi::Env env, Napi::Function callback, const std::vector<Event>& events);
+
 Napi::String Latin1(Napi::Env env, std::string_view s) {
   napi_value v;
   NAPI_THROW_IF_FAILED(env, napi_create_string_latin1(env, s.data(), s.size(), &v), Napi::String());
@@ -62,8 +64,9 @@ std::string FromLatin1(Napi::Value v) {
   return s;
 }
 
-void DeliverEvents(Napi::Env env, Napi::Function callback, Outbox* outbox, void*) {
-  if (env == nullptr || outbox == nullptr) return;
+void DeliverEvents(Napi::Env env, Napi::Function callback, OutboxRef* ref, void*) {
+  if (env == nullptr || ref == nullptr) return;
+  Outbox* outbox = ref->get();
   std::vector<Event> events;
   {
     std::lock_guard<std::mutex> lock(outbox->mutex);
@@ -71,6 +74,18 @@ void DeliverEvents(Napi::Env env, Napi::Function callback, Outbox* outbox, void*
     outbox->scheduled = false;
   }
   if (events.empty()) return;
+  // Nothing may escape into the thread-safe function's caller: a throw there ends the process.
+  try {
+    DeliverBatch(env, callback, events);
+  } catch (const Napi::Error& e) {
+    // The callback threw: it becomes the process's uncaught exception, as any callback's would
+    // (unless the environment is going away, when there is no one left to tell).
+    bool pending = false;
+    if (!e.IsEmpty() && napi_is_exception_pending(env, &pending) == napi_ok && !pending) napi_throw(env, e.Value());
+  }
+}
+
+void DeliverBatch(Napi::Env env, Napi::Function callback, const std::vector<Event>& events) {
   Napi::HandleScope scope(env);
   Napi::Array out = Napi::Array::New(env, events.size());
   uint32_t i = 0;
@@ -113,19 +128,24 @@ void DeliverEvents(Napi::Env env, Napi::Function callback, Outbox* outbox, void*
   callback.Call({out});
 }
 
-Engine::Engine(Napi::Env env, Napi::Function onEvents, bool trace) : outbox_(new Outbox), trace_(trace) {
+Engine::Engine(Napi::Env env, Napi::Function onEvents, bool trace) : outbox_(std::make_shared<Outbox>()), trace_(trace) {
   epoll_ = epoll_create1(EPOLL_CLOEXEC);
   wake_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (epoll_ < 0 || wake_ < 0) {
-    delete outbox_;
     throw Napi::Error::New(env, std::string("PMI engine: ") + strerror(errno));
   }
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.u64 = 0;
   epoll_ctl(epoll_, EPOLL_CTL_ADD, wake_, &ev);
-  tsfn_ = Tsfn::New(env, onEvents, "dask-pmix-pmi-engine", 0, 1, outbox_, [](Napi::Env, void*, Outbox* o) { delete o; });
-  // The engine alone does not keep the process alive: its owner (the listener) does.
+  tsfn_ = Tsfn::New(env, onEvents, "dask-pmix-pmi-engine", 0, 1, new OutboxRef(outbox_), [](Napi::Env, void*, OutboxRef* o) {
+    {
+      std::lock_guard<std::mutex> lock((*o)->mutex);
+      (*o)->finalized = true;
+    }
+    delete o;
+  });
+  // Idle, the engine does not keep the process alive; with connections it does (Ref).
   tsfn_.Unref(env);
   thread_ = std::thread([this] { Loop(); });
 }
@@ -143,7 +163,18 @@ void Engine::Stop(bool release) {
   jobs_.clear();
   close(epoll_);
   close(wake_);
-  if (release) tsfn_.Release();
+  bool finalized;
+  {
+    std::lock_guard<std::mutex> lock(outbox_->mutex);
+    finalized = outbox_->finalized;
+  }
+  if (release && !finalized) tsfn_.Release();
+}
+
+void Engine::Ref(Napi::Env env, bool ref) {
+  if (stopped_) return;
+  if (ref) tsfn_.Ref(env);
+  else tsfn_.Unref(env);
 }
 
 void Engine::Post(std::function<void()> work) {
@@ -267,18 +298,12 @@ Engine::Conn* Engine::Find(uint64_t id) {
 }
 
 void Engine::Emit(Event ev, bool urgent) {
-  bool call = false;
-  {
-    std::lock_guard<std::mutex> lock(outbox_->mutex);
-    outbox_->events.push_back(std::move(ev));
-    if (!outbox_->scheduled && (urgent || outbox_->events.size() >= kMaxLazy)) {
-      outbox_->scheduled = true;
-      call = true;
-    }
-  }
-  if (call && tsfn_.NonBlockingCall() != napi_ok) {
-    std::lock_guard<std::mutex> lock(outbox_->mutex);
-    outbox_->scheduled = false;
+  // Under the lock, so that the thread-safe function is not finalized during the call.
+  std::lock_guard<std::mutex> lock(outbox_->mutex);
+  if (outbox_->finalized) return;
+  outbox_->events.push_back(std::move(ev));
+  if (!outbox_->scheduled && (urgent || outbox_->events.size() >= kMaxLazy)) {
+    outbox_->scheduled = tsfn_.NonBlockingCall() == napi_ok;
   }
 }
 

@@ -54,20 +54,22 @@ struct Event {
   const char* dir = "";
 };
 
-// Events cross to JavaScript through here; it outlives the engine until the thread-safe
-// function is finalized.
+// Events cross to JavaScript through here. The engine and the thread-safe function share it:
+// Node may finalize the function first (at exit), after which the engine calls it no more.
 struct Outbox {
   std::mutex mutex;
   std::vector<Event> events;
   bool scheduled = false;
+  bool finalized = false;
 };
+using OutboxRef = std::shared_ptr<Outbox>;
 
 // Wire bytes to and from JavaScript strings, one character per byte, as src/pmi holds them.
 Napi::String Latin1(Napi::Env env, std::string_view s);
 std::string FromLatin1(Napi::Value v);
 
 // Runs on the JavaScript thread: hands the batched events to the engine's callback.
-void DeliverEvents(Napi::Env env, Napi::Function callback, Outbox* outbox, void* unused);
+void DeliverEvents(Napi::Env env, Napi::Function callback, OutboxRef* outbox, void* unused);
 
 struct ConnState {
   bool escapes = false;
@@ -80,7 +82,7 @@ struct ConnState {
 
 class Engine {
  public:
-  using Tsfn = Napi::TypedThreadSafeFunction<Outbox, void, DeliverEvents>;
+  using Tsfn = Napi::TypedThreadSafeFunction<OutboxRef, void, DeliverEvents>;
 
   Engine(Napi::Env env, Napi::Function onEvents, bool trace);
   ~Engine();
@@ -99,6 +101,8 @@ class Engine {
   void CloseConn(uint64_t conn);
   // Ends the thread; connections still open are closed without being reported.
   void Stop(bool release = true);
+  // Whether the engine keeps Node's event loop alive (while it holds connections, as sockets do).
+  void Ref(Napi::Env env, bool ref);
 
   // ---- the engine's thread: used by session.cc ----
   struct Conn;
@@ -157,7 +161,7 @@ class Engine {
   void Trace(const Conn& c, const char* dir, std::string text);
   void Expire();
 
-  Outbox* outbox_;  // owned by the thread-safe function
+  OutboxRef outbox_;
   Tsfn tsfn_;
   bool trace_;
   int epoll_ = -1;
