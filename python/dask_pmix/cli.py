@@ -1,5 +1,6 @@
 """The `dask-pmix` console script: `serve` and `--version` run the sidecar's CLI on Node, `demo`
-runs the demo in this Python environment."""
+runs the demo in this Python environment, `exec PROGRAM ...` becomes the native binder that
+starts a plain MPICH / Intel MPI program as a job member (no Node, nothing else imported)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,16 @@ from .errors import SidecarError
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["exec"]:
+        from .launcher import binder
+
+        try:
+            path = binder()
+        except SidecarError as e:
+            print(f"dask-pmix: {e}", file=sys.stderr)
+            return 1
+        sys.stdout.flush()
+        os.execv(path, [path, *argv[1:]])
     if argv[:1] == ["demo"]:
         from .demo import main as demo
 

@@ -16,6 +16,8 @@ from .errors import SidecarError
 PACKAGE_DIR = Path(__file__).resolve().parent
 MAIN_JS = Path("dist", "src", "cli", "main.js")
 ADDON = Path("native", "build", "Release", "dask_pmix_native.node")
+# `dask-pmix exec`'s binder (native/exec/dask_pmix_exec.c), built and shipped beside the addon.
+BINDER = Path("native", "build", "Release", "dask-pmix-exec")
 # Node-API 8 and the sidecar's own code need Node 20.17 or newer (package.json "engines").
 MIN_NODE = (20, 17)
 
@@ -26,6 +28,16 @@ def sidecar_root() -> Path:
         if (root / MAIN_JS).is_file():
             return root
     raise SidecarError(0, "this dask-pmix has no built sidecar: install the dask-pmix wheel "
+                          "(pip install dask-pmix), or in a checkout run scripts/setup.sh")
+
+
+def binder() -> str:
+    """The binder that starts a plain MPICH / Intel MPI program as a job member: the wheel's copy,
+    else the checkout's."""
+    for root in (PACKAGE_DIR / "_sidecar", PACKAGE_DIR.parents[1]):
+        if os.access(root / BINDER, os.X_OK):
+            return str(root / BINDER)
+    raise SidecarError(0, "this dask-pmix has no built binder (dask-pmix exec): install the dask-pmix wheel "
                           "(pip install dask-pmix), or in a checkout run scripts/setup.sh")
 
 

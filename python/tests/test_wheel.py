@@ -78,6 +78,18 @@ def test_console_script_reports_versions(fresh_venv):
     assert out.stdout.splitlines() == [f"dask-pmix {version}", "PMIx 5.0.11"]
 
 
+def test_console_script_execs_the_binder(fresh_venv):
+    """`dask-pmix exec` is the wheel's native binder: without a member's environment it just runs
+    the program; with one naming no job it refuses with the server's reason."""
+    exe = str(fresh_venv / "bin" / "dask-pmix")
+    out = subprocess.run([exe, "exec", "/bin/sh", "-c", "echo plain; exit 7"], env=_env(fresh_venv),
+                         cwd=fresh_venv.parent, capture_output=True, text=True, timeout=60)
+    assert (out.returncode, out.stdout) == (7, "plain\n"), out.stderr
+    out = subprocess.run([exe, "exec", "/bin/true"], env={**_env(fresh_venv), "PMI_PORT": "127.0.0.1:1", "PMI_ID": "0" * 32},
+                         cwd=fresh_venv.parent, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 3 and "cannot reach the PMI server at 127.0.0.1:1" in out.stderr, out.stderr
+
+
 def run_cluster_and_client(venv: Path) -> tuple[dict, dict]:
     """Scheduler (with the preload), two workers and a client, each a process of `venv` alone;
     returns what the client printed, and the sidecar's executable and mapped files."""
