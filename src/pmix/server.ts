@@ -210,8 +210,9 @@ export class PmixServer {
     const m = /tcp4:\/\/127\.0\.0\.1:(\d+)/.exec(uri);
     if (!m) throw new Error(`libpmix does not listen on IPv4 loopback (its URI is '${uri}')`);
     this.innerUri = m[0];
-    // mkdtemp makes the directory 0700: only this uid can connect to the socket in it.
-    this.listenerDir = mkdtempSync(join(tmpdir(), 'dask-pmix-pmix-'));
+    // mkdtemp makes the directory 0700: only this uid can connect to the socket in it. A UNIX
+    // socket's path has at most 107 bytes: a longer TMPDIR gives way to /tmp.
+    this.listenerDir = mkdtempSync(join(tmpdir().length <= 80 ? tmpdir() : '/tmp', 'dask-pmix-pmix-'));
     try {
       this.native.secureListener(Number(m[1]), join(this.listenerDir, 'l'));
     } catch (err) {
