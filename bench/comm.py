@@ -1,5 +1,9 @@
 """The tcp+mpi:// comm backend against tcp://, side by side in one run, on one host.
 
+0. The physical limit: numpy's copy of a 64 MiB array in the receiving worker (into fresh memory
+   and into memory already touched), so that each scheme's get_data throughput can be read as a
+   fraction of one memory copy.
+
 1. get_data between two workers: the SAME two worker processes, each listening on tcp+mpi://
    (its identity) and on an extra tcp:// listener; worker A fetches numpy arrays of 1 KiB, 1 MiB,
    64 MiB and 512 MiB held by worker B with distributed's own get_data_from_worker, through
@@ -144,7 +148,34 @@ async def _fetch(addr: str, key: str, nbytes: int, concurrency: int, iters: int,
             "messages_per_s": calls / wall, "calls": calls, "wall_s": wall}
 
 
-def bench_get_data(client, sizes, concurrencies, budget_bytes):
+ROUNDS = 5  # paired rounds per row: the machine is shared and its load moves within seconds
+
+
+def _copy_bandwidth(nbytes: int = 64 * MiB, repeat: int = 15):
+    """numpy's copy of nbytes, median GiB/s: into a fresh array (what a receiver allocates, page
+    faults included) and into one already touched."""
+    src = np.ones(nbytes, dtype="u1")
+    fresh, touched = [], []
+    dst = np.empty(nbytes, dtype="u1")
+    dst[:] = 0
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        out = np.empty(nbytes, dtype="u1")
+        out[:] = src
+        fresh.append(time.perf_counter() - t0)
+        del out
+        t0 = time.perf_counter()
+        dst[:] = src
+        touched.append(time.perf_counter() - t0)
+    return {"bytes": nbytes, "fresh_GiB_s": nbytes / statistics.median(fresh) / GiB,
+            "touched_GiB_s": nbytes / statistics.median(touched) / GiB}
+
+
+def bench_get_data(client, sizes, concurrencies, budget_bytes, rounds=ROUNDS):
+    """Each row: `rounds` rounds, each timing the same batch of get_data calls through tcp:// and
+    through tcp+mpi:// back to back (the order swapped every round). A row's ratio is the median
+    of the rounds' paired ratios (one round's two batches see about the same load), its
+    throughputs and latencies the medians over the rounds."""
     a, b = sorted(client.scheduler_info()["workers"])
     tcp_addr = client.run(_add_tcp_listener, workers=[b])[b]
     addrs = {"tcp": tcp_addr, "tcp+mpi": b}
@@ -154,14 +185,24 @@ def bench_get_data(client, sizes, concurrencies, budget_bytes):
         wait(fut)
         for conc in concurrencies:
             iters = int(max(1, min(400, budget_bytes // (nbytes * conc))))
-            row = {"bytes": nbytes, "concurrency": conc, "iters": iters}
-            for rnd in range(2 if nbytes * conc * iters <= budget_bytes else 1):  # alternate, keep the better
-                for name, addr in addrs.items():
-                    r = client.run(_fetch, addr, fut.key, nbytes, conc, iters, workers=[a])[a]
-                    prev = row.get(name)
-                    if prev is None or r["throughput_GiB_s"] > prev["throughput_GiB_s"]:
-                        row[name] = r
-            row["throughput_ratio"] = row["tcp+mpi"]["throughput_GiB_s"] / row["tcp"]["throughput_GiB_s"]
+            per_round = max(1, iters // rounds)
+            row = {"bytes": nbytes, "concurrency": conc, "iters": per_round * rounds, "rounds": rounds}
+            runs: dict = {name: [] for name in addrs}
+            ratios = []
+            for rnd in range(rounds):
+                order = list(addrs.items()) if rnd % 2 == 0 else list(reversed(addrs.items()))
+                got = {}
+                for name, addr in order:
+                    got[name] = client.run(_fetch, addr, fut.key, nbytes, conc, per_round, workers=[a])[a]
+                    runs[name].append(got[name])
+                ratios.append(got["tcp+mpi"]["throughput_GiB_s"] / got["tcp"]["throughput_GiB_s"])
+            for name, rs in runs.items():
+                row[name] = {"latency_median_s": statistics.median(r["latency_median_s"] for r in rs),
+                             "throughput_GiB_s": statistics.median(r["throughput_GiB_s"] for r in rs),
+                             "messages_per_s": statistics.median(r["messages_per_s"] for r in rs),
+                             "calls": sum(r["calls"] for r in rs), "wall_s": sum(r["wall_s"] for r in rs)}
+            row["throughput_ratio"] = statistics.median(ratios)
+            row["throughput_ratios"] = ratios
             row["latency_ratio"] = row["tcp+mpi"]["latency_median_s"] / row["tcp"]["latency_median_s"]
             print(json.dumps(row), flush=True)
             out.append(row)
@@ -220,19 +261,50 @@ def _mpi_share(client):
             "mpi_connections": sum(s["mpi"]["connections"] for s in stats.values())}
 
 
+def _paths(client):
+    """Connections between the workers by the path they chose, and each worker's shared-memory
+    peers as Open MPI sees them."""
+    from dask_pmix.comm.link import current_link
+
+    def mine():
+        link = current_link()
+        return {"local_peers": sorted(link.local_peers) if link else None, "rank": link.rank if link else None}
+
+    stats = client.run(dask_pmix.comm_stats)
+    return {"paths": {w: s.get("paths") for w, s in stats.items()}, "workers": client.run(mine)}
+
+
 def bench_workloads(kind, args):
-    out = {}
+    """args.rounds rounds, each: one 4-worker cluster per protocol (the order swapped every round),
+    each running the array workload, then the shuffle. Ratios are the medians of the rounds'
+    paired ratios; results are checked equal across protocols."""
+    out = {"rounds": []}
+    for rnd in range(args.rounds):
+        got = {}
+        for protocol in (("tcp", "tcp+mpi") if rnd % 2 == 0 else ("tcp+mpi", "tcp")):
+            with cluster(kind, protocol, 4) as client:
+                row = {"idle_cpu_percent_per_worker": idle_cpu(client, args.idle_seconds)} if rnd == 0 else {}
+                row["array"] = workload_array(client, args.array_n, args.array_chunk)
+                row["shuffle"] = workload_shuffle(client, args.shuffle_rows, args.shuffle_partitions)
+                row["traffic"] = _mpi_share(client)
+                if protocol == "tcp+mpi":
+                    row["paths"] = _paths(client)
+                got[protocol] = row
+                print(json.dumps({"round": rnd, protocol: {w: row[w]["seconds"] for w in ("array", "shuffle")}}), flush=True)
+        for w in ("array", "shuffle"):
+            assert abs(got["tcp"][w]["result"] - got["tcp+mpi"][w]["result"]) <= 1e-9 * abs(got["tcp"][w]["result"]), w
+        out["rounds"].append(got)
     for protocol in ("tcp", "tcp+mpi"):
-        with cluster(kind, protocol, 4) as client:
-            row = {"idle_cpu_percent_per_worker": idle_cpu(client, args.idle_seconds)}
-            row["array"] = workload_array(client, args.array_n, args.array_chunk)
-            row["shuffle"] = workload_shuffle(client, args.shuffle_rows, args.shuffle_partitions)
-            row["traffic"] = _mpi_share(client)
-            out[protocol] = row
-            print(json.dumps({protocol: row}), flush=True)
+        first = out["rounds"][0][protocol]
+        out[protocol] = {
+            "idle_cpu_percent_per_worker": first["idle_cpu_percent_per_worker"],
+            "traffic": first["traffic"],
+            **{w: {**first[w], "seconds": statistics.median(r[protocol][w]["seconds"] for r in out["rounds"])}
+               for w in ("array", "shuffle")},
+        }
     for w in ("array", "shuffle"):
-        assert abs(out["tcp"][w]["result"] - out["tcp+mpi"][w]["result"]) <= 1e-9 * abs(out["tcp"][w]["result"]), w
-        out[f"{w}_speedup"] = out["tcp"][w]["seconds"] / out["tcp+mpi"][w]["seconds"]
+        out[f"{w}_speedups"] = [r["tcp"][w]["seconds"] / r["tcp+mpi"][w]["seconds"] for r in out["rounds"]]
+        out[f"{w}_speedup"] = statistics.median(out[f"{w}_speedups"])
     return out
 
 
@@ -277,13 +349,16 @@ def main():
     ap.add_argument("--idle-seconds", type=float, default=10)
     ap.add_argument("--only", default="get_data,workloads,communicators")
     ap.add_argument("--sizes", help="get_data sizes in bytes, comma-separated (e.g. 65536,1MiB)")
+    ap.add_argument("--rounds", type=int, help="workload rounds (each: one cluster per protocol)")
     args = ap.parse_args()
     if args.quick:
         sizes, budget = [KiB, MiB, 64 * MiB], 256 * MiB
         args.array_n, args.array_chunk = 4096, 1024
         args.shuffle_rows, args.shuffle_partitions = 2_000_000, 16
         args.idle_seconds = 3
+        args.rounds = args.rounds or 2
     else:
+        args.rounds = args.rounds or 3
         sizes, budget = [KiB, MiB, 64 * MiB, 512 * MiB], 1 * GiB
         args.array_n, args.array_chunk = 11_585, 2_048        # 1 GiB of float64
         args.shuffle_rows, args.shuffle_partitions = 40_000_000, 32   # ~1 GiB of rows
@@ -291,13 +366,24 @@ def main():
         from dask.utils import parse_bytes
         sizes = [parse_bytes(x) for x in args.sizes.split(",")]
     only = set(args.only.split(","))
+    import dask
+
     result = {"benchmark": "comm", "cluster": args.cluster, "host": platform.node(), "cpus": os.cpu_count(),
+              "settings": {k: dask.config.get(k, None) for k in ("dask-pmix.pool.cohort", "dask-pmix.comm.sm-threshold",
+                                                                   "dask-pmix.comm.fabric")},
               "python": platform.python_version(), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
               "load_avg_at_start": os.getloadavg()}
     if "get_data" in only:
         with cluster(args.cluster, "tcp+mpi", 2) as client:
+            receiver = sorted(client.scheduler_info()["workers"])[0]
+            result["copy_before"] = client.run(_copy_bandwidth, workers=[receiver])[receiver]
             result["get_data"] = bench_get_data(client, sizes, [1, 8], budget)
+            result["copy_after"] = client.run(_copy_bandwidth, workers=[receiver])[receiver]
+            copy = statistics.median([result["copy_before"]["fresh_GiB_s"], result["copy_after"]["fresh_GiB_s"]])
+            for row in result["get_data"]:
+                row["fraction_of_copy"] = {k: row[k]["throughput_GiB_s"] / copy for k in ("tcp", "tcp+mpi")}
             result["get_data_traffic"] = _mpi_share(client)
+            result["get_data_paths"] = _paths(client)
     if "workloads" in only:
         result["workloads"] = bench_workloads(args.cluster, args)
     if "communicators" in only:

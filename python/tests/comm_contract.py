@@ -442,6 +442,7 @@ def main() -> None:
     time.sleep(1.0)  # every connection is closed: the progress thread must not wake at all
     out["idle_polls_per_s"] = (eng.polls if eng else 0) - before
     out["engine_in_flight"] = eng.in_flight() if eng else 0
+    out["posted_now"] = eng.posted_now if eng else 0
     print("RESULT " + json.dumps(out), flush=True)
     link.leave_launcher_world(world)
 

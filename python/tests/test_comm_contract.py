@@ -104,6 +104,8 @@ def test_contract_over_mpi_self_pair():
     # an idle progress engine makes no MPI call (it waits on an event), apart from draining
     # the tags of just-closed connections every 20 ms for a while
     assert out["engine_in_flight"] == 0 and out["idle_polls_per_s"] == 0, out
+    # the event loop posted transfers itself (no hand-off to the progress thread)
+    assert out["posted_now"] > 0, out
     s = out["stats"]
     assert s["tcp"]["connections"] == 0  # no connection fell back
     assert s["mpi"]["connections"] > 0 and s["events"]["pair_comms"] == 1

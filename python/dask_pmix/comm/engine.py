@@ -6,6 +6,14 @@ by one thread, so posting every send and receive from here keeps frames in order
 per frame; and progress goes on while the worker's event loop is busy (deserialising, or held by
 the GIL of a task), which a loop-driven poller cannot do. mpi4py releases the GIL inside MPI calls.
 
+The event loop posts a message's sends itself, and the receives of a message of up to
+INLINE_RECV_MAX bytes (testing them once, which completes them when the sender's data is there
+already: Open MPI's shared-memory transport copies it within the call), when nothing of that
+connection waits in the inbox and no communicator is being built in the process: each hand-off to
+this thread costs a wake-up, which on a loaded host is the bulk of a 1 MiB transfer. Whatever is
+not complete then is handed over here; larger receives are posted here (their copy must not hold
+the event loop).
+
 How it avoids spinning a core (dask/distributed#4142 review): with nothing posted it blocks on an
 Event (no wake-ups at all). With operations in flight it tests them continuously for 2 ms after
 the last post or completion (longer spinning took CPU from the workers' tasks on a busy host),
@@ -28,6 +36,8 @@ import numpy as np
 from ..worker.activation import GATE
 
 logger = logging.getLogger(__name__)
+
+INLINE_RECV_MAX = 4 << 20  # receives of a message up to this size may be posted and completed on the event loop
 
 SPIN_SECONDS = 0.002       # poll without sleeping this long after the last post or completion
 BACKOFF_MIN = 20e-6
@@ -79,6 +89,16 @@ class Engine:
         self._stop = False
         self._closed = False
         self.polls = 0                     # test rounds, for the idle-cost tests
+        # Transfers in the inbox not posted yet, per (communicator, peer, tag, direction): while one
+        # waits, later ones of that connection go through the inbox too (MPI matches in posting order).
+        self._queued: dict[tuple, int] = {}
+        self._queued_lock = threading.Lock()
+        self.posted_now = 0                # transfers posted by their caller, for the tests
+        self.completed_now = 0             # ... and completed there
+
+    @staticmethod
+    def _key(t: Transfer) -> tuple:
+        return (id(t.comm), t.peer, t.tag, t.send)
 
     # --- called from any thread ---------------------------------------------------------------
     def submit(self, transfer: Transfer) -> None:
@@ -86,8 +106,39 @@ class Engine:
             self._finish_closed(transfer)
             return
         self._ensure_started()
+        key = self._key(transfer)
+        with self._queued_lock:
+            self._queued[key] = self._queued.get(key, 0) + 1
         self._inbox.put(("post", transfer))
         self._wake.set()
+
+    def post_now(self, transfer: Transfer) -> bool:
+        """Post the transfer from this thread (the event loop) and test it once; what is not
+        complete is handed to the progress thread. False (nothing done) when the transfer must go
+        through submit(): the engine is closed, an earlier transfer of its connection waits in the
+        inbox, or a communicator is being built in this process."""
+        if self._closed:
+            return False
+        with self._queued_lock:
+            if self._queued.get(self._key(transfer)):
+                return False
+        with GATE.progress_now() as free:
+            if not free:
+                return False
+            try:
+                self._post_requests(transfer)
+            except Exception as exc:  # an MPI error posting: fail the transfer (its posted chunks complete)
+                transfer.error = _plain(exc)
+            self._test_transfer(transfer)
+        self.posted_now += 1
+        if transfer.remaining == 0:
+            self.completed_now += 1
+            self._finish(transfer)
+            return True
+        self._ensure_started()
+        self._inbox.put(("adopt", transfer))
+        self._wake.set()
+        return True
 
     def cancel(self, transfer: Transfer) -> None:
         """Ask MPI to cancel a posted receive (a send cannot be cancelled in MPI-4). Its buffers
@@ -172,6 +223,8 @@ class Engine:
             try:
                 if kind == "post":
                     self._post(item)
+                elif kind == "adopt":
+                    self._adopt(item)
                 elif kind == "cancel":
                     for req in item.requests:
                         if req:
@@ -185,6 +238,22 @@ class Engine:
                     logger.warning("dask-pmix comm engine: %s failed: %s", kind, exc)
 
     def _post(self, t: Transfer) -> None:
+        key = self._key(t)
+        try:
+            self._post_requests(t)
+        except Exception as exc:  # an MPI error posting: fail that transfer (its posted chunks complete)
+            t.error = t.error or _plain(exc)
+        finally:
+            with self._queued_lock:
+                left = self._queued.get(key, 1) - 1
+                if left > 0:
+                    self._queued[key] = left
+                else:
+                    self._queued.pop(key, None)
+        self._adopt(t)
+
+    def _post_requests(self, t: Transfer) -> None:
+        """Posts the transfer's chunks (any thread; the requests are the transfer's until adopted)."""
         MPI = self.MPI
         op = t.comm.Isend if t.send else t.comm.Irecv
         step = self.chunk_bytes
@@ -193,9 +262,27 @@ class Engine:
             for start in range(0, n, step):
                 req = op([buf[start:start + step], MPI.BYTE], t.peer, t.tag)
                 t.requests.append(req)
+                t.remaining += 1
+
+    def _test_transfer(self, t: Transfer) -> None:
+        """Tests the transfer's requests once (any thread that owns them)."""
+        for req in t.requests:
+            if not req:
+                continue  # done already (mpi4py sets a completed request to MPI_REQUEST_NULL)
+            try:
+                done = req.Test()
+            except self.MPI.Exception as exc:
+                t.error = t.error or _plain(exc)
+                done = True
+            if done:
+                t.remaining -= 1
+
+    def _adopt(self, t: Transfer) -> None:
+        """This thread progresses the transfer's requests not complete yet."""
+        for req in t.requests:
+            if req:
                 self._requests.append(req)
                 self._owners.append(t)
-                t.remaining += 1
         if t.remaining == 0:
             self._finish(t)
 

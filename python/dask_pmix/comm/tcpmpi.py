@@ -27,7 +27,7 @@ from distributed.protocol.utils import host_array
 from distributed.utils import ensure_memoryview, nbytes
 
 from . import config, framing, hello, stats
-from .engine import Transfer
+from .engine import INLINE_RECV_MAX, Transfer
 
 logger = logging.getLogger(__name__)
 
@@ -148,8 +148,10 @@ class TCPMPI(TCP):
                 if framing.MPI in where:  # posted first: the receiver posts its receive when the block arrives
                     mpi_frames = [ensure_memoryview(f) for f, w in zip(frames, where) if w == framing.MPI]
                     mpi_bytes = sum(f.nbytes for f in mpi_frames)
-                    route.engine.submit(Transfer(True, route.comm, route.peer, route.send_tag, mpi_frames,
-                                                 self._sent_callback(asyncio.get_running_loop())))
+                    send = Transfer(True, route.comm, route.peer, route.send_tag, mpi_frames,
+                                    self._sent_callback(asyncio.get_running_loop()))
+                    if not route.engine.post_now(send):
+                        route.engine.submit(send)
                 block = framing.pack_block(frames, sizes, where)
                 stream.write(block)
                 tcp_bytes = len(block)
@@ -248,7 +250,8 @@ class TCPMPI(TCP):
         loop = asyncio.get_running_loop()
         arrived = loop.create_future()
         transfer = Transfer(False, route.comm, route.peer, route.recv_tag, bufs, _settle_from_thread(loop, arrived))
-        route.engine.submit(transfer)
+        if sum(b.nbytes for b in bufs) > INLINE_RECV_MAX or not route.engine.post_now(transfer):
+            route.engine.submit(transfer)
         return frames, transfer, arrived
 
     async def _await_mpi(self, arrived, transfer) -> None:

@@ -92,6 +92,24 @@ class Gate:
                 if self._progressing == 0:
                     self._cond.notify_all()
 
+    @contextmanager
+    def progress_now(self) -> Iterator[bool]:
+        """progress() for a thread that must not wait (the event loop): True inside when the MPI
+        calls may run now, False when a communicator is being built or about to be (then the
+        caller makes no MPI call and leaves the work to a thread that may wait)."""
+        with self._cond:
+            free = self._held_for() <= 0 and not self._arriving
+            if free:
+                self._progressing += 1
+        try:
+            yield free
+        finally:
+            if free:
+                with self._cond:
+                    self._progressing -= 1
+                    if self._progressing == 0:
+                        self._cond.notify_all()
+
     def reserve_pair(self) -> int | None:
         """A token if a new pair communicator may be agreed on now (no job here), counted until
         ``pair_done(token)``; None if not."""
