@@ -185,7 +185,7 @@ def bench_get_data(client, sizes, concurrencies, budget_bytes, rounds=ROUNDS):
         wait(fut)
         for conc in concurrencies:
             iters = int(max(1, min(400, budget_bytes // (nbytes * conc))))
-            per_round = max(1, iters // rounds)
+            per_round = max(3, iters // rounds)
             row = {"bytes": nbytes, "concurrency": conc, "iters": per_round * rounds, "rounds": rounds}
             runs: dict = {name: [] for name in addrs}
             ratios = []
@@ -276,7 +276,8 @@ def _paths(client):
 
 def bench_workloads(kind, args):
     """args.rounds rounds, each: one 4-worker cluster per protocol (the order swapped every round),
-    each running the array workload, then the shuffle. Ratios are the medians of the rounds'
+    each running a small untimed array workload (every pair of workers meets), then the timed array
+    workload, then the shuffle. Ratios are the medians of the rounds'
     paired ratios; results are checked equal across protocols."""
     out = {"rounds": []}
     for rnd in range(args.rounds):
@@ -284,6 +285,8 @@ def bench_workloads(kind, args):
         for protocol in (("tcp", "tcp+mpi") if rnd % 2 == 0 else ("tcp+mpi", "tcp")):
             with cluster(kind, protocol, 4) as client:
                 row = {"idle_cpu_percent_per_worker": idle_cpu(client, args.idle_seconds)} if rnd == 0 else {}
+                # Not timed: every pair of workers meets once (connections, pair communicators).
+                workload_array(client, 4 * args.array_chunk, args.array_chunk // 4)
                 row["array"] = workload_array(client, args.array_n, args.array_chunk)
                 row["shuffle"] = workload_shuffle(client, args.shuffle_rows, args.shuffle_partitions)
                 row["traffic"] = _mpi_share(client)

@@ -1,7 +1,9 @@
 """A Dask cluster over two "hosts": network namespaces on a bridge, each running two worker
-processes, with the scheduler (and its embedded sidecar) on the bridge's own address. run_mpi
-then spans hosts: ranks reach the sidecar over the bridge and share memory only within a host.
-Needs root and iproute2; skipped where network namespaces cannot be made."""
+processes (listening on tcp+mpi://), with the scheduler (and its embedded sidecar) on the
+bridge's own address. run_mpi then spans hosts: ranks reach the sidecar over the bridge and share
+memory only within a host; and the workers' own traffic moves over MPI between the two workers of
+a host and stays in the TCP stream between hosts. Needs root and iproute2; skipped where network
+namespaces cannot be made."""
 
 from __future__ import annotations
 
@@ -79,7 +81,7 @@ def two_hosts():
         for ns, addr in HOSTS:
             procs.append(subprocess.Popen(["ip", "netns", "exec", ns, f"{BIN}/dask", "worker",
                                            f"tcp://{SERVER_IP}:{port}", "--host", addr, "--nworkers", "2",
-                                           "--nthreads", "1", "--no-dashboard"], env=env,
+                                           "--nthreads", "1", "--no-dashboard", "--protocol", "tcp+mpi"], env=env,
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         from distributed import Client
 
@@ -125,11 +127,8 @@ def test_run_mpi_spans_hosts_and_shares_memory_within_each(two_hosts):
     assert [r["local_size"] for r in results] == [1, 1]
 
 
-def test_in_process_jobs_span_hosts(two_hosts):
-    # The workers' own processes, each with its session in the pool (over the bridge), run the job.
-    client, workers = two_hosts
-    if IMPL != "openmpi":
-        pytest.skip("the in-process pool is Open MPI's")
+def pool_ready(client, workers):
+    """The sidecar, once every worker's pool session is up."""
     from dask_pmix.rest import SidecarClient
 
     info = wait_for_plugin(client)
@@ -138,6 +137,19 @@ def test_in_process_jobs_span_hosts(two_hosts):
     while sum((w.get("pool") or {}).get("state") == "ready" for w in sidecar.workers()) < len(workers):
         assert time.monotonic() < deadline, [w.get("pool") for w in sidecar.workers()]
         time.sleep(0.2)
+    return sidecar
+
+
+def host_of(worker: str) -> str:
+    return worker.split("//")[1].rsplit(":", 1)[0]
+
+
+def test_in_process_jobs_span_hosts(two_hosts):
+    # The workers' own processes, each with its session in the pool (over the bridge), run the job.
+    client, workers = two_hosts
+    if IMPL != "openmpi":
+        pytest.skip("the in-process pool is Open MPI's")
+    sidecar = pool_ready(client, workers)
 
     def where(comm):
         return {"pid": os.getpid(), "sum": comm.allreduce(comm.rank + 1)}
@@ -149,3 +161,48 @@ def test_in_process_jobs_span_hosts(two_hosts):
         assert [r["pid"] for r in results] == [pids[w] for w in workers]
     job = max(sidecar.jobs(), key=lambda j: j["createdAt"])
     assert job["mode"] == "inprocess"
+
+
+def _link():
+    from dask_pmix.comm.link import current_link
+
+    link = current_link()
+    return None if link is None else {"rank": link.rank, "local": sorted(link.local_peers)}
+
+
+def test_each_pair_of_workers_chooses_its_path_within_and_across_hosts(two_hosts):
+    """tcp+mpi://: the two workers of a host joined the pool together, so Open MPI put them on one
+    node (a cohort per host) and their large frames go over MPI's shared memory; a pair on two
+    hosts would reach each other over Open MPI's TCP transport, slower than the TCP stream, so
+    their frames stay in the stream (no pair communicator)."""
+    import numpy as np
+
+    import dask_pmix
+
+    client, workers = two_hosts
+    if IMPL != "openmpi":
+        pytest.skip("the in-process pool is Open MPI's")
+    pool_ready(client, workers)
+    deadline = time.monotonic() + 60
+    while None in (links := client.run(_link)).values():
+        assert time.monotonic() < deadline, links
+        time.sleep(0.2)
+    for w in workers:
+        mates = [v for v in workers if host_of(v) == host_of(w)]
+        assert links[w]["local"] == sorted(links[v]["rank"] for v in mates), links
+    before = client.run(dask_pmix.comm_stats)
+    size = 8 << 20
+    for a in workers:
+        for b in workers:
+            if a != b:
+                x = client.submit(np.ones, size, dtype="u1", workers=[a], pure=False)
+                assert client.submit(lambda v: int(v.sum()), x, workers=[b], pure=False).result(timeout=60) == size
+                del x
+    after = client.run(dask_pmix.comm_stats)
+    for w in workers:
+        got = {t: after[w][t]["bytes_received"] - before[w][t]["bytes_received"] for t in ("mpi", "tcp")}
+        # from the one worker of its host over MPI, from the two of the other host in the stream
+        assert size <= got["mpi"] < 2 * size, (w, got, after[w])
+        assert got["tcp"] >= 2 * size, (w, got, after[w])
+        paths = after[w]["paths"]
+        assert paths["sm"] >= 1 and paths["tcp"] >= 2 and paths["fabric"] == 0, (w, paths)

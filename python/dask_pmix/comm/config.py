@@ -17,8 +17,9 @@ DEFAULTS = {
     "fabric": False,
     # ... for frames at least this large
     "fabric-threshold": "1 MiB",
-    # one frame moves as MPI messages of at most this size (Open MPI 5.0 counts are C ints)
-    "chunk": "1 GiB",
+    # one frame moves as MPI messages of this size (Open MPI 5.0 counts are C ints); both ends of a
+    # connection must use the same. A receiver faults a chunk in while the one before is copied
+    "chunk": "8 MiB",
     # the TCP stream closed while a message's MPI frames are in flight: wait this long for them
     # (a clean close leaves them to arrive), then the read raises CommClosedError (a dead peer)
     "liveness": "3 s",

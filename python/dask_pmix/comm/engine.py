@@ -34,6 +34,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from ..worker.activation import GATE
+from . import prefault
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +94,7 @@ class Engine:
         # waits, later ones of that connection go through the inbox too (MPI matches in posting order).
         self._queued: dict[tuple, int] = {}
         self._queued_lock = threading.Lock()
+        self._ahead = prefault.Ahead()     # populates a large receive's chunks ahead of their posts
         self.posted_now = 0                # transfers posted by their caller, for the tests
         self.completed_now = 0             # ... and completed there
 
@@ -253,16 +255,21 @@ class Engine:
         self._adopt(t)
 
     def _post_requests(self, t: Transfer) -> None:
-        """Posts the transfer's chunks (any thread; the requests are the transfer's until adopted)."""
+        """Posts the transfer's chunks (any thread; the requests are the transfer's until adopted).
+        A receive's fresh buffers are faulted in first, a chunk ahead of its post (prefault.py)."""
         MPI = self.MPI
         op = t.comm.Isend if t.send else t.comm.Irecv
         step = self.chunk_bytes
-        for buf in t.buffers:
-            n = buf.nbytes
-            for start in range(0, n, step):
-                req = op([buf[start:start + step], MPI.BYTE], t.peer, t.tag)
-                t.requests.append(req)
-                t.remaining += 1
+        chunks = [buf[start:start + step] for buf in t.buffers for start in range(0, buf.nbytes, step)]
+        ready = [self._ahead.ask(c) for c in chunks] if not t.send and len(chunks) > 1 else None
+        for i, chunk in enumerate(chunks):
+            if ready is not None:
+                ready[i].wait()
+            elif not t.send:
+                prefault.populate(chunk)
+            req = op([chunk, MPI.BYTE], t.peer, t.tag)
+            t.requests.append(req)
+            t.remaining += 1
 
     def _test_transfer(self, t: Transfer) -> None:
         """Tests the transfer's requests once (any thread that owns them)."""
