@@ -163,13 +163,6 @@ def test_in_process_jobs_span_hosts(two_hosts):
     assert job["mode"] == "inprocess"
 
 
-def _link():
-    from dask_pmix.comm.link import current_link
-
-    link = current_link()
-    return None if link is None else {"rank": link.rank, "local": sorted(link.local_peers)}
-
-
 def test_each_pair_of_workers_chooses_its_path_within_and_across_hosts(two_hosts):
     """tcp+mpi://: the two workers of a host joined the pool together, so Open MPI put them on one
     node (a cohort per host) and their large frames go over MPI's shared memory; a pair on two
@@ -183,6 +176,13 @@ def test_each_pair_of_workers_chooses_its_path_within_and_across_hosts(two_hosts
     if IMPL != "openmpi":
         pytest.skip("the in-process pool is Open MPI's")
     pool_ready(client, workers)
+
+    def _link():  # defined here: the workers cannot import this test module
+        from dask_pmix.comm.link import current_link
+
+        link = current_link()
+        return None if link is None else {"rank": link.rank, "local": sorted(link.local_peers)}
+
     deadline = time.monotonic() + 60
     while None in (links := client.run(_link)).values():
         assert time.monotonic() < deadline, links
