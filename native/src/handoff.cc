@@ -70,7 +70,8 @@ constexpr int64_t kAnswerMs = 60'000;
 constexpr size_t kNoHandler = SIZE_MAX - 8;
 
 int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
 }
 
 // ---- on libpmix's progress thread ------------------------------------------------------------
@@ -79,8 +80,8 @@ struct ProgressJob {
   std::function<void()> fn;
 };
 
-void ProgressTrampoline(pmix_status_t, void* cbdata) {
-  auto* job = static_cast<ProgressJob*>(cbdata);
+void ProgressTrampoline(pmix_status_t, void *cbdata) {
+  auto *job = static_cast<ProgressJob *>(cbdata);
   job->fn();
   delete job;
 }
@@ -88,7 +89,7 @@ void ProgressTrampoline(pmix_status_t, void* cbdata) {
 // Runs `fn` on libpmix's progress thread, between two of its callbacks. PMIx_Deregister_event_handler
 // shifts to that thread, finds no handler and calls back there; false when libpmix is not running.
 bool OnProgressThread(std::function<void()> fn) {
-  auto* job = new ProgressJob{std::move(fn)};
+  auto *job = new ProgressJob{std::move(fn)};
   if (PMIx_Deregister_event_handler(kNoHandler, ProgressTrampoline, job) != PMIX_SUCCESS) {
     delete job;
     return false;
@@ -100,10 +101,10 @@ bool OnProgressThread(std::function<void()> fn) {
 
 template <typename Visit>
 void ForEachFd(Visit visit) {
-  DIR* dir = opendir("/proc/self/fd");
+  DIR *dir = opendir("/proc/self/fd");
   if (!dir) return;
-  while (dirent* e = readdir(dir)) {
-    char* end = nullptr;
+  while (dirent *e = readdir(dir)) {
+    char *end = nullptr;
     long fd = std::strtol(e->d_name, &end, 10);
     if (*end != '\0' || e->d_name[0] == '\0' || fd == dirfd(dir)) continue;
     if (!visit(static_cast<int>(fd))) break;
@@ -112,7 +113,7 @@ void ForEachFd(Visit visit) {
 }
 
 // A UNIX socket's address: a path, or an abstract name (a NUL, then bytes that all count).
-std::string UnixName(const sockaddr_un& a, socklen_t len) {
+std::string UnixName(const sockaddr_un &a, socklen_t len) {
   const size_t off = offsetof(sockaddr_un, sun_path);
   if (a.sun_family != AF_UNIX || len <= off) return {};
   if (a.sun_path[0] == '\0') return std::string(a.sun_path, len - off);
@@ -122,22 +123,22 @@ std::string UnixName(const sockaddr_un& a, socklen_t len) {
 std::string LocalUnixName(int fd) {
   sockaddr_un a{};
   socklen_t len = sizeof a;
-  if (getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) return {};
+  if (getsockname(fd, reinterpret_cast<sockaddr *>(&a), &len) != 0) return {};
   return UnixName(a, len);
 }
 
 std::string PeerUnixName(int fd) {
   sockaddr_un a{};
   socklen_t len = sizeof a;
-  if (getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) return {};
+  if (getpeername(fd, reinterpret_cast<sockaddr *>(&a), &len) != 0) return {};
   return UnixName(a, len);
 }
 
 // The entry for `fd` in the epoll set `epfd`, as /proc/self/fdinfo shows it.
-bool EpollEntry(int epfd, int fd, epoll_event* out) {
+bool EpollEntry(int epfd, int fd, epoll_event *out) {
   char path[64];
   std::snprintf(path, sizeof path, "/proc/self/fdinfo/%d", epfd);
-  FILE* f = std::fopen(path, "re");
+  FILE *f = std::fopen(path, "re");
   if (!f) return false;
   char line[256];
   bool found = false;
@@ -188,9 +189,9 @@ bool Replace(int epfd, int fd, int with, epoll_event ev) {
 
 // ---- the listener ----------------------------------------------------------------------------
 
-std::mutex g_mutex;       // guards what follows, and the hand-off queues
-std::string g_path;       // the UNIX listener libpmix accepts on
-int g_epoll_pmix = -1;    // libevent's epoll set on libpmix's progress thread
+std::mutex g_mutex;                // guards what follows, and the hand-off queues
+std::string g_path;                // the UNIX listener libpmix accepts on
+int g_epoll_pmix = -1;             // libevent's epoll set on libpmix's progress thread
 std::set<std::string> g_inflight;  // names of this process's connections being handed off
 uint64_t g_next_name = 0;          // with g_name_key, what names them
 
@@ -213,7 +214,7 @@ struct Conn {
 };
 
 struct Outcome {
-  Conn* conn;
+  Conn *conn;
   bool handedOff;
 };
 
@@ -236,11 +237,12 @@ std::multimap<std::string, HandedOff> g_handed_by_tag;  // guarded by g_mutex
 
 void Wake() {
   uint64_t one = 1;
-  if (write(g_wake, &one, sizeof one) < 0) { /* the loop is woken already */ }
+  if (write(g_wake, &one, sizeof one) < 0) { /* the loop is woken already */
+  }
 }
 
 // Sends what `f` holds to `fd`; false when `fd` failed.
-bool Drain(Flow& f, int fd) {
+bool Drain(Flow &f, int fd) {
   while (f.off < f.buf.size()) {
     ssize_t n = send(fd, f.buf.data() + f.off, f.buf.size() - f.off, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
@@ -255,7 +257,8 @@ bool Drain(Flow& f, int fd) {
 // which libpmix's client retries: see src/pmix/gate.ts).
 void AskToRetry(int s) {
   uint32_t status = htonl(static_cast<uint32_t>(-1367));
-  if (send(s, &status, sizeof status, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) { /* it has gone */ }
+  if (send(s, &status, sizeof status, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) { /* it has gone */
+  }
 }
 
 // A name for our end of a connection to libpmix's listener, so that the descriptor libpmix
@@ -264,7 +267,8 @@ void AskToRetry(int s) {
 std::string NextName() {
   static const uint64_t key = [] {
     uint64_t k = 0;
-    if (getrandom(&k, sizeof k, 0) != sizeof k) k = static_cast<uint64_t>(NowMs()) ^ (static_cast<uint64_t>(getpid()) << 32);
+    if (getrandom(&k, sizeof k, 0) != sizeof k)
+      k = static_cast<uint64_t>(NowMs()) ^ (static_cast<uint64_t>(getpid()) << 32);
     return k;
   }();
   char buf[80];
@@ -275,7 +279,7 @@ std::string NextName() {
 }
 
 // Opens our connection to libpmix's listener for `conn`; false (errno set) when it cannot.
-bool Open(Conn* conn, const std::string& listener) {
+bool Open(Conn *conn, const std::string &listener) {
   sockaddr_un to{}, self{};
   if (listener.empty() || listener.size() >= sizeof to.sun_path || conn->name.size() > sizeof self.sun_path) {
     errno = ENAMETOOLONG;
@@ -286,12 +290,13 @@ bool Open(Conn* conn, const std::string& listener) {
   std::memcpy(self.sun_path, conn->name.data(), conn->name.size());
   conn->c = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   return conn->c >= 0 &&
-         bind(conn->c, reinterpret_cast<sockaddr*>(&self), static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + conn->name.size())) == 0 &&
-         connect(conn->c, reinterpret_cast<sockaddr*>(&to), sizeof to) == 0;
+         bind(conn->c, reinterpret_cast<sockaddr *>(&self),
+              static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + conn->name.size())) == 0 &&
+         connect(conn->c, reinterpret_cast<sockaddr *>(&to), sizeof to) == 0;
 }
 
 // Reads what `from` has into `f` (only when `f` is empty); false at its end or on an error.
-bool Fill(Flow& f, int from) {
+bool Fill(Flow &f, int from) {
   if (!f.buf.empty()) return true;
   f.buf.resize(kBuf);
   ssize_t n = recv(from, f.buf.data(), kBuf, MSG_DONTWAIT);
@@ -304,7 +309,7 @@ bool Fill(Flow& f, int from) {
 }
 
 // The descriptor libpmix accepted for our connection `name`, or -1.
-int AcceptedFor(const std::string& listener, const std::string& name) {
+int AcceptedFor(const std::string &listener, const std::string &name) {
   int found = -1;
   ForEachFd([&](int fd) {
     if (LocalUnixName(fd) != listener || PeerUnixName(fd) != name) return true;
@@ -316,7 +321,7 @@ int AcceptedFor(const std::string& listener, const std::string& name) {
 
 // On the progress thread: gives libpmix the peer's socket in place of `accepted`, with what
 // libpmix wrote to it so far passed on first. Leaves everything as it was when it cannot.
-bool Swap(Conn* conn, int accepted, const std::string& listener, int epfd) {
+bool Swap(Conn *conn, int accepted, const std::string &listener, int epfd) {
   if (epfd < 0 || LocalUnixName(accepted) != listener || PeerUnixName(accepted) != conn->name) return false;
   epoll_event ev{};
   if (!EpollEntry(epfd, accepted, &ev)) return false;
@@ -353,9 +358,9 @@ bool Swap(Conn* conn, int accepted, const std::string& listener, int epfd) {
 }
 
 void Loop() {
-  std::map<int, Conn*> byFd;
+  std::map<int, Conn *> byFd;
   std::vector<std::unique_ptr<Conn>> conns;
-  auto watch = [&](Conn* c, int fd, uint32_t events, int op) {
+  auto watch = [&](Conn *c, int fd, uint32_t events, int op) {
     epoll_event ev{};
     ev.events = events;
     ev.data.fd = fd;
@@ -367,7 +372,7 @@ void Loop() {
     epoll_ctl(g_epoll, EPOLL_CTL_DEL, fd, nullptr);
     byFd.erase(fd);
   };
-  auto finish = [&](Conn* c) {
+  auto finish = [&](Conn *c) {
     unwatch(c->s);
     unwatch(c->c);
     if (c->s >= 0) close(c->s);
@@ -384,19 +389,21 @@ void Loop() {
   };
   // What each socket of a relay waits for: to read while nothing is queued from it, to write
   // while something is queued to it.
-  auto rearm = [&](Conn* c) {
+  auto rearm = [&](Conn *c) {
     const uint32_t in = EPOLLIN | EPOLLRDHUP, out = EPOLLOUT;
-    watch(c, c->s, (c->toPmix.buf.empty() && !c->peerEof ? in : 0u) | (c->toPeer.buf.empty() ? 0u : out), EPOLL_CTL_MOD);
-    watch(c, c->c, (c->toPeer.buf.empty() && !c->pmixEof ? in : 0u) | (c->toPmix.buf.empty() ? 0u : out), EPOLL_CTL_MOD);
+    watch(c, c->s, (c->toPmix.buf.empty() && !c->peerEof ? in : 0u) | (c->toPeer.buf.empty() ? 0u : out),
+          EPOLL_CTL_MOD);
+    watch(c, c->c, (c->toPeer.buf.empty() && !c->pmixEof ? in : 0u) | (c->toPmix.buf.empty() ? 0u : out),
+          EPOLL_CTL_MOD);
   };
-  auto relay = [&](Conn* c, bool count = true) {
+  auto relay = [&](Conn *c, bool count = true) {
     c->state = Conn::kRelaying;
     if (count) g_relayed++;
     watch(c, c->s, 0, EPOLL_CTL_ADD);
     watch(c, c->c, 0, EPOLL_CTL_ADD);
     rearm(c);
   };
-  auto swap = [&](Conn* c) {
+  auto swap = [&](Conn *c) {
     std::string listener;
     int epfd;
     {
@@ -426,13 +433,13 @@ void Loop() {
   for (;;) {
     int64_t now = NowMs();
     int64_t next = INT64_MAX;
-    for (auto& c : conns)
+    for (auto &c : conns)
       if (c->state == Conn::kSending || c->state == Conn::kWaiting) next = std::min(next, c->deadline);
     int timeout = next == INT64_MAX ? -1 : static_cast<int>(std::max<int64_t>(0, next - now));
     int n = epoll_wait(g_epoll, events, 64, timeout);
     now = NowMs();
     for (size_t i = 0; i < conns.size();) {
-      Conn* c = conns[i].get();
+      Conn *c = conns[i].get();
       if ((c->state == Conn::kSending || c->state == Conn::kWaiting) && c->deadline <= now) {
         g_dropped++;
         finish(c);
@@ -444,7 +451,8 @@ void Loop() {
       int fd = events[i].data.fd;
       if (fd == g_wake) {
         uint64_t v;
-        if (read(g_wake, &v, sizeof v) < 0) { /* nothing to read */ }
+        if (read(g_wake, &v, sizeof v) < 0) { /* nothing to read */
+        }
         std::vector<std::unique_ptr<Conn>> fresh;
         std::vector<Outcome> outcomes;
         bool closeAll;
@@ -460,8 +468,8 @@ void Loop() {
           std::lock_guard<std::mutex> lock(g_mutex);
           listener = g_path;
         }
-        for (auto& f : fresh) {
-          Conn* c = f.get();
+        for (auto &f : fresh) {
+          Conn *c = f.get();
           conns.push_back(std::move(f));
           if (!Open(c, listener)) {
             // libpmix's backlog is full or its listener gone: the peer tries again later.
@@ -473,7 +481,7 @@ void Loop() {
           watch(c, c->c, EPOLLOUT, EPOLL_CTL_ADD);
           watch(c, c->s, EPOLLRDHUP, EPOLL_CTL_ADD);
         }
-        for (const Outcome& o : outcomes) {
+        for (const Outcome &o : outcomes) {
           if (o.handedOff) {
             g_handed++;
             finish(o.conn);
@@ -490,7 +498,7 @@ void Loop() {
       }
       auto it = byFd.find(fd);
       if (it == byFd.end()) continue;
-      Conn* c = it->second;
+      Conn *c = it->second;
       uint32_t ev = events[i].events;
       if (c->state == Conn::kSending || c->state == Conn::kWaiting) {
         if (fd == c->s) {
@@ -544,7 +552,7 @@ void Start() {
   g_started = true;
 }
 
-bool MakeAddress(const std::string& path, sockaddr_un* a) {
+bool MakeAddress(const std::string &path, sockaddr_un *a) {
   if (path.size() >= sizeof a->sun_path) return false;
   std::memset(a, 0, sizeof *a);
   a->sun_family = AF_UNIX;
@@ -552,7 +560,7 @@ bool MakeAddress(const std::string& path, sockaddr_un* a) {
   return true;
 }
 
-std::string Dirname(const std::string& path) {
+std::string Dirname(const std::string &path) {
   size_t slash = path.rfind('/');
   return slash == std::string::npos ? "." : path.substr(0, slash);
 }
@@ -560,7 +568,7 @@ std::string Dirname(const std::string& path) {
 // ---- JavaScript ------------------------------------------------------------------------------
 
 // secureListener(port, path): see the top of this file. Waits (at most 5 s) for the progress thread.
-Napi::Value SecureListener(const Napi::CallbackInfo& info) {
+Napi::Value SecureListener(const Napi::CallbackInfo &info) {
   Napi::Env env = info.Env();
   if (info.Length() < 2 || !info[0].IsNumber() || !info[1].IsString())
     throw Napi::TypeError::New(env, "secureListener(port, path)");
@@ -569,7 +577,8 @@ Napi::Value SecureListener(const Napi::CallbackInfo& info) {
   struct stat st{};
   std::string dir = Dirname(path);
   if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 077) != 0)
-    throw Napi::Error::New(env, "secureListener: " + dir + " must be a directory of this user's, closed to others (0700)");
+    throw Napi::Error::New(env,
+                           "secureListener: " + dir + " must be a directory of this user's, closed to others (0700)");
   sockaddr_un addr{};
   if (!MakeAddress(path, &addr)) throw Napi::Error::New(env, "secureListener: the socket path is too long: " + path);
 
@@ -578,8 +587,8 @@ Napi::Value SecureListener(const Napi::CallbackInfo& info) {
   ForEachFd([&](int fd) {
     sockaddr_storage ss{};
     socklen_t len = sizeof ss;
-    if (getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0 || ss.ss_family != AF_INET) return true;
-    if (ntohs(reinterpret_cast<sockaddr_in&>(ss).sin_port) != port) return true;
+    if (getsockname(fd, reinterpret_cast<sockaddr *>(&ss), &len) != 0 || ss.ss_family != AF_INET) return true;
+    if (ntohs(reinterpret_cast<sockaddr_in &>(ss).sin_port) != port) return true;
     int listening = 0;
     socklen_t ol = sizeof listening;
     if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &ol) != 0 || !listening) return true;
@@ -590,7 +599,7 @@ Napi::Value SecureListener(const Napi::CallbackInfo& info) {
 
   int u = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   unlink(path.c_str());
-  if (u < 0 || bind(u, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || listen(u, SOMAXCONN) != 0) {
+  if (u < 0 || bind(u, reinterpret_cast<sockaddr *>(&addr), sizeof addr) != 0 || listen(u, SOMAXCONN) != 0) {
     std::string why = strerror(errno);
     if (u >= 0) close(u);
     throw Napi::Error::New(env, "secureListener: cannot listen on " + path + ": " + why);
@@ -643,7 +652,7 @@ Napi::Value SecureListener(const Napi::CallbackInfo& info) {
 
 // handOff(fd, handshake, tag): see the top of this file. The caller closes its own `fd` afterwards.
 // The connection to libpmix is made on the hand-off thread; a peer it fails for is asked to retry.
-Napi::Value HandOff(const Napi::CallbackInfo& info) {
+Napi::Value HandOff(const Napi::CallbackInfo &info) {
   Napi::Env env = info.Env();
   if (info.Length() < 3 || !info[0].IsNumber() || !info[1].IsBuffer() || !info[2].IsString())
     throw Napi::TypeError::New(env, "handOff(fd, handshake, tag)");
@@ -673,7 +682,7 @@ Napi::Value HandOff(const Napi::CallbackInfo& info) {
 
 // handoffStats() -> {handedOff, relayed, refused, dropped}: connections given to libpmix, relayed
 // because they could not be, refused by libpmix itself, and dropped (left unanswered).
-Napi::Value HandoffStats(const Napi::CallbackInfo& info) {
+Napi::Value HandoffStats(const Napi::CallbackInfo &info) {
   Napi::Env env = info.Env();
   Napi::Object out = Napi::Object::New(env);
   out.Set("handedOff", Napi::Number::New(env, static_cast<double>(g_handed.load())));
@@ -684,7 +693,7 @@ Napi::Value HandoffStats(const Napi::CallbackInfo& info) {
 }
 
 // handoffCloseAll(): ends every hand-off and relay under way, and forgets the listener.
-Napi::Value HandoffCloseAll(const Napi::CallbackInfo& info) {
+Napi::Value HandoffCloseAll(const Napi::CallbackInfo &info) {
   std::lock_guard<std::mutex> lock(g_mutex);
   if (g_started) {
     g_close_all = true;
@@ -698,7 +707,7 @@ Napi::Value HandoffCloseAll(const Napi::CallbackInfo& info) {
 
 // closePeers(tag) -> how many connections handed off under `tag` were still open and are shut
 // down; all of the tag's records are forgotten. closePeers(tag, false) only forgets them.
-Napi::Value ClosePeers(const Napi::CallbackInfo& info) {
+Napi::Value ClosePeers(const Napi::CallbackInfo &info) {
   Napi::Env env = info.Env();
   if (info.Length() < 1 || !info[0].IsString()) throw Napi::TypeError::New(env, "closePeers(tag, shut?)");
   std::string tag = info[0].As<Napi::String>().Utf8Value();
@@ -711,7 +720,7 @@ Napi::Value ClosePeers(const Napi::CallbackInfo& info) {
     g_handed_by_tag.erase(range.first, range.second);
   }
   int closed = 0;
-  for (const HandedOff& p : peers) {
+  for (const HandedOff &p : peers) {
     struct stat st{};
     if (!shut || fstat(p.fd, &st) != 0 || st.st_ino != p.ino || !S_ISSOCK(st.st_mode)) continue;
     if (shutdown(p.fd, SHUT_RDWR) == 0) ++closed;
@@ -720,7 +729,7 @@ Napi::Value ClosePeers(const Napi::CallbackInfo& info) {
 }
 
 // closeStrangers() -> number of connections shut down (see the top of this file).
-Napi::Value CloseStrangers(const Napi::CallbackInfo& info) {
+Napi::Value CloseStrangers(const Napi::CallbackInfo &info) {
   Napi::Env env = info.Env();
   std::string listener;
   std::set<std::string> ours;
@@ -739,7 +748,7 @@ Napi::Value CloseStrangers(const Napi::CallbackInfo& info) {
     if (ours.count(PeerUnixName(fd))) return true;
     int flags = fcntl(fd, F_GETFL);
     if (flags < 0 || (flags & O_NONBLOCK)) return true;  // handshake done: libpmix is not reading it
-    if (shutdown(fd, SHUT_RDWR) == 0) ++closed;         // libpmix's blocking recv returns, it closes
+    if (shutdown(fd, SHUT_RDWR) == 0) ++closed;          // libpmix's blocking recv returns, it closes
     return true;
   });
   return Napi::Number::New(env, closed);

@@ -29,10 +29,11 @@ namespace dpmix {
 
 namespace {
 
-Napi::Value TcpKeepAlive(const Napi::CallbackInfo& info) {
+Napi::Value TcpKeepAlive(const Napi::CallbackInfo &info) {
   Napi::Env env = info.Env();
   for (size_t i = 0; i < 5; ++i)
-    if (info.Length() <= i || !info[i].IsNumber()) throw Napi::TypeError::New(env, "tcpKeepAlive(fd, idleMs, intervalMs, count, userTimeoutMs)");
+    if (info.Length() <= i || !info[i].IsNumber())
+      throw Napi::TypeError::New(env, "tcpKeepAlive(fd, idleMs, intervalMs, count, userTimeoutMs)");
   int fd = info[0].As<Napi::Number>().Int32Value();
   int idle = std::max(1, (info[1].As<Napi::Number>().Int32Value() + 999) / 1000);
   int interval = std::max(1, (info[2].As<Napi::Number>().Int32Value() + 999) / 1000);
@@ -49,7 +50,7 @@ Napi::Value TcpKeepAlive(const Napi::CallbackInfo& info) {
   return env.Undefined();
 }
 
-bool ParseAddress(const std::string& text, int* family, unsigned char out[16]) {
+bool ParseAddress(const std::string &text, int *family, unsigned char out[16]) {
   std::memset(out, 0, 16);
   std::string t = text;
   if (t.rfind("::ffff:", 0) == 0 && t.find('.') != std::string::npos) t = t.substr(7);  // IPv4-mapped
@@ -64,7 +65,7 @@ bool ParseAddress(const std::string& text, int* family, unsigned char out[16]) {
   return false;
 }
 
-Napi::Value PeerUid(const Napi::CallbackInfo& info) {
+Napi::Value PeerUid(const Napi::CallbackInfo &info) {
   Napi::Env env = info.Env();
   if (info.Length() < 4 || !info[0].IsString() || !info[1].IsNumber() || !info[2].IsString() || !info[3].IsNumber())
     throw Napi::TypeError::New(env, "peerUid(localAddress, localPort, remoteAddress, remotePort)");
@@ -97,12 +98,14 @@ Napi::Value PeerUid(const Napi::CallbackInfo& info) {
   sockaddr_nl kernel{};
   kernel.nl_family = AF_NETLINK;
   int uid = -1;
-  if (sendto(nl, &msg, sizeof msg, 0, reinterpret_cast<sockaddr*>(&kernel), sizeof kernel) == static_cast<ssize_t>(sizeof msg)) {
+  if (sendto(nl, &msg, sizeof msg, 0, reinterpret_cast<sockaddr *>(&kernel), sizeof kernel) ==
+      static_cast<ssize_t>(sizeof msg)) {
     alignas(nlmsghdr) char buf[4096];
     ssize_t n = recv(nl, buf, sizeof buf, 0);
-    for (auto* h = reinterpret_cast<nlmsghdr*>(buf); n > 0 && NLMSG_OK(h, static_cast<unsigned>(n)); h = NLMSG_NEXT(h, n)) {
+    for (auto *h = reinterpret_cast<nlmsghdr *>(buf); n > 0 && NLMSG_OK(h, static_cast<unsigned>(n));
+         h = NLMSG_NEXT(h, n)) {
       if (h->nlmsg_type != SOCK_DIAG_BY_FAMILY) break;  // NLMSG_ERROR: no such socket here
-      auto* m = static_cast<inet_diag_msg*>(NLMSG_DATA(h));
+      auto *m = static_cast<inet_diag_msg *>(NLMSG_DATA(h));
       uid = static_cast<int>(m->idiag_uid);
       break;
     }

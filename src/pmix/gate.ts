@@ -212,7 +212,7 @@ export class PmixGate {
     }
     if (victim === undefined) return;
     const oldest = this.pending.get(victim)?.values().next().value;
-    if (!oldest || !oldest.settle()) return;
+    if (!oldest?.settle()) return;
     this.stats.evicted++;
     this.refuse(oldest.sock, undefined, `closed for a newer connection: too many connections from ${victim} still sending their handshake`, oldest.who);
   }
@@ -225,17 +225,25 @@ export class PmixGate {
       verdict = this.opts.admit(h, peer);
     } catch (err) {
       if (!(err instanceof HandshakeError)) throw err;
-      return this.refuse(sock, BAD_HANDSHAKE, err.message, who);
+      this.refuse(sock, BAD_HANDSHAKE, err.message, who);
+      return;
     }
-    if (!verdict.ok) return this.refuse(sock, verdict.status, verdict.reason, who);
+    if (!verdict.ok) {
+      this.refuse(sock, verdict.status, verdict.reason, who);
+      return;
+    }
     const busy = this.opts.busy?.();
-    if (busy) return this.askToRetry(sock, busy, who);
+    if (busy) {
+      this.askToRetry(sock, busy, who);
+      return;
+    }
     const fd = (sock as unknown as { _handle?: { fd?: number } })._handle?.fd;
     try {
       if (typeof fd !== 'number' || fd < 0) throw new Error('the socket has no file descriptor');
       this.opts.handOver(fd, msg, h);
     } catch (err) {
-      return this.askToRetry(sock, `it could not be handed to libpmix: ${(err as Error).message}`, who);
+      this.askToRetry(sock, `it could not be handed to libpmix: ${(err as Error).message}`, who);
+      return;
     }
     this.stats.admitted++;
     sock.destroy();
@@ -251,7 +259,10 @@ export class PmixGate {
       sock.end(b);
       setTimeout(() => sock.destroy(), 1000).unref();
     };
-    if (this.waiting >= (this.opts.maxPending ?? 512)) return answer();
+    if (this.waiting >= (this.opts.maxPending ?? 512)) {
+      answer();
+      return;
+    }
     this.waiting++;
     const t = setTimeout(() => {
       this.waiting--;

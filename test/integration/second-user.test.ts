@@ -92,7 +92,7 @@ describe.skipIf(!isRoot)('a second local user against every port of the sidecar'
     const exited = new Promise<number | null>((r) => stranger.on('close', (c) => r(c)));
     const report = await until(() => {
       const line = sout.split('\n')[0];
-      return line && line.startsWith('{') ? (JSON.parse(line) as StrangerReport) : undefined;
+      return line?.startsWith('{') ? (JSON.parse(line) as StrangerReport) : undefined;
     }, 60_000, `the stranger's report (stderr: ${serr})`);
     expect(report.uid).toBe(NOBODY);
 

@@ -147,8 +147,11 @@ describe('the gate on its own (a stand-in takes the admitted sockets)', () => {
       // The other peer's connections (fewer than its bound) are all still open.
       expect(odd.slice(-4).every((s) => !s.destroyed), `${odd.length} of the other peer's`).toBe(true);
       // A client of the crowded peer that sends its handshake at once gets through.
-      let c: Socket;
-      do c = await open(gate.port); while (c.localPort! % 2 !== 0 && (c.destroy(), true));
+      let c = await open(gate.port);
+      while (c.localPort! % 2 !== 0) {
+        c.destroy();
+        c = await open(gate.port);
+      }
       c.write(CLIENT_HANDSHAKE);
       await closedOf(c);
       expect(taken.length).toBe(1);
