@@ -21,10 +21,10 @@ import { existsSync, mkdirSync, statSync } from 'node:fs';
 import { cpus, hostname, loadavg } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs, promisify } from 'node:util';
-import { guardSection } from './lib/guard.js';
-import { BENCH_BIN, ROOT, baseEnv, collectLines, inOwnSession, median, round3, type Line } from './lib/run.js';
-import { SidecarProcess } from './lib/sidecar.js';
 import { DEFAULT_MEMBER_ENV } from '../src/service/default-env.js';
+import { guardSection } from './lib/guard.js';
+import { BENCH_BIN, baseEnv, collectLines, inOwnSession, type Line, median, ROOT, round3 } from './lib/run.js';
+import { SidecarProcess } from './lib/sidecar.js';
 
 const run = promisify(execFile);
 const WHEEL = join(ROOT, '.venv-mpich', 'bin');
@@ -61,13 +61,21 @@ async function timed(cmd: string, args: string[], env: Record<string, string>, n
 }
 
 class Ours {
-  private constructor(readonly sidecar: SidecarProcess, readonly workers: string[]) {}
+  private constructor(
+    readonly sidecar: SidecarProcess,
+    readonly workers: string[],
+  ) {}
 
   static async start(n: number): Promise<Ours> {
     const sidecar = await SidecarProcess.start();
     const workers = Array.from({ length: n }, (_, i) => `exec-w${i}`);
     for (const id of workers) {
-      await sidecar.must('POST', '/v1/workers', { id, host: hostname(), pid: process.pid, uid: process.getuid!(), gid: process.getgid!() }, 201);
+      await sidecar.must(
+        'POST',
+        '/v1/workers',
+        { id, host: hostname(), pid: process.pid, uid: process.getuid!(), gid: process.getgid!() },
+        201,
+      );
     }
     return new Ours(sidecar, workers);
   }
@@ -77,7 +85,10 @@ class Ours {
     const t0 = process.hrtime.bigint();
     const job = await this.sidecar.must('POST', '/v1/jobs', { impl: 'mpich', members: this.workers }, 201);
     const envs: Record<string, string>[] = [];
-    for (const w of this.workers) envs.push((await this.sidecar.must('GET', `/v1/jobs/${job.id}/env/${encodeURIComponent(w)}`, undefined, 200)).env);
+    for (const w of this.workers)
+      envs.push(
+        (await this.sidecar.must('GET', `/v1/jobs/${job.id}/env/${encodeURIComponent(w)}`, undefined, 200)).env,
+      );
     return { id: job.id, envs, restS: Number(process.hrtime.bigint() - t0) / 1e9 };
   }
 
@@ -95,7 +106,12 @@ class Ours {
   async launch(starter: Starter, n: number): Promise<{ seconds: number; restS: number }> {
     const job = await this.job();
     const script = job.envs
-      .map((env) => `${Object.entries(env).map(([k, v]) => `${k}=${shq(v)}`).join(' ')} ${[...STARTERS[starter], PROGRAM, 'world'].map(shq).join(' ')} &`)
+      .map(
+        (env) =>
+          `${Object.entries(env)
+            .map(([k, v]) => `${k}=${shq(v)}`)
+            .join(' ')} ${[...STARTERS[starter], PROGRAM, 'world'].map(shq).join(' ')} &`,
+      )
       .join('\n');
     const seconds = await timed('/bin/sh', ['-c', `${script}\nwait`], baseEnv(), n);
     await this.completed(job.id);
@@ -104,17 +120,29 @@ class Ours {
 }
 
 async function hydra(n: number): Promise<number> {
-  return timed(join(WHEEL, 'mpiexec'), ['-n', String(n), PROGRAM, 'world'], { ...baseEnv(), ...DEFAULT_MEMBER_ENV.mpich }, n);
+  return timed(
+    join(WHEEL, 'mpiexec'),
+    ['-n', String(n), PROGRAM, 'world'],
+    { ...baseEnv(), ...DEFAULT_MEMBER_ENV.mpich },
+    n,
+  );
 }
 
 async function main(): Promise<void> {
   const { values } = parseArgs({
-    options: { ranks: { type: 'string' }, repeats: { type: 'string' }, quick: { type: 'boolean', default: false }, 'in-session': { type: 'boolean', default: false } },
+    options: {
+      ranks: { type: 'string' },
+      repeats: { type: 'string' },
+      quick: { type: 'boolean', default: false },
+      'in-session': { type: 'boolean', default: false },
+    },
   });
   const quick = values.quick!;
   const n = Number(values.ranks ?? 8);
   const repeats = Number(values.repeats ?? (quick ? 3 : 7));
-  const starters: Starter[] = quick ? ['dask-pmix exec', 'dask-pmix exec --setsid'] : (Object.keys(STARTERS) as Starter[]);
+  const starters: Starter[] = quick
+    ? ['dask-pmix exec', 'dask-pmix exec --setsid']
+    : (Object.keys(STARTERS) as Starter[]);
   await build();
   const ours = await Ours.start(n);
   const times: Record<string, number[]> = { hydra: [] };
@@ -139,31 +167,47 @@ async function main(): Promise<void> {
   }
   const hydraS = median(times.hydra!);
   const results = Object.fromEntries(
-    starters.map((s) => [s, { seconds: round3(median(times[s]!)), runs: times[s]!.map(round3), ratio_to_hydra: round3(median(times[s]!) / hydraS) }]),
+    starters.map((s) => [
+      s,
+      {
+        seconds: round3(median(times[s]!)),
+        runs: times[s]!.map(round3),
+        ratio_to_hydra: round3(median(times[s]!) / hydraS),
+      },
+    ]),
   );
   const headline = results['dask-pmix exec']!.ratio_to_hydra;
-  console.log(JSON.stringify({
-    benchmark: 'exec',
-    host: hostname(),
-    cpus: cpus().length,
-    load_avg_1m: { min: round3(Math.min(...load)), max: round3(Math.max(...load)) },
-    node: process.version,
-    ranks: n,
-    repeats,
-    program: 'test/clients/mpi_job.c world (MPI_Init + Allreduce + Finalize), MPICH 5.0.2 wheel',
-    hydra: { seconds: round3(hydraS), runs: times.hydra!.map(round3) },
-    ours: results,
-    rest_s: round3(median(rest)),
-    env: DEFAULT_MEMBER_ENV.mpich,
-    notes: [
-      'seconds: median over repeats, from starting the launch (one shell forking every rank, or mpiexec) to the exit of the last rank',
-      'ours: a job created over REST, each member started with its REST environment through the starter named; rest_s (job + environments) is not in seconds',
-      'hydra: mpiexec -n N of the same wheel, the same MPI settings (DEFAULT_MEMBER_ENV.mpich)',
-      '--setsid: each rank in a session of its own as hydra does; not the default of dask-pmix exec',
-    ],
-    target: { max_ratio_to_hydra: 1.0, met: headline <= 1.0 },
-    guard: guardSection({ [`n${n}.exec`]: 1 / headline, [`n${n}.exec_setsid`]: 1 / results['dask-pmix exec --setsid']!.ratio_to_hydra }),
-  }, null, 2));
+  console.log(
+    JSON.stringify(
+      {
+        benchmark: 'exec',
+        host: hostname(),
+        cpus: cpus().length,
+        load_avg_1m: { min: round3(Math.min(...load)), max: round3(Math.max(...load)) },
+        node: process.version,
+        ranks: n,
+        repeats,
+        program: 'test/clients/mpi_job.c world (MPI_Init + Allreduce + Finalize), MPICH 5.0.2 wheel',
+        hydra: { seconds: round3(hydraS), runs: times.hydra!.map(round3) },
+        ours: results,
+        rest_s: round3(median(rest)),
+        env: DEFAULT_MEMBER_ENV.mpich,
+        notes: [
+          'seconds: median over repeats, from starting the launch (one shell forking every rank, or mpiexec) to the exit of the last rank',
+          'ours: a job created over REST, each member started with its REST environment through the starter named; rest_s (job + environments) is not in seconds',
+          'hydra: mpiexec -n N of the same wheel, the same MPI settings (DEFAULT_MEMBER_ENV.mpich)',
+          '--setsid: each rank in a session of its own as hydra does; not the default of dask-pmix exec',
+        ],
+        target: { max_ratio_to_hydra: 1.0, met: headline <= 1.0 },
+        guard: guardSection({
+          [`n${n}.exec`]: 1 / headline,
+          [`n${n}.exec_setsid`]: 1 / results['dask-pmix exec --setsid']!.ratio_to_hydra,
+        }),
+      },
+      null,
+      2,
+    ),
+  );
 }
 
 inOwnSession(import.meta.url, main);

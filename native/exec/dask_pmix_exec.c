@@ -14,29 +14,29 @@
 static const char USAGE[] = "usage: dask-pmix exec [--setsid] [--] PROGRAM ARGS...\n";
 
 int main(int argc, char **argv) {
-    int a = 1, setsid_ = 0;
-    for (; a < argc && argv[a][0] == '-'; a++) {
-        if (!strcmp(argv[a], "--")) {
-            a++;
-            break;
-        }
-        if (!strcmp(argv[a], "--setsid") || !strcmp(argv[a], "-s")) {
-            setsid_ = 1;
-        } else if (!strcmp(argv[a], "--help") || !strcmp(argv[a], "-h")) {
-            fputs(USAGE, stdout);
-            return 0;
-        } else {
-            fprintf(stderr, "dask-pmix exec: unknown option %s\n%s", argv[a], USAGE);
-            return 2;
-        }
+  int a = 1, setsid_ = 0;
+  for (; a < argc && argv[a][0] == '-'; a++) {
+    if (!strcmp(argv[a], "--")) {
+      a++;
+      break;
     }
-    if (a >= argc) {
-        fputs(USAGE, stderr);
-        return 2;
+    if (!strcmp(argv[a], "--setsid") || !strcmp(argv[a], "-s")) {
+      setsid_ = 1;
+    } else if (!strcmp(argv[a], "--help") || !strcmp(argv[a], "-h")) {
+      fputs(USAGE, stdout);
+      return 0;
+    } else {
+      fprintf(stderr, "dask-pmix exec: unknown option %s\n%s", argv[a], USAGE);
+      return 2;
     }
-    if (setsid_) setsid();
-    if (pmi_connect() != 0) return 3;
-    execvp(argv[a], argv + a);
-    fprintf(stderr, "dask-pmix exec: cannot run %s: %s\n", argv[a], strerror(errno));
-    return 127;
+  }
+  if (a >= argc) {
+    fputs(USAGE, stderr);
+    return 2;
+  }
+  if (setsid_) setsid();
+  if (pmi_connect() != 0) return 3;
+  execvp(argv[a], argv + a);
+  fprintf(stderr, "dask-pmix exec: cannot run %s: %s\n", argv[a], strerror(errno));
+  return 127;
 }

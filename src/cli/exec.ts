@@ -26,6 +26,8 @@ export function execBinder(args: string[]): Promise<number> {
       process.stderr.write(`dask-pmix exec: ${e.message}\n`);
       resolve(127);
     });
-    child.on('exit', (code, sig) => resolve(code ?? 128 + (sig ? (({ SIGINT: 2, SIGKILL: 9, SIGTERM: 15 }) as Record<string, number>)[sig] ?? 1 : 1)));
+    child.on('exit', (code, sig) =>
+      resolve(code ?? 128 + (sig ? (({ SIGINT: 2, SIGKILL: 9, SIGTERM: 15 } as Record<string, number>)[sig] ?? 1) : 1)),
+    );
   });
 }

@@ -14,13 +14,13 @@
 import type { Socket } from 'node:net';
 import { ConnectionState } from './connection-state.js';
 import type { EngineConnEvent, EngineFrame, PmiEngine } from './engine.js';
-import { PmiError, errorMessage } from './errors.js';
+import { errorMessage, PmiError } from './errors.js';
 import type { PmiJobCore } from './job-core.js';
-import { formatPmi1Error, parsePmi1Line } from './pmi1-codec.js';
+import { formatPmi1Error, type Pmi1Command, parsePmi1Line } from './pmi1-codec.js';
 import { PMI1_RESPONSE, PMI1_UNKNOWN_RESPONSE, Pmi1Session, type Reply } from './pmi1-session.js';
-import { formatPmi2Error, parsePmi2Body } from './pmi2-codec.js';
+import { formatPmi2Error, type Pmi2Command, parsePmi2Body } from './pmi2-codec.js';
 import { Pmi2Session } from './pmi2-session.js';
-import { WireFramer, type Frame } from './wire-framer.js';
+import { type Frame, WireFramer } from './wire-framer.js';
 
 /** A reply: its text, or text with a close. */
 type Out = string | Reply | null;
@@ -137,12 +137,20 @@ export class PmiConnection {
       return;
     }
     try {
-      this.engine!.adopt(fd, this.id, (ev) => this.fromEngine(ev), seat.job, seat.rank, {
-        escapes: this.state.pmi2Escapes,
-        fullinitDue: this.state.boundBy === 'initack',
-        skipLine: rest.skipLine,
-        skipBytes: rest.skipBytes,
-      }, leftover);
+      this.engine!.adopt(
+        fd,
+        this.id,
+        (ev) => this.fromEngine(ev),
+        seat.job,
+        seat.rank,
+        {
+          escapes: this.state.pmi2Escapes,
+          fullinitDue: this.state.boundBy === 'initack',
+          skipLine: rest.skipLine,
+          skipBytes: rest.skipBytes,
+        },
+        leftover,
+      );
     } catch (e) {
       this.fail(e);
       return;
@@ -177,7 +185,7 @@ export class PmiConnection {
     switch (frame.kind) {
       case 'line': {
         if (seq === undefined) this.traceIn(frame.text);
-        let cmd;
+        let cmd: Pmi1Command;
         try {
           cmd = parsePmi1Line(frame.text);
         } catch (e) {
@@ -196,7 +204,7 @@ export class PmiConnection {
         return;
       case 'pmi2': {
         if (seq === undefined) this.traceIn(frame.body);
-        let cmd;
+        let cmd: Pmi2Command;
         try {
           cmd = parsePmi2Body(frame.body);
         } catch (e) {
@@ -204,13 +212,19 @@ export class PmiConnection {
           this.send({ text: formatPmi2Error(`${name}-response`, asPmiError(e)) }, seq);
           return;
         }
-        this.track(this.pmi2.handle(cmd).then((r) => this.send(r, seq), (e) => this.fail(e)));
+        this.track(
+          this.pmi2.handle(cmd).then(
+            (r) => this.send(r, seq),
+            (e) => this.fail(e),
+          ),
+        );
         return;
       }
       case 'error': {
         if (seq === undefined) this.traceIn(`<framing error: ${frame.message}>`);
         const err = new PmiError(frame.message);
-        const text = frame.wire === 2 ? formatPmi2Error('error-response', err) : formatPmi1Error(PMI1_UNKNOWN_RESPONSE, err);
+        const text =
+          frame.wire === 2 ? formatPmi2Error('error-response', err) : formatPmi1Error(PMI1_UNKNOWN_RESPONSE, err);
         if (frame.fatal) {
           // Nothing after this can be framed: answer, then hang up.
           this.inOrder(() => ({ text, close: true }), seq);
@@ -304,8 +318,7 @@ export class PmiConnection {
     if (r.close) {
       this.socket.pause();
       this.socket.end(r.text, 'latin1', () => this.socket.destroy());
-    }
-    else this.socket.write(r.text, 'latin1');
+    } else this.socket.write(r.text, 'latin1');
   }
 
   /** A handler threw outside its own error handling: a bug, but it only costs this connection. */
@@ -326,7 +339,10 @@ export class PmiConnection {
     const { member, phase } = this.state;
     if (this.handover !== 'done') this.trace?.({ conn: this.id, dir: 'close', text: phase });
     try {
-      if (member) member.disconnected(phase === 'bound' ? 'its PMI connection closed before PMI finalize' : `connection closed after ${phase}`);
+      if (member)
+        member.disconnected(
+          phase === 'bound' ? 'its PMI connection closed before PMI finalize' : `connection closed after ${phase}`,
+        );
     } catch (e) {
       // The core's trouble, not this connection's.
       this.onError?.('member disconnect', e);
@@ -338,10 +354,14 @@ export class PmiConnection {
 
 function engineFrame(ev: EngineFrame): Frame {
   switch (ev.kind) {
-    case 'line': return { kind: 'line', text: ev.text };
-    case 'block': return { kind: 'block', lines: ev.text.split('\n') };
-    case 'pmi2': return { kind: 'pmi2', body: ev.text };
-    case 'error': return { kind: 'error', wire: ev.wire, message: ev.text, fatal: ev.fatal };
+    case 'line':
+      return { kind: 'line', text: ev.text };
+    case 'block':
+      return { kind: 'block', lines: ev.text.split('\n') };
+    case 'pmi2':
+      return { kind: 'pmi2', body: ev.text };
+    case 'error':
+      return { kind: 'error', wire: ev.wire, message: ev.text, fatal: ev.fatal };
   }
 }
 

@@ -51,12 +51,22 @@ export interface EngineFrame {
 
 export type EngineConnEvent =
   | EngineFrame
-  | { readonly type: 'closed'; readonly conn: number; readonly phase: 'bound' | 'finalized' | 'aborted'; readonly reason: string }
+  | {
+      readonly type: 'closed';
+      readonly conn: number;
+      readonly phase: 'bound' | 'finalized' | 'aborted';
+      readonly reason: string;
+    }
   | { readonly type: 'trace'; readonly conn: number; readonly dir: 'in' | 'out' | 'close'; readonly text: string };
 
 type EngineEvent =
   | EngineConnEvent
-  | { readonly type: 'fence'; readonly job: number; readonly seconds: number; readonly outcome: 'ok' | 'failed' | 'timeout' };
+  | {
+      readonly type: 'fence';
+      readonly job: number;
+      readonly seconds: number;
+      readonly outcome: 'ok' | 'failed' | 'timeout';
+    };
 
 interface NativeEngine {
   createJob(spec: EngineJobSpec): number;
@@ -141,8 +151,13 @@ export class PmiEngine {
    * from now on, `leftover` (bytes already received) first.
    */
   adopt(
-    fd: number, conn: number, handler: EngineConnHandler, job: EngineJob, rank: number,
-    state: AdoptState, leftover: string,
+    fd: number,
+    conn: number,
+    handler: EngineConnHandler,
+    job: EngineJob,
+    rank: number,
+    state: AdoptState,
+    leftover: string,
   ): void {
     this.native.adopt(fd, conn, job.id, rank, state, leftover);
     // While it holds connections the engine keeps the process alive, as their sockets would.

@@ -1,7 +1,9 @@
 // What each member of a job gets in its environment, per MPI library, besides the variables its
 // protocol backend derives (PMIx's setup_fork, PMI_PORT/PMI_ID), unless the sidecar is
 // configured otherwise. The values are measured on a 2-core machine, where waiting ranks that
-// busy-poll starve the others (and the Dask threads of their worker).
+// busy-poll starve the others (and the Dask threads of their worker). They act on MPI's own
+// waits; the waits for the process manager inside MPI_Init are beyond any of them
+// (bench/idle-ranks.ts, src/pmi/README.md).
 import type { Impl } from '../rm/index.js';
 
 export const DEFAULT_MEMBER_ENV: Readonly<Record<Impl, Readonly<Record<string, string>>>> = {

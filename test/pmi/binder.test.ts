@@ -20,9 +20,15 @@ const LAUNCHERS = {
   'node main.js': [process.execPath, join(ROOT, 'dist', 'src', 'cli', 'main.js')],
 } as const;
 
-function run(cmd: readonly string[], env: Record<string, string>): Promise<{ code: number | null; out: string; err: string }> {
+function run(
+  cmd: readonly string[],
+  env: Record<string, string>,
+): Promise<{ code: number | null; out: string; err: string }> {
   return new Promise((resolve, reject) => {
-    const c = spawn(cmd[0]!, cmd.slice(1), { env: { PATH: process.env.PATH!, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+    const c = spawn(cmd[0]!, cmd.slice(1), {
+      env: { PATH: process.env.PATH!, ...env },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
     let out = '';
     let err = '';
     c.stdout.on('data', (d: Buffer) => (out += d.toString()));
@@ -39,10 +45,15 @@ function run(cmd: readonly string[], env: Record<string, string>): Promise<{ cod
 describe.each(Object.entries(LAUNCHERS))('dask-pmix exec through %s', (_name, launcher) => {
   it('runs MPI_Init + Allreduce + Finalize of a plain MPICH 5 program in its job', async () => {
     const j = await fx.job(2);
-    const ranks = await Promise.all(j.envs.map((env) => run([...launcher, 'exec', '--', bin('mpi_job_mpich5'), 'world'], env)));
+    const ranks = await Promise.all(
+      j.envs.map((env) => run([...launcher, 'exec', '--', bin('mpi_job_mpich5'), 'world'], env)),
+    );
     for (const r of ranks) expect(r, r.err).toMatchObject({ code: 0 });
     const lines = ranks.map((r) => JSON.parse(r.out.trim()) as { rank: number; size: number; ok: boolean });
-    expect(lines.map((l) => [l.rank, l.size, l.ok]).sort()).toEqual([[0, 2, true], [1, 2, true]]);
+    expect(lines.map((l) => [l.rank, l.size, l.ok]).sort()).toEqual([
+      [0, 2, true],
+      [1, 2, true],
+    ]);
     expect((await fx.waitFor(j.job.id, ['completed', 'failed'])).state).toBe('completed');
   });
 
@@ -56,7 +67,10 @@ describe.each(Object.entries(LAUNCHERS))('dask-pmix exec through %s', (_name, la
   });
 
   it('just runs the program when there is no PMI environment, passing its exit status on', async () => {
-    expect(await run([...launcher, 'exec', '/bin/sh', '-c', 'echo plain; exit 7'], {})).toMatchObject({ code: 7, out: 'plain\n' });
+    expect(await run([...launcher, 'exec', '/bin/sh', '-c', 'echo plain; exit 7'], {})).toMatchObject({
+      code: 7,
+      out: 'plain\n',
+    });
     expect((await run([...launcher, 'exec'], {})).code).toBe(2);
     expect(await run([...launcher, 'exec', '/no/such/program'], {})).toMatchObject({ code: 127 });
   });

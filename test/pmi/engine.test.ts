@@ -6,22 +6,21 @@ import { spawnSync } from 'node:child_process';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { BINDER, ROOT } from '../helpers/paths.js';
+import { type FixtureJob, PmiRmFixture } from './helpers/rm-fixture.js';
 import { frame2, parse1, parse2, WireClient } from './helpers/wire-client.js';
-import { PmiRmFixture, type FixtureJob } from './helpers/rm-fixture.js';
 
 const fences: [string, number, string][] = [];
 let fx: PmiRmFixture;
 beforeAll(async () => {
-  fx = await PmiRmFixture.start({ releaseGraceMs: 5000, collectiveTimeoutMs: 400, onCollective: (n, s, o) => fences.push([n, s, o]) });
+  fx = await PmiRmFixture.start({
+    releaseGraceMs: 5000,
+    collectiveTimeoutMs: 400,
+    onCollective: (n, s, o) => fences.push([n, s, o]),
+  });
 });
 afterAll(() => fx.stop());
 
-async function bound(j: FixtureJob, rank: number): Promise<WireClient> {
-  const c = await WireClient.connect(fx.port);
-  c.send(`cmd=initack pmiid=${j.pmiIds[rank]}\n`);
-  for (let i = 0; i < 4; i++) await c.line();
-  return c;
-}
+const bound = (j: FixtureJob, rank: number) => fx.bound(j, rank);
 
 describe('the native PMI engine', () => {
   it('serves what a client sends along with its initack, in order, whoever answers each line', async () => {
@@ -29,24 +28,38 @@ describe('the native PMI engine', () => {
     const kvs = j.job.namespace;
     const c = await WireClient.connect(fx.port);
     // One write: the bind (JavaScript), then lines for the engine and for JavaScript, interleaved.
-    c.send([
-      `cmd=initack pmiid=${j.pmiIds[0]}`,
-      'cmd=get_maxes',
-      'cmd=publish_name service=engine-order port=p1',
-      `cmd=put kvsname=${kvs} key=k value=v`,
-      'cmd=frobnicate',
-      `cmd=get kvsname=${kvs} key=k`,
-      'cmd=lookup_name service=engine-order',
-      'cmd=barrier_in',
-      'cmd=unpublish_name service=engine-order',
-      'cmd=get_appnum',
-    ].map((l) => `${l}\n`).join(''));
+    c.send(
+      [
+        `cmd=initack pmiid=${j.pmiIds[0]}`,
+        'cmd=get_maxes',
+        'cmd=publish_name service=engine-order port=p1',
+        `cmd=put kvsname=${kvs} key=k value=v`,
+        'cmd=frobnicate',
+        `cmd=get kvsname=${kvs} key=k`,
+        'cmd=lookup_name service=engine-order',
+        'cmd=barrier_in',
+        'cmd=unpublish_name service=engine-order',
+        'cmd=get_appnum',
+      ]
+        .map((l) => `${l}\n`)
+        .join(''),
+    );
     const got = [];
     for (let i = 0; i < 13; i++) got.push(parse1(await c.line()));
     expect(got.map((r) => [r.cmd, r.rc ?? r.size ?? r.rank ?? r.debug])).toEqual([
-      ['initack', '0'], ['set', '1'], ['set', '0'], ['set', '0'],
-      ['maxes', '0'], ['publish_result', '0'], ['put_result', '0'], ['error', '-1'], ['get_result', '0'],
-      ['lookup_result', '0'], ['barrier_out', '0'], ['unpublish_result', '0'], ['appnum', '0'],
+      ['initack', '0'],
+      ['set', '1'],
+      ['set', '0'],
+      ['set', '0'],
+      ['maxes', '0'],
+      ['publish_result', '0'],
+      ['put_result', '0'],
+      ['error', '-1'],
+      ['get_result', '0'],
+      ['lookup_result', '0'],
+      ['barrier_out', '0'],
+      ['unpublish_result', '0'],
+      ['appnum', '0'],
     ]);
     expect(got[8]!.value).toBe('v');
     expect(got[9]!.port).toBe('p1');
@@ -62,16 +75,26 @@ describe('the native PMI engine', () => {
     far.send(frame2('cmd=info-getnodeattr;key=shm;wait=TRUE;'));
     expect(await a.silent(50)).toBe(true);
     expect(await b.cmd2('cmd=info-putnodeattr;key=shm;value=/dev/shm/seg;')).toMatchObject({ rc: '0' });
-    expect(parse2(await a.frame())).toMatchObject({ cmd: 'info-getnodeattr-response', thrid: '0x1', rc: '0', found: 'TRUE', value: '/dev/shm/seg' });
+    expect(parse2(await a.frame())).toMatchObject({
+      cmd: 'info-getnodeattr-response',
+      thrid: '0x1',
+      rc: '0',
+      found: 'TRUE',
+      value: '/dev/shm/seg',
+    });
     // Another node's attribute is not this node's.
     expect(await far.silent(50)).toBe(true);
     b.close();
-    expect(parse2(await far.frame())).toMatchObject({ cmd: 'info-getnodeattr-response', rc: '-1', errmsg: expect.stringContaining('rank 1') });
+    expect(parse2(await far.frame())).toMatchObject({
+      cmd: 'info-getnodeattr-response',
+      rc: '-1',
+      errmsg: expect.stringContaining('rank 1'),
+    });
     a.close();
     far.close();
   });
 
-  it('fails a barrier at the core\'s collective deadline, naming the ranks that did not come, and reports each fence', async () => {
+  it("fails a barrier at the core's collective deadline, naming the ranks that did not come, and reports each fence", async () => {
     const j = await fx.job(3);
     const [a, b, c] = [await bound(j, 0), await bound(j, 1), await bound(j, 2)];
     fences.length = 0;
@@ -81,7 +104,11 @@ describe('the native PMI engine', () => {
     const t0 = Date.now();
     const out = parse1(await a.line());
     expect(Date.now() - t0).toBeGreaterThanOrEqual(350);
-    expect(out).toMatchObject({ cmd: 'barrier_out', rc: '-1', msg: expect.stringContaining('timed_out_after_400_ms_waiting_for_ranks_1,2') });
+    expect(out).toMatchObject({
+      cmd: 'barrier_out',
+      rc: '-1',
+      msg: expect.stringContaining('timed_out_after_400_ms_waiting_for_ranks_1,2'),
+    });
     // The fence reports reach the core's observer with the next event of the engine.
     for (const m of [a, b, c]) m.close();
     await fx.waitFor(j.job.id, ['failed']);
@@ -97,7 +124,14 @@ describe('the native PMI engine', () => {
     for (let i = 0; i < 4; i++) await c.line();
     expect(parse1(await c.line())).toMatchObject({ cmd: 'response_to_init', rc: '0', pmi_version: '2' });
     c.send(body.slice(9));
-    expect(parse2(await c.frame())).toMatchObject({ cmd: 'fullinit-response', rc: '0', rank: '0', size: '1', 'pmi-version': '2', pmiverbose: 'FALSE' });
+    expect(parse2(await c.frame())).toMatchObject({
+      cmd: 'fullinit-response',
+      rc: '0',
+      rank: '0',
+      size: '1',
+      'pmi-version': '2',
+      pmiverbose: 'FALSE',
+    });
     expect(await c.cmd2('cmd=kvs-put;key=a;value=x;;y;')).toMatchObject({ rc: '0' });
     expect(await c.cmd2('cmd=kvs-fence;')).toMatchObject({ rc: '0' });
     // An older (escaping) client gets its ';' back escaped.

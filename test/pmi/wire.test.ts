@@ -483,12 +483,7 @@ describe('limits: a hostile client gets errors, not the sidecar\'s memory, and o
   });
   afterAll(() => lx.stop());
 
-  async function bound(j: FixtureJob, rank: number): Promise<WireClient> {
-    const c = await WireClient.connect(lx.port);
-    c.send(`cmd=initack pmiid=${j.pmiIds[rank]}\n`);
-    for (let i = 0; i < 4; i++) await c.line();
-    return c;
-  }
+  const bound = (j: FixtureJob, rank: number) => lx.bound(j, rank);
 
   it('bounds keys, bytes and puts per job, each with a clear error', async () => {
     const [j, other] = [await lx.job(2), await lx.job(1)];

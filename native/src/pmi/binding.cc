@@ -20,12 +20,12 @@ std::vector<std::pair<std::string, std::string>> Pairs(Napi::Value v) {
   return out;
 }
 
-int64_t Int(Napi::Object o, const char* key, int64_t fallback) {
+int64_t Int(Napi::Object o, const char *key, int64_t fallback) {
   Napi::Value v = o.Get(key);
   return v.IsNumber() ? v.As<Napi::Number>().Int64Value() : fallback;
 }
 
-uint64_t Id(const Napi::Value& v) { return static_cast<uint64_t>(v.As<Napi::Number>().Int64Value()); }
+uint64_t Id(const Napi::Value &v) { return static_cast<uint64_t>(v.As<Napi::Number>().Int64Value()); }
 
 class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
  public:
@@ -45,7 +45,7 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
   }
 
   // new PmiEngine(onEvents, { trace })
-  explicit EngineWrap(const Napi::CallbackInfo& info) : Napi::ObjectWrap<EngineWrap>(info) {
+  explicit EngineWrap(const Napi::CallbackInfo &info) : Napi::ObjectWrap<EngineWrap>(info) {
     Napi::Env env = info.Env();
     if (!info[0].IsFunction()) throw Napi::TypeError::New(env, "PmiEngine(onEvents, options)");
     bool trace = info[1].IsObject() && info[1].As<Napi::Object>().Get("trace").ToBoolean();
@@ -53,12 +53,12 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
   }
 
  private:
-  Engine& engine(Napi::Env env) {
+  Engine &engine(Napi::Env env) {
     if (!engine_) throw Napi::Error::New(env, "the PMI engine has stopped");
     return *engine_;
   }
 
-  Napi::Value CreateJob(const Napi::CallbackInfo& info) {
+  Napi::Value CreateJob(const Napi::CallbackInfo &info) {
     Napi::Env env = info.Env();
     Napi::Object o = info[0].As<Napi::Object>();
     JobSpec spec;
@@ -73,7 +73,8 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
     for (int r = 0; r < spec.size; r++) {
       spec.node.push_back(node.Get(static_cast<uint32_t>(r)).ToNumber().Int32Value());
       spec.local.push_back(local.Get(static_cast<uint32_t>(r)).ToBoolean());
-      if (spec.node.back() < 0 || spec.node.back() >= spec.size) throw Napi::RangeError::New(env, "node index out of range");
+      if (spec.node.back() < 0 || spec.node.back() >= spec.size)
+        throw Napi::RangeError::New(env, "node index out of range");
     }
     spec.derived = Pairs(o.Get("derived"));
     spec.localAttrs = Pairs(o.Get("localAttrs"));
@@ -87,16 +88,16 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
     return Napi::Number::New(env, static_cast<double>(engine(env).CreateJob(std::move(spec))));
   }
 
-  void RankGone(const Napi::CallbackInfo& info) {
+  void RankGone(const Napi::CallbackInfo &info) {
     engine(info.Env()).RankGone(Id(info[0]), info[1].As<Napi::Number>().Int32Value(), FromLatin1(info[2]));
   }
 
-  void CloseJob(const Napi::CallbackInfo& info) { engine(info.Env()).CloseJob(Id(info[0]), FromLatin1(info[1])); }
+  void CloseJob(const Napi::CallbackInfo &info) { engine(info.Env()).CloseJob(Id(info[0]), FromLatin1(info[1])); }
 
-  void ReleaseJob(const Napi::CallbackInfo& info) { engine(info.Env()).ReleaseJob(Id(info[0]), FromLatin1(info[1])); }
+  void ReleaseJob(const Napi::CallbackInfo &info) { engine(info.Env()).ReleaseJob(Id(info[0]), FromLatin1(info[1])); }
 
   // adopt(fd, conn, job, rank, { escapes, fullinitDue }, leftover)
-  void Adopt(const Napi::CallbackInfo& info) {
+  void Adopt(const Napi::CallbackInfo &info) {
     Napi::Env env = info.Env();
     ConnState state;
     Napi::Object s = info[4].As<Napi::Object>();
@@ -106,28 +107,28 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
     state.skipBytes = static_cast<size_t>(Int(s, "skipBytes", 0));
     std::string leftover = info[5].IsString() ? FromLatin1(info[5]) : std::string();
     try {
-      engine(env).Adopt(info[0].As<Napi::Number>().Int32Value(), Id(info[1]), Id(info[2]), info[3].As<Napi::Number>().Int32Value(), state,
-                        std::move(leftover));
-    } catch (const std::runtime_error& e) {
+      engine(env).Adopt(info[0].As<Napi::Number>().Int32Value(), Id(info[1]), Id(info[2]),
+                        info[3].As<Napi::Number>().Int32Value(), state, std::move(leftover));
+    } catch (const std::runtime_error &e) {
       throw Napi::Error::New(env, e.what());
     }
   }
 
   // reply(conn, seq, text | null, close)
-  void Reply(const Napi::CallbackInfo& info) {
+  void Reply(const Napi::CallbackInfo &info) {
     std::optional<std::string> text;
     if (info[2].IsString()) text = FromLatin1(info[2]);
     engine(info.Env()).Reply(Id(info[0]), Id(info[1]), std::move(text), info[3].ToBoolean());
   }
 
-  void CloseConn(const Napi::CallbackInfo& info) { engine(info.Env()).CloseConn(Id(info[0])); }
+  void CloseConn(const Napi::CallbackInfo &info) { engine(info.Env()).CloseConn(Id(info[0])); }
 
   // ref(true | false): whether the engine keeps the event loop alive.
-  void Ref(const Napi::CallbackInfo& info) {
+  void Ref(const Napi::CallbackInfo &info) {
     if (engine_) engine_->Ref(info.Env(), info[0].ToBoolean());
   }
 
-  void Stop(const Napi::CallbackInfo&) {
+  void Stop(const Napi::CallbackInfo &) {
     if (engine_) engine_->Stop();
     engine_.reset();
   }
@@ -137,8 +138,8 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
 
 // ---- the codec, for its tests ----
 
-Napi::Value FrameObject(Napi::Env env, const Frame& f) {
-  static const char* kinds[] = {"line", "block", "pmi2", "error"};
+Napi::Value FrameObject(Napi::Env env, const Frame &f) {
+  static const char *kinds[] = {"line", "block", "pmi2", "error"};
   Napi::Object o = Napi::Object::New(env);
   o.Set("kind", kinds[f.kind]);
   if (f.kind == Frame::kError) {
@@ -151,7 +152,8 @@ Napi::Value FrameObject(Napi::Env env, const Frame& f) {
     uint32_t i = 0;
     for (;;) {
       size_t nl = f.text.find('\n', start);
-      lines.Set(i++, Latin1(env, f.text.substr(start, nl == std::string_view::npos ? std::string_view::npos : nl - start)));
+      lines.Set(i++,
+                Latin1(env, f.text.substr(start, nl == std::string_view::npos ? std::string_view::npos : nl - start)));
       if (nl == std::string_view::npos) break;
       start = nl + 1;
     }
@@ -163,7 +165,7 @@ Napi::Value FrameObject(Napi::Env env, const Frame& f) {
 }
 
 // codecFrames(chunks: string[]) -> { frames, pending }: each chunk appended in turn, frames taken after each.
-Napi::Value CodecFrames(const Napi::CallbackInfo& info) {
+Napi::Value CodecFrames(const Napi::CallbackInfo &info) {
   Napi::Env env = info.Env();
   Napi::Array chunks = info[0].As<Napi::Array>();
   Framer framer;
@@ -182,7 +184,7 @@ Napi::Value CodecFrames(const Napi::CallbackInfo& info) {
 }
 
 // codecParse(wire: 1 | 2, text) -> { cmd, args: [k, v][] } | null
-Napi::Value CodecParse(const Napi::CallbackInfo& info) {
+Napi::Value CodecParse(const Napi::CallbackInfo &info) {
   Napi::Env env = info.Env();
   std::string text = FromLatin1(info[1]);
   Command cmd;
@@ -202,7 +204,7 @@ Napi::Value CodecParse(const Napi::CallbackInfo& info) {
 }
 
 // codecFormat(what, ...args): the formatting helpers, by name.
-Napi::Value CodecFormat(const Napi::CallbackInfo& info) {
+Napi::Value CodecFormat(const Napi::CallbackInfo &info) {
   Napi::Env env = info.Env();
   std::string what = info[0].As<Napi::String>();
   auto arg = [&](size_t i) { return FromLatin1(info[i]); };
@@ -220,7 +222,7 @@ Napi::Value CodecFormat(const Napi::CallbackInfo& info) {
     std::string thrid = info[3].IsString() ? arg(3) : std::string();
     std::string_view t(thrid);
     Pmi2Reply r(arg(1), info[3].IsString() ? &t : nullptr, info[4].ToBoolean());
-    for (const auto& [k, v] : Pairs(info[2])) r.Str(k, v);
+    for (const auto &[k, v] : Pairs(info[2])) r.Str(k, v);
     return Latin1(env, r.Done());
   }
   throw Napi::Error::New(env, "unknown codec function " + what);

@@ -12,7 +12,7 @@ bool StartsWith(std::string_view s, std::string_view p) { return s.substr(0, p.s
 bool IsDigit(char c) { return c >= '0' && c <= '9'; }
 
 // /^ *\d* *$/ (a PMI-2 length still arriving).
-bool SpacesDigitsSpaces(std::string_view s, size_t* digits = nullptr) {
+bool SpacesDigitsSpaces(std::string_view s, size_t *digits = nullptr) {
   size_t i = 0;
   while (i < s.size() && s[i] == ' ') i++;
   size_t d = i;
@@ -29,7 +29,7 @@ bool IsJsSpace(unsigned char c) { return (c >= 9 && c <= 13) || c == ' ' || c ==
 
 // ---- framing ----------------------------------------------------------------------------------
 
-void Framer::Append(const char* data, size_t n) {
+void Framer::Append(const char *data, size_t n) {
   if (dead_) return;
   if (off_ > 0 && (off_ == buf_.size() || off_ >= 4096)) {
     buf_.erase(0, off_);
@@ -65,7 +65,7 @@ bool Framer::SkipAhead() {
   return true;
 }
 
-bool Framer::Next(Frame& f) {
+bool Framer::Next(Frame &f) {
   if (dead_) return false;
   if (skip_ != kNone && !SkipAhead()) return false;
   std::string_view b = Rest();
@@ -73,7 +73,8 @@ bool Framer::Next(Frame& f) {
   if (StartsWith(b, "cmd=")) return Line(f);
   if (StartsWith(b, "mcmd=")) return Block(f);
   // Not enough bytes yet to tell a PMI-1 prefix from a PMI-2 length.
-  if (b.size() < kPmi2Header && (StartsWith("cmd=", b) || StartsWith("mcmd=", b) || SpacesDigitsSpaces(b))) return false;
+  if (b.size() < kPmi2Header && (StartsWith("cmd=", b) || StartsWith("mcmd=", b) || SpacesDigitsSpaces(b)))
+    return false;
   std::string_view head = b.substr(0, kPmi2Header);
   size_t digits = 0;
   if (SpacesDigitsSpaces(head, &digits) && digits >= 1) {
@@ -90,7 +91,7 @@ bool Framer::Next(Frame& f) {
   return true;
 }
 
-bool Framer::Line(Frame& f) {
+bool Framer::Line(Frame &f) {
   std::string_view b = Rest();
   size_t nl = b.find('\n');
   if (nl == std::string_view::npos || nl + 1 > kPmi1MaxLine) {
@@ -113,13 +114,14 @@ bool Framer::Line(Frame& f) {
   return true;
 }
 
-bool Framer::Block(Frame& f) {
+bool Framer::Block(Frame &f) {
   std::string_view b = Rest();
   size_t pos = blockPos_;
   for (;;) {
     size_t nl = b.find('\n', pos);
     if (nl == std::string_view::npos || nl + 1 - pos > kPmi1MaxLine || nl + 1 > kPmi1MaxBlock) {
-      bool tooLong = nl == std::string_view::npos ? (b.size() - pos >= kPmi1MaxLine || b.size() >= kPmi1MaxBlock) : true;
+      bool tooLong =
+          nl == std::string_view::npos ? (b.size() - pos >= kPmi1MaxLine || b.size() >= kPmi1MaxBlock) : true;
       if (!tooLong) {
         blockPos_ = pos;
         return false;
@@ -144,7 +146,7 @@ bool Framer::Block(Frame& f) {
   }
 }
 
-bool Framer::Pmi2(size_t len, Frame& f) {
+bool Framer::Pmi2(size_t len, Frame &f) {
   if (len == 0 || len > kPmi2MaxBody) {
     Consume(kPmi2Header);
     skip_ = kBytes;
@@ -161,14 +163,14 @@ bool Framer::Pmi2(size_t len, Frame& f) {
 
 // ---- parsing ----------------------------------------------------------------------------------
 
-const std::string_view* Command::Get(std::string_view key) const {
-  for (const auto& kv : args) {
+const std::string_view *Command::Get(std::string_view key) const {
+  for (const auto &kv : args) {
     if (kv.first == key) return &kv.second;
   }
   return nullptr;
 }
 
-bool ParsePmi1(std::string_view line, Command& out) {
+bool ParsePmi1(std::string_view line, Command &out) {
   out.cmd = {};
   out.args.clear();
   out.owned.clear();
@@ -199,7 +201,7 @@ bool ParsePmi1(std::string_view line, Command& out) {
   return !out.cmd.empty();
 }
 
-bool ParsePmi2(std::string_view body, Command& out) {
+bool ParsePmi2(std::string_view body, Command &out) {
   out.cmd = {};
   out.args.clear();
   out.owned.clear();
@@ -229,7 +231,7 @@ bool ParsePmi2(std::string_view body, Command& out) {
       }
     }
     out.owned.push_back(std::move(cur));
-    for (const auto& t : out.owned) tokens.emplace_back(t);
+    for (const auto &t : out.owned) tokens.emplace_back(t);
   }
   bool haveCmd = false;
   for (std::string_view t : tokens) {
@@ -273,7 +275,7 @@ std::string Pmi1Token(std::string_view text) {
 
 std::string Pmi1Value(std::string_view v) {
   std::string t(v);
-  for (char& c : t) {
+  for (char &c : t) {
     if (IsJsSpace(static_cast<unsigned char>(c))) c = '_';
   }
   return t;
@@ -284,8 +286,10 @@ std::string Pmi2Text(std::string_view text) {
   t.reserve(std::min<size_t>(text.size(), 400));
   for (char ch : text) {
     unsigned char c = static_cast<unsigned char>(ch);
-    if (c == ';' || c == '\n' || c == '\r') t += ',';
-    else t += (c < 0x20 || c > 0x7e) ? '?' : ch;
+    if (c == ';' || c == '\n' || c == '\r')
+      t += ',';
+    else
+      t += (c < 0x20 || c > 0x7e) ? '?' : ch;
     if (t.size() == 400) break;
   }
   return t;
@@ -297,7 +301,7 @@ Pmi1Reply::Pmi1Reply(std::string_view cmd) {
   s_ += cmd;
 }
 
-Pmi1Reply& Pmi1Reply::Str(std::string_view key, std::string_view value) {
+Pmi1Reply &Pmi1Reply::Str(std::string_view key, std::string_view value) {
   s_ += ' ';
   s_ += key;
   s_ += '=';
@@ -305,7 +309,7 @@ Pmi1Reply& Pmi1Reply::Str(std::string_view key, std::string_view value) {
   return *this;
 }
 
-Pmi1Reply& Pmi1Reply::Int(std::string_view key, long value) { return Str(key, std::to_string(value)); }
+Pmi1Reply &Pmi1Reply::Int(std::string_view key, long value) { return Str(key, std::to_string(value)); }
 
 std::string Pmi1Reply::Done() {
   s_ += '\n';
@@ -321,7 +325,7 @@ std::string Pmi1Error(std::string_view response, std::string_view message, bool 
   return s;
 }
 
-Pmi2Reply::Pmi2Reply(std::string_view cmd, const std::string_view* thrid, bool escape) : escape_(escape) {
+Pmi2Reply::Pmi2Reply(std::string_view cmd, const std::string_view *thrid, bool escape) : escape_(escape) {
   body_.reserve(96);
   body_ += "cmd=";
   body_ += cmd;
@@ -333,7 +337,7 @@ Pmi2Reply::Pmi2Reply(std::string_view cmd, const std::string_view* thrid, bool e
   }
 }
 
-Pmi2Reply& Pmi2Reply::Str(std::string_view key, std::string_view value) {
+Pmi2Reply &Pmi2Reply::Str(std::string_view key, std::string_view value) {
   body_ += key;
   body_ += '=';
   if (escape_ && value.find(';') != std::string_view::npos) {
@@ -348,7 +352,7 @@ Pmi2Reply& Pmi2Reply::Str(std::string_view key, std::string_view value) {
   return *this;
 }
 
-Pmi2Reply& Pmi2Reply::Int(std::string_view key, long value) { return Str(key, std::to_string(value)); }
+Pmi2Reply &Pmi2Reply::Int(std::string_view key, long value) { return Str(key, std::to_string(value)); }
 
 std::string Pmi2Reply::Done() {
   char head[16];
@@ -356,7 +360,7 @@ std::string Pmi2Reply::Done() {
   return std::string(head) + body_;
 }
 
-std::string Pmi2Error(std::string_view response, std::string_view message, const std::string_view* thrid) {
+std::string Pmi2Error(std::string_view response, std::string_view message, const std::string_view *thrid) {
   return Pmi2Reply(response, thrid, false).Str("rc", "-1").Str("errmsg", Pmi2Text(message)).Done();
 }
 

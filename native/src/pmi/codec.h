@@ -37,9 +37,9 @@ struct Frame {
 // frame's limit is buffered, an over-long line or PMI-2 body is skipped and reported.
 class Framer {
  public:
-  void Append(const char* data, size_t n);
+  void Append(const char *data, size_t n);
   // The next complete frame; its text stays valid until the next Append. False: more bytes needed.
-  bool Next(Frame& f);
+  bool Next(Frame &f);
   // Bytes buffered and not yet framed.
   size_t Pending() const { return buf_.size() - off_; }
   bool Dead() const { return dead_; }
@@ -49,9 +49,9 @@ class Framer {
 
  private:
   bool SkipAhead();
-  bool Line(Frame& f);
-  bool Block(Frame& f);
-  bool Pmi2(size_t len, Frame& f);
+  bool Line(Frame &f);
+  bool Block(Frame &f);
+  bool Pmi2(size_t len, Frame &f);
   std::string_view Rest() const { return std::string_view(buf_).substr(off_); }
   void Consume(size_t n) { off_ += n; }
 
@@ -72,13 +72,13 @@ struct Command {
   std::vector<std::pair<std::string_view, std::string_view>> args;
   std::vector<std::string> owned;
   // The first value of `key`, or nullptr.
-  const std::string_view* Get(std::string_view key) const;
+  const std::string_view *Get(std::string_view key) const;
 };
 
 // pmi1-codec.ts parsePmi1Line: false where it would throw.
-bool ParsePmi1(std::string_view line, Command& out);
+bool ParsePmi1(std::string_view line, Command &out);
 // pmi2-codec.ts parsePmi2Body: false where it would throw.
-bool ParsePmi2(std::string_view body, Command& out);
+bool ParsePmi2(std::string_view body, Command &out);
 
 // pmi1-codec.ts pmi1Token: free text as one PMI-1 token both MPICH 4.0.2 and 5.x parse.
 std::string Pmi1Token(std::string_view text);
@@ -91,8 +91,8 @@ std::string Pmi2Text(std::string_view text);
 class Pmi1Reply {
  public:
   explicit Pmi1Reply(std::string_view cmd);
-  Pmi1Reply& Str(std::string_view key, std::string_view value);
-  Pmi1Reply& Int(std::string_view key, long value);
+  Pmi1Reply &Str(std::string_view key, std::string_view value);
+  Pmi1Reply &Int(std::string_view key, long value);
   // The line, newline included.
   std::string Done();
 
@@ -107,10 +107,10 @@ std::string Pmi1Error(std::string_view response, std::string_view message, bool 
 // A PMI-2 reply frame under construction: `cmd=<name>;[thrid=..;]k=v;...`, length-prefixed.
 class Pmi2Reply {
  public:
-  Pmi2Reply(std::string_view cmd, const std::string_view* thrid, bool escape);
-  Pmi2Reply& Str(std::string_view key, std::string_view value);
-  Pmi2Reply& Int(std::string_view key, long value);
-  Pmi2Reply& Bool(std::string_view key, bool value) { return Str(key, value ? "TRUE" : "FALSE"); }
+  Pmi2Reply(std::string_view cmd, const std::string_view *thrid, bool escape);
+  Pmi2Reply &Str(std::string_view key, std::string_view value);
+  Pmi2Reply &Int(std::string_view key, long value);
+  Pmi2Reply &Bool(std::string_view key, bool value) { return Str(key, value ? "TRUE" : "FALSE"); }
   // The frame: the body behind its 6-character length.
   std::string Done();
 
@@ -119,6 +119,6 @@ class Pmi2Reply {
   bool escape_;
 };
 
-std::string Pmi2Error(std::string_view response, std::string_view message, const std::string_view* thrid);
+std::string Pmi2Error(std::string_view response, std::string_view message, const std::string_view *thrid);
 
 }  // namespace dpmix::pmi

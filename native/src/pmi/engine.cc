@@ -23,30 +23,39 @@ constexpr size_t kReadChunk = 64 * 1024;
 // Lazy events (a finished fence) wait for the next urgent one, up to this many.
 constexpr size_t kMaxLazy = 4096;
 
-bool Pmi1Ordered(const Frame& f) { return f.kind == Frame::kLine || f.kind == Frame::kBlock || (f.kind == Frame::kError && f.wire != 2); }
+bool Pmi1Ordered(const Frame &f) {
+  return f.kind == Frame::kLine || f.kind == Frame::kBlock || (f.kind == Frame::kError && f.wire != 2);
+}
 
-const char* PhaseName(Phase p) {
+const char *PhaseName(Phase p) {
   switch (p) {
-    case Phase::kBound: return "bound";
-    case Phase::kFinalized: return "finalized";
-    case Phase::kAborted: return "aborted";
+    case Phase::kBound:
+      return "bound";
+    case Phase::kFinalized:
+      return "finalized";
+    case Phase::kAborted:
+      return "aborted";
   }
   return "bound";
 }
 
-const char* FrameKindName(Frame::Kind k) {
+const char *FrameKindName(Frame::Kind k) {
   switch (k) {
-    case Frame::kLine: return "line";
-    case Frame::kBlock: return "block";
-    case Frame::kPmi2: return "pmi2";
-    case Frame::kError: return "error";
+    case Frame::kLine:
+      return "line";
+    case Frame::kBlock:
+      return "block";
+    case Frame::kPmi2:
+      return "pmi2";
+    case Frame::kError:
+      return "error";
   }
   return "line";
 }
 
 }  // namespace
 
-void DeliverBatch(Napi::Env env, Napi::Function callback, const std::vector<Event>& events);
+void DeliverBatch(Napi::Env env, Napi::Function callback, const std::vector<Event> &events);
 
 Napi::String Latin1(Napi::Env env, std::string_view s) {
   napi_value v;
@@ -64,9 +73,9 @@ std::string FromLatin1(Napi::Value v) {
   return s;
 }
 
-void DeliverEvents(Napi::Env env, Napi::Function callback, OutboxRef* ref, void*) {
+void DeliverEvents(Napi::Env env, Napi::Function callback, OutboxRef *ref, void *) {
   if (env == nullptr || ref == nullptr) return;
-  Outbox* outbox = ref->get();
+  Outbox *outbox = ref->get();
   std::vector<Event> events;
   {
     std::lock_guard<std::mutex> lock(outbox->mutex);
@@ -77,7 +86,7 @@ void DeliverEvents(Napi::Env env, Napi::Function callback, OutboxRef* ref, void*
   // Nothing may escape into the thread-safe function's caller: a throw there ends the process.
   try {
     DeliverBatch(env, callback, events);
-  } catch (const Napi::Error& e) {
+  } catch (const Napi::Error &e) {
     // The callback threw: it becomes the process's uncaught exception, as any callback's would
     // (unless the environment is going away, when there is no one left to tell).
     bool pending = false;
@@ -85,11 +94,11 @@ void DeliverEvents(Napi::Env env, Napi::Function callback, OutboxRef* ref, void*
   }
 }
 
-void DeliverBatch(Napi::Env env, Napi::Function callback, const std::vector<Event>& events) {
+void DeliverBatch(Napi::Env env, Napi::Function callback, const std::vector<Event> &events) {
   Napi::HandleScope scope(env);
   Napi::Array out = Napi::Array::New(env, events.size());
   uint32_t i = 0;
-  for (const Event& ev : events) {
+  for (const Event &ev : events) {
     Napi::Object o = Napi::Object::New(env);
     switch (ev.kind) {
       case Event::kFrame:
@@ -128,7 +137,8 @@ void DeliverBatch(Napi::Env env, Napi::Function callback, const std::vector<Even
   callback.Call({out});
 }
 
-Engine::Engine(Napi::Env env, Napi::Function onEvents, bool trace) : outbox_(std::make_shared<Outbox>()), trace_(trace) {
+Engine::Engine(Napi::Env env, Napi::Function onEvents, bool trace)
+    : outbox_(std::make_shared<Outbox>()), trace_(trace) {
   epoll_ = epoll_create1(EPOLL_CLOEXEC);
   wake_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (epoll_ < 0 || wake_ < 0) {
@@ -138,13 +148,14 @@ Engine::Engine(Napi::Env env, Napi::Function onEvents, bool trace) : outbox_(std
   ev.events = EPOLLIN;
   ev.data.u64 = 0;
   epoll_ctl(epoll_, EPOLL_CTL_ADD, wake_, &ev);
-  tsfn_ = Tsfn::New(env, onEvents, "dask-pmix-pmi-engine", 0, 1, new OutboxRef(outbox_), [](Napi::Env, void*, OutboxRef* o) {
-    {
-      std::lock_guard<std::mutex> lock((*o)->mutex);
-      (*o)->finalized = true;
-    }
-    delete o;
-  });
+  tsfn_ = Tsfn::New(env, onEvents, "dask-pmix-pmi-engine", 0, 1, new OutboxRef(outbox_),
+                    [](Napi::Env, void *, OutboxRef *o) {
+                      {
+                        std::lock_guard<std::mutex> lock((*o)->mutex);
+                        (*o)->finalized = true;
+                      }
+                      delete o;
+                    });
   // Idle, the engine does not keep the process alive; with connections it does (Ref).
   tsfn_.Unref(env);
   thread_ = std::thread([this] { Loop(); });
@@ -158,7 +169,7 @@ void Engine::Stop(bool release) {
   if (stopped_.exchange(true)) return;
   Post([this] { running_ = false; });
   if (thread_.joinable()) thread_.join();
-  for (auto& [id, c] : conns_) close(c->fd);
+  for (auto &[id, c] : conns_) close(c->fd);
   conns_.clear();
   jobs_.clear();
   close(epoll_);
@@ -173,8 +184,10 @@ void Engine::Stop(bool release) {
 
 void Engine::Ref(Napi::Env env, bool ref) {
   if (stopped_) return;
-  if (ref) tsfn_.Ref(env);
-  else tsfn_.Unref(env);
+  if (ref)
+    tsfn_.Ref(env);
+  else
+    tsfn_.Unref(env);
 }
 
 void Engine::Post(std::function<void()> work) {
@@ -207,7 +220,7 @@ void Engine::RankGone(uint64_t job, int rank, std::string message) {
   Post([this, job, rank, message = std::move(message)] {
     auto it = jobs_.find(job);
     if (it == jobs_.end()) return;
-    for (FenceEnd& end : it->second->RankGone(rank, message, Now())) Answer(end, job);
+    for (FenceEnd &end : it->second->RankGone(rank, message, Now())) Answer(end, job);
   });
 }
 
@@ -216,8 +229,8 @@ void Engine::CloseJob(uint64_t job, std::string message) {
     auto it = jobs_.find(job);
     if (it == jobs_.end()) return;
     std::vector<Waiter> nodeWaiters;
-    for (FenceEnd& end : it->second->Close(message, Now(), &nodeWaiters)) Answer(end, job);
-    for (const Waiter& w : nodeWaiters) AnswerNode(w, nullptr, &message);
+    for (FenceEnd &end : it->second->Close(message, Now(), &nodeWaiters)) Answer(end, job);
+    for (const Waiter &w : nodeWaiters) AnswerNode(w, nullptr, &message);
   });
 }
 
@@ -252,7 +265,7 @@ void Engine::Adopt(int fd, uint64_t id, uint64_t job, int rank, ConnState state,
       c->job = std::make_shared<Job>(std::move(none));
       c->job->Release("the job has ended and been released");
     }
-    Conn& ref = *c;
+    Conn &ref = *c;
     conns_[id] = std::move(c);
     epoll_event ev{};
     ev.events = EPOLLIN;
@@ -269,7 +282,7 @@ void Engine::Adopt(int fd, uint64_t id, uint64_t job, int rank, ConnState state,
 
 void Engine::Reply(uint64_t conn, uint64_t seq, std::optional<std::string> text, bool close) {
   Post([this, conn, seq, text = std::move(text), close]() mutable {
-    Conn* c = Find(conn);
+    Conn *c = Find(conn);
     if (!c) return;
     c->inFlight--;
     if (text) Send(*c, std::move(*text));
@@ -286,13 +299,13 @@ void Engine::Reply(uint64_t conn, uint64_t seq, std::optional<std::string> text,
 
 void Engine::CloseConn(uint64_t conn) {
   Post([this, conn] {
-    if (Conn* c = Find(conn)) Kill(*c, "closed by the server", true);
+    if (Conn *c = Find(conn)) Kill(*c, "closed by the server", true);
   });
 }
 
 // ---- the engine's thread ----------------------------------------------------------------------
 
-Engine::Conn* Engine::Find(uint64_t id) {
+Engine::Conn *Engine::Find(uint64_t id) {
   auto it = conns_.find(id);
   return it == conns_.end() ? nullptr : it->second.get();
 }
@@ -307,7 +320,7 @@ void Engine::Emit(Event ev, bool urgent) {
   }
 }
 
-void Engine::Trace(const Conn& c, const char* dir, std::string text) {
+void Engine::Trace(const Conn &c, const char *dir, std::string text) {
   Event ev;
   ev.kind = Event::kTrace;
   ev.conn = c.id;
@@ -322,7 +335,7 @@ void Engine::Loop() {
     int timeout = -1;
     if (deadlines_) {
       double next = 0;
-      for (const auto& [id, job] : jobs_) {
+      for (const auto &[id, job] : jobs_) {
         double d = job->NextDeadline();
         if (d > 0 && (next == 0 || d < next)) next = d;
       }
@@ -339,7 +352,7 @@ void Engine::Loop() {
         RunCommands();
         continue;
       }
-      Conn* c = Find(id);
+      Conn *c = Find(id);
       if (!c) continue;
       uint32_t got = events[i].events;
       if (got & EPOLLOUT) Flush(*c);
@@ -355,17 +368,17 @@ void Engine::RunCommands() {
     std::lock_guard<std::mutex> lock(mutex_);
     work.swap(work_);
   }
-  for (auto& w : work) w();
+  for (auto &w : work) w();
 }
 
 void Engine::Expire() {
   double now = Now();
-  for (auto& [id, job] : jobs_) {
-    for (FenceEnd& end : job->Expire(now)) Answer(end, id);
+  for (auto &[id, job] : jobs_) {
+    for (FenceEnd &end : job->Expire(now)) Answer(end, id);
   }
 }
 
-void Engine::OnReadable(Conn& c) {
+void Engine::OnReadable(Conn &c) {
   char buf[kReadChunk];
   ssize_t n = recv(c.fd, buf, sizeof buf, 0);
   if (n == 0) {
@@ -381,7 +394,7 @@ void Engine::OnReadable(Conn& c) {
   Pump(c);
 }
 
-void Engine::Pump(Conn& c) {
+void Engine::Pump(Conn &c) {
   const uint64_t id = c.id;
   Frame f;
   while (!c.closing && c.framer.Next(f)) {
@@ -391,7 +404,7 @@ void Engine::Pump(Conn& c) {
   Flush(c);
 }
 
-void Engine::Handle(Conn& c, const Frame& f) {
+void Engine::Handle(Conn &c, const Frame &f) {
   if (trace_) {
     std::string text;
     if (f.kind == Frame::kError) {
@@ -411,7 +424,7 @@ void Engine::Handle(Conn& c, const Frame& f) {
   Dispatch(c, f);
 }
 
-void Engine::Dispatch(Conn& c, const Frame& f) {
+void Engine::Dispatch(Conn &c, const Frame &f) {
   Command cmd;
   switch (f.kind) {
     case Frame::kLine:
@@ -427,7 +440,7 @@ void Engine::Dispatch(Conn& c, const Frame& f) {
   Forward(c, f);
 }
 
-void Engine::Forward(Conn& c, const Frame& f) {
+void Engine::Forward(Conn &c, const Frame &f) {
   Event ev;
   ev.kind = Event::kFrame;
   ev.conn = c.id;
@@ -449,7 +462,7 @@ void Engine::Forward(Conn& c, const Frame& f) {
   Emit(std::move(ev), true);
 }
 
-void Engine::Unblock(Conn& c) {
+void Engine::Unblock(Conn &c) {
   const uint64_t id = c.id;
   c.pmi1Blocked = false;
   while (!c.pmi1Blocked && !c.queue.empty() && !c.closing) {
@@ -462,7 +475,7 @@ void Engine::Unblock(Conn& c) {
   }
 }
 
-void Engine::Send(Conn& c, std::string text) {
+void Engine::Send(Conn &c, std::string text) {
   if (trace_) Trace(c, "out", text);
   if (c.out.empty()) {
     c.out = std::move(text);
@@ -472,7 +485,7 @@ void Engine::Send(Conn& c, std::string text) {
   }
 }
 
-void Engine::Flush(Conn& c) {
+void Engine::Flush(Conn &c) {
   while (c.outOff < c.out.size()) {
     ssize_t n = send(c.fd, c.out.data() + c.outOff, c.out.size() - c.outOff, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0) {
@@ -494,7 +507,7 @@ void Engine::Flush(Conn& c) {
   Rearm(c);
 }
 
-void Engine::Rearm(Conn& c) {
+void Engine::Rearm(Conn &c) {
   uint32_t want = 0;
   const size_t unsent = c.out.size() - c.outOff;
   const bool backlog = c.inFlight >= kMaxInFlight || unsent > kMaxOut;
@@ -511,7 +524,7 @@ void Engine::Rearm(Conn& c) {
   c.armed = want;
 }
 
-void Engine::Kill(Conn& c, const char* why, bool report) {
+void Engine::Kill(Conn &c, const char *why, bool report) {
   const uint64_t id = c.id;
   close(c.fd);
   Event ev;
@@ -524,14 +537,17 @@ void Engine::Kill(Conn& c, const char* why, bool report) {
   if (report) Emit(std::move(ev), true);
 }
 
-void Engine::Answer(FenceEnd& end, uint64_t job) {
-  for (const Waiter& w : end.waiters) {
-    Conn* c = Find(w.conn);
+void Engine::Answer(FenceEnd &end, uint64_t job) {
+  for (const Waiter &w : end.waiters) {
+    Conn *c = Find(w.conn);
     if (!c) continue;
     const std::string_view thrid(w.thrid);
     if (w.pmi2) {
-      Send(*c, end.error ? Pmi2Error("kvs-fence-response", *end.error, w.hasThrid ? &thrid : nullptr)
-                         : Pmi2Reply("kvs-fence-response", w.hasThrid ? &thrid : nullptr, c->state.escapes).Str("rc", "0").Done());
+      Send(
+          *c,
+          end.error
+              ? Pmi2Error("kvs-fence-response", *end.error, w.hasThrid ? &thrid : nullptr)
+              : Pmi2Reply("kvs-fence-response", w.hasThrid ? &thrid : nullptr, c->state.escapes).Str("rc", "0").Done());
     } else {
       static const std::string ok = Pmi1Reply("barrier_out").Str("rc", "0").Done();
       Send(*c, end.error ? Pmi1Error("barrier_out", *end.error, true) : ok);
@@ -547,13 +563,19 @@ void Engine::Answer(FenceEnd& end, uint64_t job) {
   Emit(std::move(ev), false);
 }
 
-void Engine::AnswerNode(const Waiter& w, const std::string* value, const std::string* error) {
-  Conn* c = Find(w.conn);
+void Engine::AnswerNode(const Waiter &w, const std::string *value, const std::string *error) {
+  Conn *c = Find(w.conn);
   if (!c) return;
   const std::string_view thrid(w.thrid);
-  const std::string_view* t = w.hasThrid ? &thrid : nullptr;
-  if (error) Send(*c, Pmi2Error("info-getnodeattr-response", *error, t));
-  else Send(*c, Pmi2Reply("info-getnodeattr-response", t, c->state.escapes).Str("rc", "0").Bool("found", true).Str("value", *value).Done());
+  const std::string_view *t = w.hasThrid ? &thrid : nullptr;
+  if (error)
+    Send(*c, Pmi2Error("info-getnodeattr-response", *error, t));
+  else
+    Send(*c, Pmi2Reply("info-getnodeattr-response", t, c->state.escapes)
+                 .Str("rc", "0")
+                 .Bool("found", true)
+                 .Str("value", *value)
+                 .Done());
   Flush(*c);
 }
 

@@ -49,9 +49,9 @@ struct Event {
   bool fullinitDue = false;
   // kFence
   double seconds = 0;
-  const char* outcome = "";
+  const char *outcome = "";
   // kTrace: in | out | close
-  const char* dir = "";
+  const char *dir = "";
 };
 
 // Events cross to JavaScript through here. The engine and the thread-safe function share it:
@@ -69,7 +69,7 @@ Napi::String Latin1(Napi::Env env, std::string_view s);
 std::string FromLatin1(Napi::Value v);
 
 // Runs on the JavaScript thread: hands the batched events to the engine's callback.
-void DeliverEvents(Napi::Env env, Napi::Function callback, OutboxRef* outbox, void* unused);
+void DeliverEvents(Napi::Env env, Napi::Function callback, OutboxRef *outbox, void *unused);
 
 struct ConnState {
   bool escapes = false;
@@ -106,11 +106,11 @@ class Engine {
 
   // ---- the engine's thread: used by session.cc ----
   struct Conn;
-  void Send(Conn& c, std::string text);
-  void Forward(Conn& c, const Frame& f);
+  void Send(Conn &c, std::string text);
+  void Forward(Conn &c, const Frame &f);
   // A fence instance ended: answer its waiters.
-  void Answer(FenceEnd& end, uint64_t job);
-  void AnswerNode(const Waiter& w, const std::string* value, const std::string* error);
+  void Answer(FenceEnd &end, uint64_t job);
+  void AnswerNode(const Waiter &w, const std::string *value, const std::string *error);
   double Now() const;
 
   struct Conn {
@@ -149,16 +149,16 @@ class Engine {
   void Emit(Event ev, bool urgent);
   void Loop();
   void RunCommands();
-  void OnReadable(Conn& c);
-  void Pump(Conn& c);
-  void Handle(Conn& c, const Frame& f);
-  void Dispatch(Conn& c, const Frame& f);
-  void Unblock(Conn& c);
-  void Flush(Conn& c);
-  void Rearm(Conn& c);
-  void Kill(Conn& c, const char* why, bool report);
-  Conn* Find(uint64_t id);
-  void Trace(const Conn& c, const char* dir, std::string text);
+  void OnReadable(Conn &c);
+  void Pump(Conn &c);
+  void Handle(Conn &c, const Frame &f);
+  void Dispatch(Conn &c, const Frame &f);
+  void Unblock(Conn &c);
+  void Flush(Conn &c);
+  void Rearm(Conn &c);
+  void Kill(Conn &c, const char *why, bool report);
+  Conn *Find(uint64_t id);
+  void Trace(const Conn &c, const char *dir, std::string text);
   void Expire();
 
   OutboxRef outbox_;
@@ -182,8 +182,8 @@ class Engine {
 };
 
 // The commands the engine answers itself (session.cc). False: the frame goes to JavaScript.
-bool ServePmi1(Engine& e, Engine::Conn& c, const Command& cmd, const Frame& f);
-bool ServePmi2(Engine& e, Engine::Conn& c, const Command& cmd, const Frame& f);
+bool ServePmi1(Engine &e, Engine::Conn &c, const Command &cmd, const Frame &f);
+bool ServePmi2(Engine &e, Engine::Conn &c, const Command &cmd, const Frame &f);
 
 void InitPmiEngine(Napi::Env env, Napi::Object exports);
 

@@ -6,8 +6,8 @@ namespace dpmix::pmi {
 
 namespace {
 
-const std::string* Find(const std::vector<std::pair<std::string, std::string>>& list, std::string_view key) {
-  for (const auto& kv : list) {
+const std::string *Find(const std::vector<std::pair<std::string, std::string>> &list, std::string_view key) {
+  for (const auto &kv : list) {
     if (kv.first == key) return &kv.second;
   }
   return nullptr;
@@ -29,11 +29,13 @@ Job::Job(JobSpec spec) : spec_(std::move(spec)) {
 }
 
 std::optional<std::string> Job::Charge(int64_t entries, int64_t bytes) {
-  const JobLimits& l = spec_.limits;
+  const JobLimits &l = spec_.limits;
   if (puts_ >= l.puts) return "job " + spec_.jobId + " has made its limit of " + std::to_string(l.puts) + " puts";
-  if (entries_ + entries > l.kvEntries) return "job " + spec_.jobId + " holds its limit of " + std::to_string(l.kvEntries) + " keys";
+  if (entries_ + entries > l.kvEntries)
+    return "job " + spec_.jobId + " holds its limit of " + std::to_string(l.kvEntries) + " keys";
   if (bytes_ + bytes > l.kvBytes) {
-    return "job " + spec_.jobId + " would hold more than its limit of " + std::to_string(l.kvBytes) + " bytes of keys and values";
+    return "job " + spec_.jobId + " would hold more than its limit of " + std::to_string(l.kvBytes) +
+           " bytes of keys and values";
   }
   puts_++;
   entries_ += entries;
@@ -41,19 +43,25 @@ std::optional<std::string> Job::Charge(int64_t entries, int64_t bytes) {
   return std::nullopt;
 }
 
-std::optional<std::string> Job::Stage(int rank, std::string_view key, std::string_view value) {
-  auto& mine = staged_[static_cast<size_t>(rank)];
-  auto old = mine.find(std::string(key));
-  bool fresh = old == mine.end();
+std::optional<std::string> Job::Set(std::unordered_map<std::string, std::string> &map, std::string_view key,
+                                    std::string_view value) {
+  auto old = map.find(std::string(key));
+  bool fresh = old == map.end();
   if (auto err = Charge(fresh ? 1 : 0, Len(key, value) - (fresh ? 0 : Len(key, old->second)))) return err;
-  if (fresh) mine.emplace(std::string(key), std::string(value));
-  else old->second.assign(value);
+  if (fresh)
+    map.emplace(std::string(key), std::string(value));
+  else
+    old->second.assign(value);
   return std::nullopt;
 }
 
-Job::Found Job::Lookup(int rank, std::string_view key, std::string* value) const {
+std::optional<std::string> Job::Stage(int rank, std::string_view key, std::string_view value) {
+  return Set(staged_[static_cast<size_t>(rank)], key, value);
+}
+
+Job::Found Job::Lookup(int rank, std::string_view key, std::string *value) const {
   std::string k(key);
-  const auto& mine = staged_[static_cast<size_t>(rank)];
+  const auto &mine = staged_[static_cast<size_t>(rank)];
   if (auto it = mine.find(k); it != mine.end()) {
     *value = it->second;
     return Found::kYes;
@@ -62,31 +70,29 @@ Job::Found Job::Lookup(int rank, std::string_view key, std::string* value) const
     *value = it->second;
     return Found::kYes;
   }
-  for (const auto& s : staged_) {
+  for (const auto &s : staged_) {
     if (s.count(k)) return Found::kUnfenced;
   }
   return Found::kUnknown;
 }
 
-std::optional<std::string> Job::PutNode(int rank, std::string_view key, std::string_view value, std::vector<Waiter>* woken) {
+std::optional<std::string> Job::PutNode(int rank, std::string_view key, std::string_view value,
+                                        std::vector<Waiter> *woken) {
   const int node = spec_.node[static_cast<size_t>(rank)];
-  auto& kv = nodeKv_[static_cast<size_t>(node)];
-  auto old = kv.find(std::string(key));
-  bool fresh = old == kv.end();
-  if (auto err = Charge(fresh ? 1 : 0, Len(key, value) - (fresh ? 0 : Len(key, old->second)))) return err;
-  if (fresh) kv.emplace(std::string(key), std::string(value));
-  else old->second.assign(value);
+  if (auto err = Set(nodeKv_[static_cast<size_t>(node)], key, value)) return err;
   auto keep = nodeWaiters_.begin();
   for (auto it = nodeWaiters_.begin(); it != nodeWaiters_.end(); ++it) {
-    if (it->first == node && it->second.first == key) woken->push_back(std::move(it->second.second));
-    else *keep++ = std::move(*it);
+    if (it->first == node && it->second.first == key)
+      woken->push_back(std::move(it->second.second));
+    else
+      *keep++ = std::move(*it);
   }
   nodeWaiters_.erase(keep, nodeWaiters_.end());
   return std::nullopt;
 }
 
-const std::string* Job::GetNode(int rank, std::string_view key) const {
-  const auto& kv = nodeKv_[static_cast<size_t>(spec_.node[static_cast<size_t>(rank)])];
+const std::string *Job::GetNode(int rank, std::string_view key) const {
+  const auto &kv = nodeKv_[static_cast<size_t>(spec_.node[static_cast<size_t>(rank)])];
   auto it = kv.find(std::string(key));
   return it == kv.end() ? nullptr : &it->second;
 }
@@ -96,25 +102,25 @@ void Job::WaitNode(int rank, std::string_view key, Waiter w) {
 }
 
 void Job::Drop(int rank) {
-  auto& mine = staged_[static_cast<size_t>(rank)];
-  for (const auto& kv : mine) {
+  auto &mine = staged_[static_cast<size_t>(rank)];
+  for (const auto &kv : mine) {
     entries_--;
     bytes_ -= Len(kv.first, kv.second);
   }
   mine.clear();
 }
 
-const std::string* Job::Derived(std::string_view key) const { return Find(spec_.derived, key); }
+const std::string *Job::Derived(std::string_view key) const { return Find(spec_.derived, key); }
 
-const std::string* Job::LocalAttr(int rank, std::string_view key) const {
+const std::string *Job::LocalAttr(int rank, std::string_view key) const {
   return spec_.local[static_cast<size_t>(rank)] ? Find(spec_.localAttrs, key) : nullptr;
 }
 
-std::optional<std::string> Job::Join(int rank, Waiter w, double now, std::optional<FenceEnd>* ended) {
+std::optional<std::string> Job::Join(int rank, Waiter w, double now, std::optional<FenceEnd> *ended) {
   if (closed_) return closed_;
   const uint64_t epoch = joins_[static_cast<size_t>(rank)];
   auto it = pending_.find(epoch);
-  for (const auto& [r, message] : gone_) {
+  for (const auto &[r, message] : gone_) {
     // A rank that is gone and has not joined this instance never will.
     if (r != rank && !(it != pending_.end() && it->second.arrived[static_cast<size_t>(r)])) return message;
   }
@@ -126,16 +132,16 @@ std::optional<std::string> Job::Join(int rank, Waiter w, double now, std::option
     inst.deadline = spec_.timeoutMs > 0 ? now + static_cast<double>(spec_.timeoutMs) / 1000.0 : 0;
     it = pending_.emplace(epoch, std::move(inst)).first;
   }
-  Instance& inst = it->second;
+  Instance &inst = it->second;
   inst.arrived[static_cast<size_t>(rank)] = true;
   inst.count++;
   w.rank = rank;
   inst.waiters.push_back(std::move(w));
   if (inst.count < spec_.size) return std::nullopt;
   // Complete: every rank's staged puts become everyone's, in the order the ranks joined.
-  for (const Waiter& x : inst.waiters) {
-    auto& mine = staged_[static_cast<size_t>(x.rank)];
-    for (auto& kv : mine) {
+  for (const Waiter &x : inst.waiters) {
+    auto &mine = staged_[static_cast<size_t>(x.rank)];
+    for (auto &kv : mine) {
       auto old = committed_.find(kv.first);
       if (old != committed_.end()) {
         entries_--;
@@ -155,7 +161,7 @@ std::optional<std::string> Job::Join(int rank, Waiter w, double now, std::option
   return std::nullopt;
 }
 
-FenceEnd Job::Fail(std::map<uint64_t, Instance>::iterator it, std::string error, const char* outcome, double now) {
+FenceEnd Job::Fail(std::map<uint64_t, Instance>::iterator it, std::string error, const char *outcome, double now) {
   FenceEnd end;
   end.waiters = std::move(it->second.waiters);
   end.error = std::move(error);
@@ -165,10 +171,10 @@ FenceEnd Job::Fail(std::map<uint64_t, Instance>::iterator it, std::string error,
   return end;
 }
 
-std::vector<FenceEnd> Job::RankGone(int rank, const std::string& message, double now) {
+std::vector<FenceEnd> Job::RankGone(int rank, const std::string &message, double now) {
   if (rank < 0 || rank >= spec_.size) return {};
   bool known = false;
-  for (const auto& g : gone_) known = known || g.first == rank;
+  for (const auto &g : gone_) known = known || g.first == rank;
   if (!known) gone_.emplace_back(rank, message);
   std::vector<FenceEnd> out;
   for (auto it = pending_.begin(); it != pending_.end();) {
@@ -179,11 +185,11 @@ std::vector<FenceEnd> Job::RankGone(int rank, const std::string& message, double
   return out;
 }
 
-std::vector<FenceEnd> Job::Close(const std::string& message, double now, std::vector<Waiter>* nodeWaiters) {
+std::vector<FenceEnd> Job::Close(const std::string &message, double now, std::vector<Waiter> *nodeWaiters) {
   if (!closed_) closed_ = message;
   std::vector<FenceEnd> out;
   while (!pending_.empty()) out.push_back(Fail(pending_.begin(), message, "failed", now));
-  for (auto& nw : nodeWaiters_) nodeWaiters->push_back(std::move(nw.second.second));
+  for (auto &nw : nodeWaiters_) nodeWaiters->push_back(std::move(nw.second.second));
   nodeWaiters_.clear();
   return out;
 }
@@ -192,7 +198,7 @@ std::vector<FenceEnd> Job::Expire(double now) {
   std::vector<FenceEnd> out;
   for (auto it = pending_.begin(); it != pending_.end();) {
     auto next = std::next(it);
-    const Instance& inst = it->second;
+    const Instance &inst = it->second;
     if (inst.deadline > 0 && inst.deadline <= now) {
       std::string missing;
       for (int r = 0; r < spec_.size; r++) {
@@ -200,8 +206,10 @@ std::vector<FenceEnd> Job::Expire(double now) {
         if (!missing.empty()) missing += ',';
         missing += std::to_string(r);
       }
-      out.push_back(Fail(it, "collective 'fence' timed out after " + std::to_string(spec_.timeoutMs) + " ms waiting for ranks " + missing,
-                         "timeout", now));
+      out.push_back(Fail(
+          it,
+          "collective 'fence' timed out after " + std::to_string(spec_.timeoutMs) + " ms waiting for ranks " + missing,
+          "timeout", now));
     }
     it = next;
   }
@@ -210,7 +218,7 @@ std::vector<FenceEnd> Job::Expire(double now) {
 
 double Job::NextDeadline() const {
   double best = 0;
-  for (const auto& [epoch, inst] : pending_) {
+  for (const auto &[epoch, inst] : pending_) {
     if (inst.deadline > 0 && (best == 0 || inst.deadline < best)) best = inst.deadline;
   }
   return best;

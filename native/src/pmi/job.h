@@ -66,45 +66,46 @@ struct FenceEnd {
   std::vector<Waiter> waiters;
   std::optional<std::string> error;
   double seconds = 0;
-  const char* outcome = "ok";  // ok | failed | timeout
+  const char *outcome = "ok";  // ok | failed | timeout
 };
 
 class Job {
  public:
   explicit Job(JobSpec spec);
 
-  const JobSpec& spec() const { return spec_; }
+  const JobSpec &spec() const { return spec_; }
 
   // Why the job's ranks get nothing but errors now (ended or released), if they do.
-  const std::optional<std::string>& over() const { return released_ ? released_ : closed_; }
+  const std::optional<std::string> &over() const { return released_ ? released_ : closed_; }
 
   // ---- key-value space ----
   // Stages a put of `rank`: its own at once, everyone's after its next fence. An error message
   // when the budget is spent.
   std::optional<std::string> Stage(int rank, std::string_view key, std::string_view value);
   enum class Found { kYes, kUnknown, kUnfenced };
-  Found Lookup(int rank, std::string_view key, std::string* value) const;
+  Found Lookup(int rank, std::string_view key, std::string *value) const;
   // A node attribute: visible to the node's ranks at once. Fills `woken` with the waiters it satisfies.
-  std::optional<std::string> PutNode(int rank, std::string_view key, std::string_view value, std::vector<Waiter>* woken);
-  const std::string* GetNode(int rank, std::string_view key) const;
+  std::optional<std::string> PutNode(int rank, std::string_view key, std::string_view value,
+                                     std::vector<Waiter> *woken);
+  const std::string *GetNode(int rank, std::string_view key) const;
   void WaitNode(int rank, std::string_view key, Waiter w);
   // The rank finalized: its staged puts are dropped.
   void Drop(int rank);
   // A job attribute for `rank`: derived ones first, then the local ones.
-  const std::string* Derived(std::string_view key) const;
-  const std::string* LocalAttr(int rank, std::string_view key) const;
+  const std::string *Derived(std::string_view key) const;
+  const std::string *LocalAttr(int rank, std::string_view key) const;
 
   // ---- the fence collective ----
   // `rank` joins. An error message if it fails at once; otherwise it waits, and `ended` is set
   // when this join completed an instance.
-  std::optional<std::string> Join(int rank, Waiter w, double now, std::optional<FenceEnd>* ended);
+  std::optional<std::string> Join(int rank, Waiter w, double now, std::optional<FenceEnd> *ended);
   // src/rm: `rank` will never join again; instances it owes fail with `message`.
-  std::vector<FenceEnd> RankGone(int rank, const std::string& message, double now);
+  std::vector<FenceEnd> RankGone(int rank, const std::string &message, double now);
   // src/rm: the job ended; everything pending fails with `message`, and so does everything later.
   // Node-attribute waiters come back in `nodeWaiters`.
-  std::vector<FenceEnd> Close(const std::string& message, double now, std::vector<Waiter>* nodeWaiters);
+  std::vector<FenceEnd> Close(const std::string &message, double now, std::vector<Waiter> *nodeWaiters);
   // The PMI backend let the job go: later commands get `message`.
-  void Release(const std::string& message) { released_ = message; }
+  void Release(const std::string &message) { released_ = message; }
   // Instances past their deadline fail.
   std::vector<FenceEnd> Expire(double now);
   // The earliest deadline of a pending instance (0: none).
@@ -120,7 +121,10 @@ class Job {
   };
 
   std::optional<std::string> Charge(int64_t entries, int64_t bytes);
-  FenceEnd Fail(std::map<uint64_t, Instance>::iterator it, std::string error, const char* outcome, double now);
+  // Puts key = value into `map` within the budget.
+  std::optional<std::string> Set(std::unordered_map<std::string, std::string> &map, std::string_view key,
+                                 std::string_view value);
+  FenceEnd Fail(std::map<uint64_t, Instance>::iterator it, std::string error, const char *outcome, double now);
 
   JobSpec spec_;
   std::vector<std::unordered_map<std::string, std::string>> staged_;
@@ -129,8 +133,8 @@ class Job {
   std::vector<std::pair<int, std::pair<std::string, Waiter>>> nodeWaiters_;  // node, key, waiter
   int64_t entries_ = 0, bytes_ = 0, puts_ = 0;
 
-  std::vector<uint64_t> joins_;             // per rank: how many times it joined
-  std::map<uint64_t, Instance> pending_;    // by epoch
+  std::vector<uint64_t> joins_;                    // per rank: how many times it joined
+  std::map<uint64_t, Instance> pending_;           // by epoch
   std::vector<std::pair<int, std::string>> gone_;  // in the order src/rm said so
   std::optional<std::string> closed_;
   std::optional<std::string> released_;

@@ -16,7 +16,7 @@ namespace {
 constexpr std::string_view kReserved = "PMI_";
 
 // connection-state.ts checkKey without its errors: false where it would throw.
-bool KeyOk(const std::string_view* key, bool forPut) {
+bool KeyOk(const std::string_view *key, bool forPut) {
   if (!key || key->empty() || key->size() > static_cast<size_t>(kKeyMax)) return false;
   for (char ch : *key) {
     unsigned char c = static_cast<unsigned char>(ch);
@@ -25,11 +25,11 @@ bool KeyOk(const std::string_view* key, bool forPut) {
   return !(forPut && key->substr(0, kReserved.size()) == kReserved);
 }
 
-bool ValueOk(const std::string_view* v) { return v && v->size() <= static_cast<size_t>(kValueMax); }
+bool ValueOk(const std::string_view *v) { return v && v->size() <= static_cast<size_t>(kValueMax); }
 
-bool IsTrue(const std::string_view* s) { return s && (*s == "TRUE" || *s == "true" || *s == "1"); }
+bool IsTrue(const std::string_view *s) { return s && (*s == "TRUE" || *s == "true" || *s == "1"); }
 
-Waiter WaiterFor(const Engine::Conn& c, bool pmi2, const std::string_view* thrid) {
+Waiter WaiterFor(const Engine::Conn &c, bool pmi2, const std::string_view *thrid) {
   Waiter w;
   w.conn = c.id;
   w.pmi2 = pmi2;
@@ -42,8 +42,8 @@ Waiter WaiterFor(const Engine::Conn& c, bool pmi2, const std::string_view* thrid
 
 // A job attribute: those the server derives whatever the job's state, then (while the job lives)
 // those of ranks on this host. nullptr with `over` set: the job has ended.
-const std::string* JobAttr(const Engine::Conn& c, std::string_view key, const std::string** over) {
-  if (const std::string* v = c.job->Derived(key)) return v;
+const std::string *JobAttr(const Engine::Conn &c, std::string_view key, const std::string **over) {
+  if (const std::string *v = c.job->Derived(key)) return v;
   if (c.job->over()) {
     *over = &*c.job->over();
     return nullptr;
@@ -51,23 +51,32 @@ const std::string* JobAttr(const Engine::Conn& c, std::string_view key, const st
   return c.job->LocalAttr(c.rank, key);
 }
 
+// finalize / abort (either protocol): JavaScript tells the job lifecycle, then answers; from
+// here on the connection is done, and a finalized rank's staged puts are dropped.
+bool Ends(Engine &e, Engine::Conn &c, const Frame &f, std::string_view name) {
+  e.Forward(c, f);
+  c.phase = name == "finalize" ? Phase::kFinalized : Phase::kAborted;
+  if (name == "finalize") c.job->Drop(c.rank);
+  return true;
+}
+
 }  // namespace
 
-bool ServePmi1(Engine& e, Engine::Conn& c, const Command& cmd, const Frame& f) {
-  Job& job = *c.job;
-  const JobSpec& spec = job.spec();
+bool ServePmi1(Engine &e, Engine::Conn &c, const Command &cmd, const Frame &f) {
+  Job &job = *c.job;
+  const JobSpec &spec = job.spec();
   const std::string_view name = cmd.cmd;
 
   if (name == "put" || name == "get") {
-    const std::string_view* kvs = cmd.Get("kvsname");
+    const std::string_view *kvs = cmd.Get("kvsname");
     if (!kvs || *kvs != spec.kvsname) return false;
   }
 
   if (name == "get") {
-    const std::string_view* key = cmd.Get("key");
+    const std::string_view *key = cmd.Get("key");
     if (!KeyOk(key, false)) return false;
-    const std::string* over = nullptr;
-    const std::string* attr = JobAttr(c, *key, &over);
+    const std::string *over = nullptr;
+    const std::string *attr = JobAttr(c, *key, &over);
     if (attr) {
       e.Send(c, Pmi1Reply("get_result").Str("rc", "0").Str("value", *attr).Done());
       return true;
@@ -86,7 +95,8 @@ bool ServePmi1(Engine& e, Engine::Conn& c, const Command& cmd, const Frame& f) {
         e.Send(c, Pmi1Reply("get_result").Str("rc", "0").Str("value", Pmi1Value(value)).Done());
         break;
       case Job::Found::kUnfenced:
-        e.Send(c, Pmi1Error("get_result", "key " + std::string(*key) + " was put by another rank and is visible after the next barrier"));
+        e.Send(c, Pmi1Error("get_result", "key " + std::string(*key) +
+                                              " was put by another rank and is visible after the next barrier"));
         break;
       case Job::Found::kUnknown:
         e.Send(c, Pmi1Error("get_result", "key " + std::string(*key) + " not found"));
@@ -96,8 +106,8 @@ bool ServePmi1(Engine& e, Engine::Conn& c, const Command& cmd, const Frame& f) {
   }
 
   if (name == "put") {
-    const std::string_view* key = cmd.Get("key");
-    const std::string_view* value = cmd.Get("value");
+    const std::string_view *key = cmd.Get("key");
+    const std::string_view *value = cmd.Get("value");
     if (!KeyOk(key, true) || !ValueOk(value)) return false;
     if (job.over()) {
       e.Send(c, Pmi1Error("put_result", *job.over()));
@@ -131,14 +141,23 @@ bool ServePmi1(Engine& e, Engine::Conn& c, const Command& cmd, const Frame& f) {
   }
 
   if (name == "init") {
-    const std::string_view* v = cmd.Get("pmi_version");
+    const std::string_view *v = cmd.Get("pmi_version");
     if (!v || (*v != "1" && *v != "2")) return false;
     // 1.1, not 1.2: keeps the client single-threaded and off tagged group barriers.
-    e.Send(c, Pmi1Reply("response_to_init").Str("rc", "0").Str("pmi_version", *v).Str("pmi_subversion", *v == "1" ? "1" : "0").Done());
+    e.Send(c, Pmi1Reply("response_to_init")
+                  .Str("rc", "0")
+                  .Str("pmi_version", *v)
+                  .Str("pmi_subversion", *v == "1" ? "1" : "0")
+                  .Done());
     return true;
   }
   if (name == "get_maxes") {
-    static const std::string maxes = Pmi1Reply("maxes").Str("rc", "0").Int("kvsname_max", kKvsnameMax).Int("keylen_max", kKeyMax).Int("vallen_max", kValueMax).Done();
+    static const std::string maxes = Pmi1Reply("maxes")
+                                         .Str("rc", "0")
+                                         .Int("kvsname_max", kKvsnameMax)
+                                         .Int("keylen_max", kKeyMax)
+                                         .Int("vallen_max", kValueMax)
+                                         .Done();
     e.Send(c, maxes);
     return true;
   }
@@ -154,38 +173,35 @@ bool ServePmi1(Engine& e, Engine::Conn& c, const Command& cmd, const Frame& f) {
     e.Send(c, Pmi1Reply("universe_size").Str("rc", "0").Int("size", spec.universeSize).Done());
     return true;
   }
-  if (name == "finalize" || name == "abort") {
-    // JavaScript tells the job lifecycle, then answers; from here on the connection is done.
-    e.Forward(c, f);
-    c.phase = name == "finalize" ? Phase::kFinalized : Phase::kAborted;
-    if (name == "finalize") job.Drop(c.rank);
-    return true;
-  }
+  if (name == "finalize" || name == "abort") return Ends(e, c, f, name);
   return false;
 }
 
-bool ServePmi2(Engine& e, Engine::Conn& c, const Command& cmd, const Frame& f) {
-  Job& job = *c.job;
-  const JobSpec& spec = job.spec();
+bool ServePmi2(Engine &e, Engine::Conn &c, const Command &cmd, const Frame &f) {
+  Job &job = *c.job;
+  const JobSpec &spec = job.spec();
   const std::string_view name = cmd.cmd;
-  const std::string_view* thrid = cmd.Get("thrid");
+  const std::string_view *thrid = cmd.Get("thrid");
   const std::string response = std::string(name) + "-response";
   auto ok = [&]() { return Pmi2Reply(response, thrid, c.state.escapes).Str("rc", "0"); };
-  auto fail = [&](const std::string& message) { e.Send(c, Pmi2Error(response, message, thrid)); };
+  auto fail = [&](const std::string &message) { e.Send(c, Pmi2Error(response, message, thrid)); };
 
   if (name == "kvs-put") {
-    const std::string_view* key = cmd.Get("key");
-    const std::string_view* value = cmd.Get("value");
+    const std::string_view *key = cmd.Get("key");
+    const std::string_view *value = cmd.Get("value");
     if (!KeyOk(key, true) || !ValueOk(value)) return false;
-    if (job.over()) fail(*job.over());
-    else if (auto err = job.Stage(c.rank, *key, *value)) fail(*err);
-    else e.Send(c, ok().Done());
+    if (job.over())
+      fail(*job.over());
+    else if (auto err = job.Stage(c.rank, *key, *value))
+      fail(*err);
+    else
+      e.Send(c, ok().Done());
     return true;
   }
 
   if (name == "kvs-get") {
-    if (const std::string_view* jobid = cmd.Get("jobid"); jobid && *jobid != spec.kvsname) return false;
-    const std::string_view* key = cmd.Get("key");
+    if (const std::string_view *jobid = cmd.Get("jobid"); jobid && *jobid != spec.kvsname) return false;
+    const std::string_view *key = cmd.Get("key");
     if (!KeyOk(key, false)) return false;
     if (job.over()) {
       fail(*job.over());
@@ -221,20 +237,23 @@ bool ServePmi2(Engine& e, Engine::Conn& c, const Command& cmd, const Frame& f) {
   }
 
   if (name == "info-getjobattr") {
-    if (const std::string_view* kvs = cmd.Get("kvsname"); kvs && *kvs != spec.kvsname) return false;
-    const std::string_view* key = cmd.Get("key");
+    if (const std::string_view *kvs = cmd.Get("kvsname"); kvs && *kvs != spec.kvsname) return false;
+    const std::string_view *key = cmd.Get("key");
     if (!KeyOk(key, false)) return false;
-    const std::string* over = nullptr;
-    const std::string* attr = JobAttr(c, *key, &over);
-    if (over) fail(*over);
-    else if (attr) e.Send(c, ok().Bool("found", true).Str("value", *attr).Done());
-    else e.Send(c, ok().Bool("found", false).Done());
+    const std::string *over = nullptr;
+    const std::string *attr = JobAttr(c, *key, &over);
+    if (over)
+      fail(*over);
+    else if (attr)
+      e.Send(c, ok().Bool("found", true).Str("value", *attr).Done());
+    else
+      e.Send(c, ok().Bool("found", false).Done());
     return true;
   }
 
   if (name == "info-putnodeattr") {
-    const std::string_view* key = cmd.Get("key");
-    const std::string_view* value = cmd.Get("value");
+    const std::string_view *key = cmd.Get("key");
+    const std::string_view *value = cmd.Get("value");
     if (!KeyOk(key, false) || !ValueOk(value)) return false;
     if (job.over()) {
       fail(*job.over());
@@ -247,20 +266,23 @@ bool ServePmi2(Engine& e, Engine::Conn& c, const Command& cmd, const Frame& f) {
     }
     e.Send(c, ok().Done());
     const std::string v(*value);
-    for (const Waiter& w : woken) e.AnswerNode(w, &v, nullptr);
+    for (const Waiter &w : woken) e.AnswerNode(w, &v, nullptr);
     return true;
   }
 
   if (name == "info-getnodeattr") {
-    const std::string_view* key = cmd.Get("key");
+    const std::string_view *key = cmd.Get("key");
     if (!KeyOk(key, false)) return false;
     if (job.over()) {
       fail(*job.over());
       return true;
     }
-    if (const std::string* v = job.GetNode(c.rank, *key)) e.Send(c, ok().Bool("found", true).Str("value", *v).Done());
-    else if (IsTrue(cmd.Get("wait"))) job.WaitNode(c.rank, *key, WaiterFor(c, true, thrid));
-    else e.Send(c, ok().Bool("found", false).Done());
+    if (const std::string *v = job.GetNode(c.rank, *key))
+      e.Send(c, ok().Bool("found", true).Str("value", *v).Done());
+    else if (IsTrue(cmd.Get("wait")))
+      job.WaitNode(c.rank, *key, WaiterFor(c, true, thrid));
+    else
+      e.Send(c, ok().Bool("found", false).Done());
     return true;
   }
 
@@ -273,14 +295,13 @@ bool ServePmi2(Engine& e, Engine::Conn& c, const Command& cmd, const Frame& f) {
     // Handed over after the starter's initack: the client names itself by its rank, or by
     // nothing (-1). Anything else (a second fullinit, another rank) JavaScript refuses.
     if (!c.state.fullinitDue) return false;
-    const std::string_view* id = cmd.Get("srcid");
+    const std::string_view *id = cmd.Get("srcid");
     if (!id) id = cmd.Get("pmirank");
     if (id && *id != "-1" && *id != std::to_string(c.rank)) return false;
     c.state.fullinitDue = false;
     c.state.escapes = cmd.Get("threaded") != nullptr;
     // Older clients insist on pmi-version and pmi-subversion and read pmiverbose as TRUE/FALSE.
-    e.Send(c, ok()
-                  .Int("pmi-version", 2)
+    e.Send(c, ok().Int("pmi-version", 2)
                   .Int("pmi-subversion", 0)
                   .Int("rank", c.rank)
                   .Int("size", spec.size)
@@ -290,12 +311,7 @@ bool ServePmi2(Engine& e, Engine::Conn& c, const Command& cmd, const Frame& f) {
     return true;
   }
 
-  if (name == "finalize" || name == "abort") {
-    e.Forward(c, f);
-    c.phase = name == "finalize" ? Phase::kFinalized : Phase::kAborted;
-    if (name == "finalize") job.Drop(c.rank);
-    return true;
-  }
+  if (name == "finalize" || name == "abort") return Ends(e, c, f, name);
   return false;
 }
 

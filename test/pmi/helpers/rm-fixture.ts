@@ -1,6 +1,7 @@
 // The real resource manager with the PMI backend installed, as the sidecar runs them, plus
 // helpers to create MPICH jobs over registered workers and wait for their ends.
 import type { TraceEvent } from '../../../src/pmi/index.js';
+import { WireClient } from './wire-client.js';
 import { PmiBackend, type PmiBackendOptions } from '../../../src/service/pmi-backend.js';
 import { ResourceManager, type Impl, type Job, type JobState, type RmOptions } from '../../../src/rm/index.js';
 import { defaultPolicy } from '../../../src/policy/index.js';
@@ -68,6 +69,14 @@ export class PmiRmFixture {
     });
     const envs = workers.map((w) => this.rm.memberEnv(job.id, w).env);
     return { job, workers, envs, pmiIds: envs.map((e) => e.PMI_ID!) };
+  }
+
+  /** A PMI-1 connection bound as member `rank` of `j` (the initack's four reply lines read). */
+  async bound(j: FixtureJob, rank: number): Promise<WireClient> {
+    const c = await WireClient.connect(this.port);
+    c.send(`cmd=initack pmiid=${j.pmiIds[rank]}\n`);
+    for (let i = 0; i < 4; i++) await c.line();
+    return c;
   }
 
   state(jobId: string): JobState {

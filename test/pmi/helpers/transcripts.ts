@@ -23,7 +23,7 @@ export type Rng = ReturnType<typeof rng>;
 export const SEED = Number(process.env.PMI_FUZZ_SEED ?? Date.now() % 1_000_000);
 
 /** What MPICH 4.0.2 sends during MPI_Init + Allreduce + Finalize (captured), as a template. */
-export function pmi1Transcript(id: string, kvs: string, rank: number): string {
+export function pmi1Transcript(id: string | number, kvs: string, rank: number): string {
   return [
     `cmd=initack pmiid=${id}`,
     'cmd=init pmi_version=1 pmi_subversion=1',
@@ -41,11 +41,13 @@ export function pmi1Transcript(id: string, kvs: string, rank: number): string {
     'cmd=barrier_in',
     'mcmd=spawn\nnprocs=1\nexecname=/bin/true\ntotspawns=1\nspawnssofar=1\nargcnt=0\npreput_num=0\ninfo_num=0\nendcmd',
     'cmd=finalize',
-  ].map((l) => `${l}\n`).join('');
+  ]
+    .map((l) => `${l}\n`)
+    .join('');
 }
 
 /** What a PMI-2 client sends, as a template. */
-export function pmi2Transcript(id: string, kvs: string, rank: number): string {
+export function pmi2Transcript(id: string | number, kvs: string, rank: number): string {
   return [
     'cmd=init pmi_version=2 pmi_subversion=0\n',
     frame2(`cmd=fullinit;pmirank=${id};`),
@@ -62,7 +64,21 @@ export function pmi2Transcript(id: string, kvs: string, rank: number): string {
   ].join('');
 }
 
-const NASTY = ['\n', ';', '=', ' ', '\0', '\r', 'cmd=', 'mcmd=spawn\n', 'endcmd\n', '999999', '    12', 'x'.repeat(1500), '\xff\xfe'];
+const NASTY = [
+  '\n',
+  ';',
+  '=',
+  ' ',
+  '\0',
+  '\r',
+  'cmd=',
+  'mcmd=spawn\n',
+  'endcmd\n',
+  '999999',
+  '    12',
+  'x'.repeat(1500),
+  '\xff\xfe',
+];
 
 /** Damages a byte string in a few random ways. */
 export function mutate(r: Rng, s: string): string {
@@ -75,7 +91,10 @@ export function mutate(r: Rng, s: string): string {
         out = out.slice(0, at) + String.fromCharCode(r.int(256)) + out.slice(at + 1);
         break;
       case 1: // insert random bytes
-        out = out.slice(0, at) + Array.from({ length: 1 + r.int(20) }, () => String.fromCharCode(r.int(256))).join('') + out.slice(at);
+        out =
+          out.slice(0, at) +
+          Array.from({ length: 1 + r.int(20) }, () => String.fromCharCode(r.int(256))).join('') +
+          out.slice(at);
         break;
       case 2: // delete a range
         out = out.slice(0, at) + out.slice(at + r.int(40));
@@ -83,14 +102,16 @@ export function mutate(r: Rng, s: string): string {
       case 3: // insert something that means something to a parser
         out = out.slice(0, at) + r.pick(NASTY) + out.slice(at);
         break;
-      case 4: { // duplicate a line
+      case 4: {
+        // duplicate a line
         const lines = out.split('\n');
         const k = r.int(lines.length);
         lines.splice(k, 0, lines[k] ?? '');
         out = lines.join('\n');
         break;
       }
-      case 5: { // swap two lines
+      case 5: {
+        // swap two lines
         const lines = out.split('\n');
         const a = r.int(lines.length);
         const b = r.int(lines.length);
