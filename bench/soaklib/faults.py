@@ -421,10 +421,25 @@ class Runner:
             out["psets_back"] = sorted(p["name"] for p in cluster.rest.psets()) == psets_before
             jobs = cluster.rest.jobs()
             out["history"] = {"before": history_before, "after": len(jobs)}
-            seats = [w.get("pool") or {} for w in cluster.rest.workers() if w.get("state") != "gone"]
-            out["pool_seats"] = sorted(f"{s.get('namespace')}#{s.get('rank')} {s.get('state')}" for s in seats)
         except Exception as e:  # noqa: BLE001
             out["read_error"] = str(e)
+        # The workers' pool sessions were made with the sidecar that died: each is replaced (its
+        # data moved first) and the new process joins the new pool. Back when every worker's seat
+        # is ready again (or, on a cluster without the pool, at once).
+        while time.monotonic() < deadline:
+            try:
+                seats = [w.get("pool") or {} for w in cluster.rest.workers() if w.get("state") != "gone"]
+                pooled = [s for s in seats if s.get("state") in ("assigned", "joining", "ready")]
+                if len(seats) == cluster.n_workers and all(s.get("state") == "ready" for s in pooled) \
+                        and (not pooled or len(pooled) == cluster.n_workers):
+                    out["pool_back_s"] = round(time.monotonic() - t_fault, 2)
+                    break
+            except Exception:  # noqa: BLE001
+                pass
+            time.sleep(0.5)
+        else:
+            out["pool_back_s"] = None
+        out["pool_seats"] = sorted(f"{s.get('namespace')}#{s.get('rank')} {s.get('state')}" for s in seats)
         return out
 
     # -- another uid, and a flood of silent connections ---------------------------------------------

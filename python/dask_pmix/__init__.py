@@ -28,6 +28,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "SidecarClient": ("dask_pmix.rest", "SidecarClient"),
     "MPIJobError": ("dask_pmix.errors", "MPIJobError"),
     "SidecarError": ("dask_pmix.errors", "SidecarError"),
+    "MPIFallbackWarning": ("dask_pmix.errors", "MPIFallbackWarning"),
 }
 
 __all__ = sorted([*_LAZY, "__version__"])
@@ -53,7 +54,7 @@ if TYPE_CHECKING:
     from .client.plugin_check import wait_for_plugin as wait_for_plugin
     from .client.run import run_mpi as run_mpi, submit_mpi as submit_mpi
     from .comm.stats import comm_stats as comm_stats
-    from .errors import MPIJobError as MPIJobError, SidecarError as SidecarError
+    from .errors import MPIFallbackWarning as MPIFallbackWarning, MPIJobError as MPIJobError, SidecarError as SidecarError
     from .rest import SidecarClient as SidecarClient
     from .scheduler.plugin import SidecarPlugin as SidecarPlugin, dask_setup as dask_setup
     from . import pool as pool

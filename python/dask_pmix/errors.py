@@ -40,3 +40,7 @@ class MPIJobError(RuntimeError):
 
 def _rebuild_job_error(reason, job_id, rank, worker, origin="job"):
     return MPIJobError(reason, job_id=job_id, rank=rank, worker=worker, origin=origin)
+
+
+class MPIFallbackWarning(RuntimeWarning):
+    """A job asked to run in-process (the default mode) runs in fork mode instead; says why."""

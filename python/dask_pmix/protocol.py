@@ -42,12 +42,31 @@ class Scheduler:
     LEAVE_POOL = "dask_pmix_leave_pool"
     JOIN_JOB = "dask_pmix_join_job"
     LEAVE_JOB = "dask_pmix_leave_job"
-    RESTART_WORKER = "dask_pmix_restart_worker"
+    REPLACE_WORKER = "dask_pmix_replace_worker"
 
 
-# -- worker handlers (RPC from the scheduler) --------------------------------------------------------
-class Worker:
-    MEMBER_RUNNING = "dask_pmix_member_running"
+# -- operations on Dask's batched streams -------------------------------------------------------------
+class Stream:
+    # scheduler -> worker: a job that has members on this worker changed ({"job": job})
+    JOB = "dask-pmix-job"
+    # scheduler -> worker: the embedded sidecar was restarted (a pool session made with the old one
+    # cannot serve again)
+    SIDECAR_RESTARTED = "dask-pmix-sidecar-restarted"
+    # worker -> scheduler: this worker's plugin is installed and handles the operations above
+    HELLO = "dask-pmix-hello"
+
+
+# -- Dask events (scheduler -> the client that owns a job) -------------------------------------------
+class Topic:
+    JOB = "dask-pmix-job"
+
+
+def job_view(job: dict) -> dict:
+    """What members and clients are told of a job: its state, why, its mode and its members."""
+    return {"id": job.get("id"), "state": job.get("state"), "error": job.get("error") or "",
+            "mode": job.get("mode"), "timeoutSeconds": job.get("timeoutSeconds") or 0,
+            "members": [{"workerId": m.get("workerId"), "rank": m.get("rank"), "state": m.get("state"),
+                         "endedJob": bool(m.get("endedJob"))} for m in job.get("members") or ()]}
 
 
 # -- objects sent by reference ------------------------------------------------------------------

@@ -22,6 +22,11 @@ def start_cluster(n_workers: int = 4, sidecar_args: list[str] | None = None, **k
     return cluster, client, SidecarClient(info["url"], info.get("token"))
 
 
+def held_keys(client, name: str) -> dict:
+    """The keys of the persisted collection `name` that each worker holds."""
+    return client.run(lambda dask_worker: sorted(str(k) for k in dask_worker.data.keys() if name in str(k)))
+
+
 @pytest.fixture(scope="module")
 def dask_cluster():
     cluster, client, sidecar = start_cluster()

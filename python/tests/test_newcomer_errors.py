@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
@@ -31,12 +32,14 @@ def test_sidecar_unreachable(bare_cluster):
 @pytest.mark.parametrize("token", ["wrong", None])
 def test_sidecar_refuses_the_token(bare_cluster, token):
     sidecar = EmbeddedSidecar(token="right")
-    sidecar.start()
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(sidecar.start())
     try:
         with pytest.raises(Exception, match="refuses (this|a missing) token: set dask-pmix.sidecar.token"):
             bare_cluster.register_plugin(SidecarPlugin(url=sidecar.url, token=token))
     finally:
-        sidecar.stop()
+        loop.run_until_complete(sidecar.stop())
+        loop.close()
 
 
 def test_plugin_missing(bare_cluster):

@@ -21,7 +21,7 @@ def test_closing_the_scheduler_logs_nothing_from_dask_pmix(caplog):
         client = await Client(scheduler.address, asynchronous=True)
         plugin = scheduler.plugins[SidecarPlugin.name]
         deadline = asyncio.get_running_loop().time() + 30
-        while len(await asyncio.to_thread(plugin.rest.workers)) < 2:
+        while len(await plugin.rest.workers()) < 2:
             assert asyncio.get_running_loop().time() < deadline
             await asyncio.sleep(0.1)
         # The workers are attached once this process's MPI session has started (or failed): an
@@ -56,7 +56,7 @@ def test_a_job_whose_member_env_cannot_be_fetched_is_released_at_once():
                 await plugin._registered()
                 real = plugin.rest.member_env
 
-                def fails_once(job_id, worker_id):  # a sidecar that stops answering after the create
+                async def fails_once(job_id, worker_id):  # a sidecar that stops answering after the create
                     plugin.rest.member_env = real
                     raise SidecarError(0, "cannot reach the sidecar: timed out")
 
@@ -64,7 +64,7 @@ def test_a_job_whose_member_env_cannot_be_fetched_is_released_at_once():
                 t0 = asyncio.get_running_loop().time()
                 answer = await plugin.create_job(workers=[a.address, b.address], owner="test")
                 assert "timed out" in answer["error"]
-                states = {w["id"]: w["state"] for w in await asyncio.to_thread(plugin.rest.workers)}
+                states = {w["id"]: w["state"] for w in await plugin.rest.workers()}
                 assert states == {a.address: "available", b.address: "available"}
                 assert asyncio.get_running_loop().time() - t0 < 10  # not the 60 s wiring timeout
                 assert plugin.frozen_workers() == set()
@@ -73,16 +73,9 @@ def test_a_job_whose_member_env_cannot_be_fetched_is_released_at_once():
 
 
 def test_a_worker_joining_the_pool_while_the_scheduler_closes_is_told_so():
-    # A worker restarted during the close asks to join the pool after the plugin shut its wait
-    # threads down: it gets an answer, and Dask logs no "cannot schedule new futures" traceback.
-    import concurrent.futures
-
-    import pytest
-
+    # A worker restarted during the close asks to join the pool after the plugin began to close:
+    # it gets an answer instead of a request to a sidecar that is stopping.
     plugin = SidecarPlugin(url="http://127.0.0.1:9")
-    plugin._waits = concurrent.futures.ThreadPoolExecutor(1)
-    plugin._waits.shutdown()
-    with pytest.raises(RuntimeError):  # not closing: a real fault, raised
-        asyncio.run(plugin._in_waits(dict))
     plugin._closed = True
-    assert asyncio.run(plugin._in_waits(dict)) == {"error": "the scheduler is closing", "status": 503}
+    assert asyncio.run(plugin.join_pool("tcp://127.0.0.1:1", pid=1)) == {"error": "the scheduler is closing",
+                                                                          "status": 503}

@@ -124,6 +124,7 @@ export const requests = {
       members: ids(L.members),
       wiringTimeoutSeconds: { minimum: 0, maximum: 86_400 },
       timeoutSeconds: { minimum: 0, maximum: 31_536_000 },
+      poolJoinSeconds: { minimum: 0, maximum: 3600 },
       owner: { maxLength: 512 },
       labels: {
         maxProperties: L.labels,

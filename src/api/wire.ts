@@ -59,7 +59,7 @@ export function workerMsg(w: Readonly<Worker>): dask_pmix.v1.Worker {
 }
 
 export function psetMsg(p: Readonly<ProcessSet>): dask_pmix.v1.ProcessSet {
-  const m = pb.ProcessSet.create({ name: p.name, members: [...p.members], createdAt: p.createdAt, jobId: p.jobId ?? '' });
+  const m = pb.ProcessSet.create({ name: p.name, members: [...p.members], createdAt: p.createdAt, jobId: p.jobId ?? '', gone: [...(p.gone ?? [])] });
   if (p.selector) m.selector = selectorMsg(p.selector);
   return m;
 }
@@ -201,6 +201,7 @@ export function psetSpec(name: string, b: { members?: string[]; selector?: Selec
 export function jobSpec(b: {
   impl: string; mode?: string; pset?: string; members?: string[]; selector?: SelectorJson; owner?: string;
   wiringTimeoutSeconds?: number; timeoutSeconds?: number; labels?: Record<string, string>;
+  strictMode?: boolean; poolJoinSeconds?: number;
 }): JobSpec {
   const s: JobSpec = { impl: b.impl as Impl };
   if (b.mode) s.mode = b.mode as JobMode;
@@ -211,5 +212,7 @@ export function jobSpec(b: {
   if (b.wiringTimeoutSeconds) s.wiringTimeoutSeconds = b.wiringTimeoutSeconds;
   if (b.timeoutSeconds) s.timeoutSeconds = b.timeoutSeconds;
   if (b.labels) s.labels = b.labels;
+  if (b.strictMode) s.strictMode = true;
+  if (b.poolJoinSeconds) s.poolJoinMs = b.poolJoinSeconds * 1000;
   return s;
 }

@@ -1,7 +1,7 @@
 // `dask-pmix serve`: runs the sidecar until SIGTERM or SIGINT, then refuses new jobs, aborts the
 // running ones with notice to their members, finalizes PMIx and exits 0.
 import { randomBytes } from 'node:crypto';
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { closeSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync, writeSync } from 'node:fs';
 import { isIP } from 'node:net';
 import { networkInterfaces, tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -48,6 +48,7 @@ const HELP = `usage: dask-pmix serve [options]
   --no-pmi                 serve Open MPI (PMIx) only
   --parent-pid PID         stop when that process is gone (the embedded sidecar: its scheduler)
   --exit-with-parent       the same for the process that started this one
+  --ready-fd FD            write the listening line to FD, then close it (a parent waits on it)
   --ompi-env K=V           an Open MPI setting for every member (repeatable; replaces the defaults
                            OMPI_MCA_btl=^ofi OMPI_MCA_pml=ob1 OMPI_MCA_mpi_yield_when_idle=1)
   -h, --help
@@ -128,6 +129,7 @@ export async function serve(argv: string[]): Promise<number> {
       'no-pmi': { type: 'boolean' },
       'exit-with-parent': { type: 'boolean' },
       'parent-pid': { type: 'string' },
+      'ready-fd': { type: 'string' },
       help: { type: 'boolean', short: 'h' },
     },
     strict: true,
@@ -202,8 +204,19 @@ export async function serve(argv: string[]): Promise<number> {
     cleanup();
     throw err;
   }
-  // One line on stdout that a parent process can wait for.
-  process.stdout.write(`dask-pmix listening on ${sidecar.url}\n`);
+  // One line on stdout that a parent process can wait for, or on the descriptor it gave (its end of
+  // file then tells it that start-up is over).
+  const ready = `dask-pmix listening on ${sidecar.url}\n`;
+  if (values['ready-fd'] !== undefined) {
+    const fd = num('ready-fd', values['ready-fd'])!;
+    try {
+      writeSync(fd, ready);
+    } finally {
+      closeSync(fd);
+    }
+  } else {
+    process.stdout.write(ready);
+  }
 
   return new Promise<number>((resolve) => {
     let orphanWatch: NodeJS.Timeout | undefined;

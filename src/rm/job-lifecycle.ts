@@ -126,7 +126,7 @@ export class JobLifecycle {
     // Workers freed, a job slot freed (a job ended), a worker joined: waiting requests try again.
     o.events.subscribe(({ event: e }) => {
       if ((e.kind === 'workerStateChanged' && e.to === 'available') || e.kind === 'workerJoined' || e.kind === 'psetDefined'
-        || (e.kind === 'jobStateChanged' && !isActive(e.to))) this.admission.wake();
+        || e.kind === 'workerPoolChanged' || (e.kind === 'jobStateChanged' && !isActive(e.to))) this.admission.wake();
     });
     this.poolJobs = {
       impls: [],
@@ -154,7 +154,9 @@ export class JobLifecycle {
    * the namespace known. Fails without side effects.
    */
   create(spec: JobSpec, waitMs = 0): Promise<Readonly<Job>> {
-    return this.admission.run(() => this.createNow(spec), waitMs);
+    // A request that may wait also waits (within that) for members still joining the pool.
+    const poolUntil = waitMs > 0 && spec.poolJoinMs ? this.o.clock.now() + Math.min(waitMs, spec.poolJoinMs) : 0;
+    return this.admission.run(() => this.createNow(spec, poolUntil), waitMs);
   }
 
   /** Requests waiting for members or a job slot. */
@@ -162,7 +164,7 @@ export class JobLifecycle {
     return this.admission.waiting;
   }
 
-  private async createNow(spec: JobSpec): Promise<Readonly<Job>> {
+  private async createNow(spec: JobSpec, poolUntil = 0): Promise<Readonly<Job>> {
     if (this.stopping !== undefined) throw new RmError('unavailable', `the sidecar is stopping: ${this.stopping}`);
     const backend = this.o.backendFor(spec.impl);
     if (!backend) {
@@ -179,6 +181,7 @@ export class JobLifecycle {
     while (!this.o.newJobId && this.jobs.has(id)) id = `j${this.idPrefix}-${++this.jobCounter}`;
     if (this.jobs.has(id)) throw new RmError('conflict', `job id '${id}' is taken`);
     const plan = spec.mode === 'inprocess' ? this.planInprocess(workers, spec.impl) : undefined;
+    if (plan && 'reason' in plan) this.cannotRunInprocess(spec, plan, poolUntil);
     const inprocess = plan !== undefined && !('reason' in plan);
     const worlds = inprocess && spec.impl !== 'openmpi';
     // A fork job's namespace carries 128 random bits: a PMIx rank is admitted by its namespace and
@@ -272,6 +275,10 @@ export class JobLifecycle {
     if (spec.pset) {
       const p = this.o.psets.get(spec.pset);
       if (!p) throw new RmError('unprocessable', `no pset '${spec.pset}'`);
+      if (p.gone?.length) {
+        throw new RmError('unprocessable', `pset '${p.name}' names worker${p.gone.length > 1 ? 's' : ''} ${p.gone.join(', ')}, which left the ` +
+          `cluster: redefine it (PUT /v1/psets/${p.name}) with the workers there are now`);
+      }
       if (p.jobId) throw new RmError('conflict', `pset '${spec.pset}' is used by active job ${p.jobId}`);
       return { workers: take(p.members, `member of pset '${p.name}'`), pset: p };
     }
@@ -297,6 +304,24 @@ export class JobLifecycle {
         throw new RmError('conflict', `${e.message}; the others it could use are in jobs now`);
       }
       throw e;
+    }
+  }
+
+  /**
+   * An in-process job whose members cannot all run in-process: it waits while only members still
+   * joining the pool stand in the way (until `poolUntil`), fails if it asked for in-process only,
+   * and otherwise runs in fork mode with the reason.
+   */
+  private cannotRunInprocess(spec: JobSpec, plan: { reason: string; pending?: boolean }, poolUntil: number): void {
+    const now = this.o.clock.now();
+    if (plan.pending && now < poolUntil) {
+      // Tried again when a worker's pool seat changes, and at the deadline whatever happens.
+      this.o.clock.setTimer(poolUntil - now, () => this.admission.wake());
+      throw new RmError('conflict', `${plan.reason}; the job waits for it to join`);
+    }
+    if (spec.strictMode) {
+      const waited = plan.pending && poolUntil ? ` (after waiting for it to join the pool)` : '';
+      throw new RmError('unprocessable', `the job asked to run in-process, but ${plan.reason}${waited}`);
     }
   }
 

@@ -190,6 +190,7 @@ export class ResourceManager {
     const w = this.workers.add(spec, this.now());
     this.pool?.seat(w);
     this.events.emit({ kind: 'workerJoined', worker: structuredClone(w) });
+    for (const p of this.psets.memberBack(w.id)) this.events.emit({ kind: 'psetDefined', pset: structuredClone(p) });
     return w;
   }
 
@@ -211,6 +212,7 @@ export class ResourceManager {
     this.worlds?.retire(w, `its worker left (${reason})`);
     this.pool?.retire(w, `its worker left (${reason})`);
     this.events.emit({ kind: 'workerLeft', workerId: id, reason });
+    for (const p of this.psets.memberGone(id)) this.events.emit({ kind: 'psetDefined', pset: structuredClone(p) });
     return w;
   }
 

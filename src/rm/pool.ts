@@ -124,7 +124,11 @@ export interface PoolOptions {
 }
 
 /** Why in-process cannot serve a job, or the epoch it runs in. */
-export type PoolPlan = { epoch: number; namespace: string } | { reason: string };
+/**
+ * Where an in-process job can run, or why it cannot; `pending`: only because a member's worker has
+ * not asked to join yet (its plugin is starting), which may change soon.
+ */
+export type PoolPlan = { epoch: number; namespace: string } | { reason: string; pending?: boolean };
 
 export class Pool {
   private readonly epochs = new Map<string, Epoch>();
@@ -417,7 +421,7 @@ export class Pool {
       const s = w.pool;
       if (!s) return { reason: `worker '${w.id}' has no pool rank` };
       if (s.state === 'retired') return { reason: `worker '${w.id}' left the pool: ${s.reason ?? 'retired'}` };
-      if (s.state === 'assigned') return { reason: `worker '${w.id}' has not joined the pool (no dask-pmix worker plugin, or it has not started yet)` };
+      if (s.state === 'assigned') return { reason: `worker '${w.id}' has not joined the pool (no dask-pmix worker plugin, or it has not started yet)`, pending: true };
       if (epoch !== undefined && s.epoch !== epoch) return { reason: `the members are in different pool epochs (${epoch} and ${s.epoch})` };
       epoch = s.epoch;
       namespace = s.namespace;

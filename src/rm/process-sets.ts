@@ -40,6 +40,23 @@ export class ProcessSets {
     return p;
   }
 
+  /** Marks `workerId` gone (left the cluster) in every pset it is a member of; those psets. */
+  memberGone(workerId: string): ProcessSet[] {
+    const changed = [...this.sets.values()].filter((p) => p.members.includes(workerId) && !p.gone?.includes(workerId));
+    for (const p of changed) p.gone = [...(p.gone ?? []), workerId];
+    return changed;
+  }
+
+  /** `workerId` is registered (again): no pset counts it gone any more; those psets. */
+  memberBack(workerId: string): ProcessSet[] {
+    const changed = [...this.sets.values()].filter((p) => p.gone?.includes(workerId));
+    for (const p of changed) {
+      p.gone = p.gone!.filter((g) => g !== workerId);
+      if (!p.gone.length) delete p.gone;
+    }
+    return changed;
+  }
+
   list(): ProcessSet[] {
     return [...this.sets.values()];
   }

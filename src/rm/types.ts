@@ -88,6 +88,8 @@ export interface ProcessSet {
   createdAt: string;
   /** The active job created from it. */
   jobId?: string;
+  /** Members whose worker left the cluster (a job on the pset fails naming them until redefined). */
+  gone?: string[];
 }
 
 export interface PsetSpec {
@@ -150,6 +152,13 @@ export interface JobSpec {
   impl: Impl;
   /** inprocess: in the pool where every member can be, else fork (with the reason); default fork. */
   mode?: JobMode;
+  /** mode inprocess: fail instead of running in fork mode when in-process cannot serve. */
+  strictMode?: boolean;
+  /**
+   * mode inprocess, in a request that may wait: how long to wait for members whose worker has not
+   * asked to join the pool yet before the mode is decided.
+   */
+  poolJoinMs?: number;
   pset?: string;
   members?: string[];
   selector?: Selector;

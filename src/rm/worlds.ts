@@ -113,10 +113,12 @@ export class Worlds {
   plan(workers: readonly Worker[], impl: Impl): PoolPlan {
     for (const w of workers) {
       const s = w.pool;
-      if (!Worlds.isWorld(s)) return { reason: `worker '${w.id}' has no ${impl} world (no dask-pmix worker plugin, another MPI library, or it has not started yet)` };
+      if (s?.state === 'retired') return { reason: `worker '${w.id}' left the pool: ${s.reason ?? 'retired'}` };
+      if (!Worlds.isWorld(s)) {
+        return { reason: `worker '${w.id}' has no ${impl} world (no dask-pmix worker plugin, another MPI library, or it has not started yet)`, pending: s?.state === 'assigned' };
+      }
       if (s!.impl !== impl) return { reason: `worker '${w.id}' runs ${s!.impl}, not ${impl}` };
-      if (s!.state === 'retired') return { reason: `worker '${w.id}' left the pool: ${s!.reason ?? 'retired'}` };
-      if (s!.state !== 'ready') return { reason: `worker '${w.id}' has not finished initialising its ${impl} world` };
+      if (s!.state !== 'ready') return { reason: `worker '${w.id}' has not finished initialising its ${impl} world`, pending: true };
     }
     if (workers.length === 0) return { reason: 'no members' };
     return { epoch: 0, namespace: '' };

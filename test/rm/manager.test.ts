@@ -35,6 +35,17 @@ describe('ResourceManager: workers and psets', () => {
     expect(events.at(-1)).toEqual({ kind: 'workerLeft', workerId: 'w3', reason: 'removed' });
   });
 
+  it('marks a pset member whose worker left as gone: a job on it fails naming it until the worker is back', async () => {
+    rm.definePset({ name: 'p', members: ['w0', 'w1'] });
+    rm.removeWorker('w1');
+    expect(rm.getPset('p').gone).toEqual(['w1']);
+    expect(events.at(-1)).toMatchObject({ kind: 'psetDefined', pset: { name: 'p', gone: ['w1'] } });
+    await expect(rm.createJob({ impl: 'openmpi', pset: 'p' })).rejects.toThrow(/pset 'p' names worker w1, which left the cluster: redefine it/);
+    rm.registerWorker({ id: 'w1', host: 'h1' });
+    expect(rm.getPset('p').gone).toBeUndefined();
+    expect((await rm.createJob({ impl: 'openmpi', pset: 'p' })).members.map((m) => m.workerId)).toEqual(['w0', 'w1']);
+  });
+
   it('defines, redefines and deletes psets, checking members', () => {
     rm.definePset({ name: 'p', members: ['w1', 'w0'] });
     expect(rm.getPset('p').members).toEqual(['w1', 'w0']);

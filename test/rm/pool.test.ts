@@ -300,6 +300,41 @@ describe('in-process jobs', () => {
     expect([j3.mode, j3.modeReason]).toEqual(['fork', undefined]);
   });
 
+  it('waits, within poolJoinMs, for a member whose worker has not asked to join yet, then runs in-process', async () => {
+    await readyWorker('a');
+    rm.registerWorker({ id: 'late', host: 'h1' });
+    let settled: Job | undefined;
+    const creating = rm.createJob({ impl: 'openmpi', mode: 'inprocess', members: ['a', 'late'], poolJoinMs: 5000 }, { waitMs: 60_000 })
+      .then((j) => (settled = j));
+    await flush();
+    clock.advance(1000);
+    await flush();
+    expect(settled).toBeUndefined(); // still waiting for 'late'
+    await rm.joinPool('late', { pid: 43 }); // its plugin asks: joining is enough to plan the job
+    await creating;
+    expect([settled!.mode, settled!.modeReason]).toEqual(['inprocess', undefined]);
+  });
+
+  it('after poolJoinMs a member that never asked makes the job run in fork mode, or fail when in-process was demanded', async () => {
+    await readyWorker('a');
+    rm.registerWorker({ id: 'never', host: 'h1' });
+    const lenient = rm.createJob({ impl: 'openmpi', mode: 'inprocess', members: ['a', 'never'], poolJoinMs: 2000 }, { waitMs: 60_000 });
+    await flush();
+    clock.advance(2000);
+    const j = await lenient;
+    expect([j.mode, j.modeReason]).toEqual(['fork', expect.stringMatching(/'never' has not joined the pool/)]);
+    await rm.deleteJob(j.id);
+    const strict = rm.createJob({ impl: 'openmpi', mode: 'inprocess', strictMode: true, members: ['a', 'never'], poolJoinMs: 2000 },
+      { waitMs: 60_000 });
+    const refused = expect(strict).rejects.toThrow(/asked to run in-process, but worker 'never' has not joined the pool .*after waiting/);
+    await flush();
+    clock.advance(2000);
+    await refused;
+    // Without waiting (a plain REST request), strict mode fails at once and fork mode is immediate.
+    await expect(rm.createJob({ impl: 'openmpi', mode: 'inprocess', strictMode: true, members: ['a', 'never'] }))
+      .rejects.toThrow(/asked to run in-process/);
+  });
+
   it('a selector prefers workers that can run in-process', async () => {
     rm.registerWorker({ id: 'plain0', host: 'h1' });
     await readyWorker('a');

@@ -24,7 +24,8 @@ from typing import Any, Callable
 
 from .. import pmi_connect
 from ..errors import MPIJobError
-from ..worker import mpi as worker_mpi
+from ..protocol import FAILED_STATES
+from ..worker import jobs, mpi as worker_mpi
 
 _HEADER = struct.Struct("!Q")
 FAMILY = worker_mpi.FAMILY
@@ -119,10 +120,58 @@ def _die_with_parent(parent: int | None = None) -> None:
         os._exit(1)
 
 
-def _child(fd: int, env: dict, tag: str, impl: str, fn: Callable, args: tuple, kwargs: dict) -> None:
+class _NoWorker:
+    """What get_worker() gives inside a fork-mode rank: the Dask worker is another process, so
+    any use of it raises an error that says so (get_client() and worker_client() use it too)."""
+
+    def __init__(self, why: str):
+        object.__setattr__(self, "_why", why)
+
+    def __getattr__(self, name: str):
+        raise RuntimeError(object.__getattribute__(self, "_why"))
+
+    def __setattr__(self, name: str, value) -> None:
+        raise RuntimeError(object.__getattribute__(self, "_why"))
+
+
+def _without_worker_context(why: str) -> None:
+    """Makes Dask's worker context inside this rank's process say why it is not there: set now if
+    distributed is loaded (a forked rank inherits the task's context), else as soon as it is."""
+    def install(module) -> None:
+        module._worker_cvar.set(_NoWorker(why))
+
+    if "distributed.worker" in sys.modules:
+        install(sys.modules["distributed.worker"])
+        return
+    import importlib.abc
+    import importlib.machinery
+
+    class Hook(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name != "distributed.worker":
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.machinery.PathFinder.find_spec(name, path)
+            if spec is not None and spec.loader is not None:
+                exec_module = spec.loader.exec_module
+
+                def exec_and_install(module):
+                    exec_module(module)
+                    install(module)
+                spec.loader.exec_module = exec_and_install
+            return spec
+
+    sys.meta_path.insert(0, Hook())
+
+
+def _child(fd: int, env: dict, tag: str, impl: str, fn: Callable, args: tuple, kwargs: dict, why: str = "") -> None:
     code = 1
     try:
         _die_with_parent()
+        _without_worker_context(
+            "this MPI rank runs in a child process of its Dask worker (fork mode" + (f": {why}" if why else "")
+            + "), so get_worker(), get_client() and worker_client() are not available in it; run the job in-process "
+            "(mode='inprocess', Open MPI workers in the dask-pmix pool) to use the worker from the job's function")
         os.environ.update(env)
         # Before any connection to the sidecar: a rank of the wrong MPI must report that, not be
         # seen as a member lost when its PMI connection closes.
@@ -240,15 +289,16 @@ def _exit_description(status: int) -> str:
 
 
 def run_rank(*, job_id: str, rank: int, worker: str, env: dict, fn: Callable, args: tuple = (), impl: str = "openmpi",
-             kwargs: dict | None = None, job_state: Callable[[], dict], timeout: float | None = None,
-             report_lost: Callable[[str], None] | None = None, poll_interval: float = 0.2,
-             finalize_grace: float = 30.0) -> Any:
-    """Runs `fn(comm, *args, **kwargs)` as `rank` of `job_id` in a forked child; returns its value.
+             kwargs: dict | None = None, timeout: float | None = None,
+             report_lost: Callable[[str], None] | None = None, finalize_grace: float = 30.0,
+             mode_reason: str = "") -> Any:
+    """Runs `fn(comm, *args, **kwargs)` as `rank` of `job_id` in a child process; returns its value.
 
-    `job_state()` returns the sidecar's view of the job ({"state", "error"}); when the job fails
-    the child is killed and MPIJobError is raised, so no rank waits on a peer that is gone.
-    `report_lost(reason)` tells the sidecar when the rank's process ended without finishing, so
-    the members are released at once instead of when the sidecar notices.
+    When the job fails (the scheduler pushes it: dask_pmix.worker.jobs) the child is killed and
+    MPIJobError is raised, so no rank waits on a peer that is gone. `report_lost(reason)` tells
+    the sidecar when the rank's process ended without finishing, so the members are released at
+    once instead of when the sidecar notices. `mode_reason`: why the job runs in fork mode, said
+    to a function that looks for its worker.
     """
     reported = False
 
@@ -263,8 +313,8 @@ def run_rank(*, job_id: str, rank: int, worker: str, env: dict, fn: Callable, ar
             pass
 
     try:
-        return _run_rank(job_id, rank, worker, env, impl, fn, args, kwargs, job_state, timeout, poll_interval,
-                         finalize_grace, report_once)
+        return _run_rank(job_id, rank, worker, env, impl, fn, args, kwargs, timeout, finalize_grace, report_once,
+                         mode_reason)
     except MPIJobError as e:
         report_once(e.reason)
         raise
@@ -276,7 +326,7 @@ def _pool_loaded() -> bool:
     return pool.loaded()
 
 
-def _spawn(fd: int, env: dict, tag: str, impl: str, fn: Callable, args: tuple, kwargs: dict) -> int:
+def _spawn(fd: int, env: dict, tag: str, impl: str, fn: Callable, args: tuple, kwargs: dict, why: str) -> int:
     """Starts the rank as a fresh interpreter (``python -m dask_pmix.member.fork``): the worker has an
     MPI library loaded (its pool session), which a forked child could not initialise again. The
     rank gets the worker's environment from before the pool's variables were set, the job's
@@ -287,7 +337,7 @@ def _spawn(fd: int, env: dict, tag: str, impl: str, fn: Callable, args: tuple, k
 
     from ..worker import pool
 
-    payload = pickle.dumps(list(sys.path)) + cloudpickle.dumps((env, tag, impl, fn, args, kwargs), protocol=5)
+    payload = pickle.dumps(list(sys.path)) + cloudpickle.dumps((env, tag, impl, fn, args, kwargs, why), protocol=5)
     r, w = os.pipe()
     try:
         pid = os.posix_spawn(sys.executable, [sys.executable, "-m", "dask_pmix.member.fork", "3", "4", str(os.getpid())],
@@ -315,51 +365,49 @@ def _spawned_main(fd: int, payload_fd: int, parent: int) -> None:
     _die_with_parent(parent)
     with os.fdopen(payload_fd, "rb") as f:
         sys.path[:] = pickle.load(f)
-        env, tag, impl, fn, args, kwargs = pickle.load(f)
-    _child(fd, env, tag, impl, fn, args, kwargs)
+        env, tag, impl, fn, args, kwargs, why = pickle.load(f)
+    _child(fd, env, tag, impl, fn, args, kwargs, why)
 
 
-def _run_rank(job_id, rank, worker, env, impl, fn, args, kwargs, job_state, timeout, poll_interval, finalize_grace,
-              report_lost):
+def _run_rank(job_id, rank, worker, env, impl, fn, args, kwargs, timeout, finalize_grace, report_lost, why):
     # The MPI library is loaded in the child only. Loaded in the worker, UCX (inside both MPICH's
     # and Open MPI's wheels) hooks dlopen/mmap behind a lock; a fork while another worker thread
-    # holds it leaves the child deadlocked in MPI_Session_init (seen with MPICH 5.0.2). A worker
-    # that has it loaded (the pool's session) starts a fresh interpreter instead of forking.
+    # holds it leaves the child deadlocked in MPI_Session_init (MPICH 5.0.2). A worker that has it
+    # loaded (the pool's session) starts a fresh interpreter instead of forking.
     tag = f"dask-pmix:{job_id}"
     r, w = os.pipe()
     if _pool_loaded():
-        pid = _spawn(w, env, tag, impl, fn, args, kwargs or {})
+        pid = _spawn(w, env, tag, impl, fn, args, kwargs or {}, why)
     else:
         pid = os.fork()
         if pid == 0:  # the rank
             os.close(r)
-            _child(w, env, tag, impl, fn, args, kwargs or {})
+            _child(w, env, tag, impl, fn, args, kwargs or {}, why)
     os.close(w)
     segments = _Segments(pid)
     reader = _Reader(segments.add)
     deadline = None if timeout is None else time.monotonic() + timeout
     finalize_deadline: float | None = None  # set once the result is in: the child finalizes
-    next_poll = 0.0
     exit_status: int | None = None
-    # A pidfd becomes readable when the child exits: the wait ends then, not at the next poll.
-    try:
-        exited_fd = os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        exited_fd = None
-    watch = [r] + ([exited_fd] if exited_fd is not None else [])
+    # Readable when the child exits, and when the scheduler pushes a change of the job.
+    exited_fd = os.pidfd_open(pid)
+    job = jobs.Watch(job_id)
+    watch = [r, exited_fd, job.fd]
     try:
         while True:
-            ready, _, _ = select.select(watch, [], [], poll_interval)
+            now = time.monotonic()
+            wake = [d for d in (deadline if not reader.complete else None, finalize_deadline) if d is not None]
+            ready, _, _ = select.select(watch, [], [], max(0.0, min(wake) - now) if wake else None)
             if r in ready:
                 data = os.read(r, 1 << 20)
                 if data:
                     reader.feed(data)
                 else:
                     watch.remove(r)  # end of file: only the exit is left to wait for
-            done_pid, status = os.waitpid(pid, os.WNOHANG)
-            if done_pid == pid:
+            if exited_fd in ready:
+                _, status = os.waitpid(pid, 0)
                 exit_status = status
-                while data := os.read(r, 1 << 20):  # what the child wrote before it exited
+                while r in watch and (data := os.read(r, 1 << 20)):  # what the child wrote before it exited
                     reader.feed(data)
                 finished = reader.complete and reader.message[0] == "ok"
                 if not (finished and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0):
@@ -379,11 +427,9 @@ def _run_rank(job_id, rank, worker, env, impl, fn, args, kwargs, job_state, time
                 report_lost(err.reason)
                 _kill(pid, segments)
                 raise err
-            if now >= next_poll:
-                next_poll = now + poll_interval
-                segments.look()
-                state = job_state()
-                if state.get("state") in ("failed", "aborted"):
+            if job.fd in ready:
+                state = job.drain() or {}
+                if state.get("state") in FAILED_STATES:
                     _kill(pid, segments)
                     if not reader.complete:
                         raise MPIJobError(state.get("error") or f"the job was {state.get('state')}",
@@ -391,8 +437,8 @@ def _run_rank(job_id, rank, worker, env, impl, fn, args, kwargs, job_state, time
                     break
     finally:
         os.close(r)
-        if exited_fd is not None:
-            os.close(exited_fd)
+        os.close(exited_fd)
+        job.close()
     if reader.complete:
         kind, value = reader.message
         if kind == "ok":

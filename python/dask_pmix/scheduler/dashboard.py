@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -135,9 +135,9 @@ class TrafficReport:
     """Sends the workers' comm counters that changed to the sidecar, every TRAFFIC_EVERY seconds,
     in one request; workers running no tcp+mpi:// backend report none and are left out."""
 
-    def __init__(self, scheduler: Any, send: Callable[[list[dict]], object]) -> None:
+    def __init__(self, scheduler: Any, send: Callable[[list[dict]], Awaitable[object]]) -> None:
         self.scheduler = scheduler
-        self.send = send  # blocking: list of {"id", "tcp", "mpi"} -> None
+        self.send = send  # awaited: list of {"id", "tcp", "mpi"} -> None
         self.sent: dict[str, dict] = {}
         self.task: asyncio.Task | None = None
 
@@ -156,7 +156,7 @@ class TrafficReport:
             if not batch:
                 continue
             try:
-                await asyncio.to_thread(self.send, batch)
+                await self.send(batch)
             except Exception as e:  # the sidecar restarting: the next round sends them again
                 logger.debug("dask-pmix: traffic report not taken: %s", e)
                 continue

@@ -1,4 +1,5 @@
-"""The worker side: a WorkerPlugin that puts the worker process into the in-process MPI pool.
+"""The worker side: a WorkerPlugin that hears the scheduler's pushes about this worker's jobs
+(dask_pmix.worker.jobs) and puts the worker process into the in-process MPI pool.
 
 At worker start (in the background, never on the event loop) it checks which MPI library the
 worker's mpi4py loads: from the installed wheel, or else in a subprocess (loading it in the worker
@@ -8,7 +9,7 @@ environment; then it initialises the one MPI session of the process's life (dask
 the worker closes, the session is finalized.
 
 The scheduler plugin (SidecarPlugin) installs this plugin on every worker, those that join later
-included, unless it is made with ``pool=False``.
+included; with ``SidecarPlugin(pool=False)`` the workers do not join the pool (``join=False``).
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from urllib.parse import urlparse
 from distributed.comm.core import CommClosedError
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from ..protocol import WORKER_PLUGIN, Worker as WorkerHandlers
-from . import members, mpi as worker_mpi, pool
+from ..protocol import WORKER_PLUGIN, Scheduler, Stream
+from . import jobs, members, mpi as worker_mpi, pool
 from .library import installed_library, pool_capable, pool_impl, probe_library
 
 logger = logging.getLogger("dask_pmix")
@@ -39,19 +40,25 @@ class PoolPlugin(WorkerPlugin):
     name = WORKER_PLUGIN
     idempotent = True
 
-    def __init__(self, session_timeout: float = 120.0, interfaces=None):
+    def __init__(self, session_timeout: float = 120.0, interfaces=None, join: bool = True):
         self.session_timeout = session_timeout
         self.interfaces = interfaces  # dask-pmix.pool.interfaces, as the scheduler has it
+        self.join = join
         self._task: asyncio.Task | None = None
 
     def setup(self, worker) -> None:
-        # Answered from the event loop, so that no answer means a frozen process (stuck_members).
-        worker.handlers[WorkerHandlers.MEMBER_RUNNING] = members.running
-        self._task = asyncio.ensure_future(self._join(worker))
+        worker.stream_handlers[Stream.JOB] = jobs.update
+        worker.stream_handlers[Stream.SIDECAR_RESTARTED] = lambda **_: self._sidecar_restarted(worker)
+        # From now on the scheduler may push this worker's jobs to it (an operation a worker has
+        # no handler for would close its stream).
+        worker.batched_stream.send({"op": Stream.HELLO})
+        self._task = asyncio.ensure_future(self._join(worker) if self.join else self._stay_out(worker))
 
     async def teardown(self, worker) -> None:
         if self._task is not None and not self._task.done():
             self._task.cancel()
+        if not self.join:
+            return
         if _claimed_by not in (None, worker.address):
             return  # the process's session is another worker's (see _join): it finalizes it
         from distributed.core import Status
@@ -67,6 +74,34 @@ class PoolPlugin(WorkerPlugin):
         if not finished:
             logger.warning("dask-pmix: finalizing the MPI session did not finish in time")
 
+    def _sidecar_restarted(self, worker) -> None:
+        """The sidecar this process's MPI session was made with has died (a new one took its
+        place): the session cannot serve again (a PMIx client does not reconnect, and Open MPI
+        cannot initialise twice), so this worker leaves the pool and asks to be replaced by a fresh
+        process, which joins the new sidecar's pool; its data is moved to other workers first."""
+        if not self.join or _claimed_by != worker.address:
+            return
+        if pool.status()["state"] == "absent":
+            return  # never joined: it joins the new sidecar as it would have joined the old one
+
+        async def leave() -> None:
+            reason = "its MPI session was made with a sidecar that has since restarted"
+            try:
+                await getattr(worker.scheduler, Scheduler.LEAVE_POOL)(worker=worker.address, reason=reason)
+                await getattr(worker.scheduler, Scheduler.REPLACE_WORKER)(worker=worker.address, reason=reason)
+            except Exception as e:  # noqa: BLE001 - the scheduler is closing
+                logger.debug("dask-pmix: could not leave the pool: %r", e)
+
+        asyncio.ensure_future(leave())
+
+    async def _stay_out(self, worker) -> None:
+        """Tells the sidecar that this worker will not join, so that no job waits for it."""
+        try:
+            await getattr(worker.scheduler, Scheduler.LEAVE_POOL)(
+                worker=worker.address, reason="the cluster's workers do not join the pool (SidecarPlugin(pool=False))")
+        except Exception as e:  # noqa: BLE001 - the scheduler is closing
+            logger.debug("dask-pmix: could not tell the sidecar: %r", e)
+
     async def _join(self, worker) -> None:
         global _claimed_by
         with _claim:
@@ -79,7 +114,7 @@ class PoolPlugin(WorkerPlugin):
             reason = f"worker {other} in the same process holds its MPI session"
             logger.info("dask-pmix: this worker stays out of the MPI pool: %s", reason)
             try:
-                await worker.scheduler.dask_pmix_leave_pool(worker=worker.address, reason=reason)
+                await getattr(worker.scheduler, Scheduler.LEAVE_POOL)(worker=worker.address, reason=reason)
             except Exception as e:  # noqa: BLE001
                 logger.debug("dask-pmix: could not tell the sidecar: %r", e)
             return
@@ -94,7 +129,7 @@ class PoolPlugin(WorkerPlugin):
                 reason = str(e)
             if reason is not None:
                 logger.info("dask-pmix: this worker stays out of the MPI pool: %s", reason)
-                await worker.scheduler.dask_pmix_leave_pool(worker=worker.address, reason=reason)
+                await getattr(worker.scheduler, Scheduler.LEAVE_POOL)(worker=worker.address, reason=reason)
                 return
             try:
                 # Loaded before asking: the members of a cohort start their sessions together
@@ -103,7 +138,7 @@ class PoolPlugin(WorkerPlugin):
                 await asyncio.to_thread(worker_mpi.mpi_module)
             except Exception as e:  # noqa: BLE001 - the session's own start reports it
                 logger.debug("dask-pmix: mpi4py could not be loaded ahead: %r", e)
-            answer = await worker.scheduler.dask_pmix_join_pool(
+            answer = await getattr(worker.scheduler, Scheduler.JOIN_POOL)(
                 worker=worker.address, host=urlparse(worker.address).hostname or "", pid=os.getpid(),
                 uid=os.getuid(), gid=os.getgid(), **({"impl": impl} if impl != "openmpi" else {}))
             if "error" in answer:
@@ -115,15 +150,15 @@ class PoolPlugin(WorkerPlugin):
             st = pool.status()
             if st["state"] != "ready":
                 reason = st["reason"] if st["state"] == "failed" else f"the MPI session did not start within {self.session_timeout:.0f} s"
-                await worker.scheduler.dask_pmix_leave_pool(worker=worker.address, reason=f"its MPI session failed: {reason}")
+                await getattr(worker.scheduler, Scheduler.LEAVE_POOL)(worker=worker.address, reason=f"its MPI session failed: {reason}")
                 if len(answer["pool"].get("localPeers") or ()) > 1 and worker.nanny:
                     # A cohort member's session fails when a peer declared on its node never
                     # initialised (Open MPI waits 2 s for each). This process cannot initialise
                     # MPI again; a fresh one joins the pool alone, as any later worker does.
                     logger.warning("dask-pmix: this worker's MPI session failed in its cohort; restarting it to "
                                    "join the pool alone: %s", reason)
-                    await worker.scheduler.dask_pmix_restart_worker(worker=worker.address,
-                                                                    reason=f"its MPI session failed in its cohort: {reason}")
+                    await getattr(worker.scheduler, Scheduler.REPLACE_WORKER)(
+                        worker=worker.address, reason=f"its MPI session failed in its cohort: {reason}")
                 else:
                     logger.warning("dask-pmix: this worker's MPI session failed; its jobs run in fork mode: %s", reason)
             else:

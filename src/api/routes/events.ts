@@ -19,7 +19,9 @@ import { errors, type RouteOptions } from './context.js';
 // with fastify-plugin, so that its route hook sees the routes declared here.
 const sse = sseModule as unknown as typeof fastifySSE;
 
-const HEARTBEAT_MS = 15_000;
+// A reader tells a silent sidecar (stopped, or its host gone) from a quiet one by this heartbeat:
+// the scheduler plugin takes a stream silent for several of them as the sidecar gone.
+const HEARTBEAT_MS = 2_000;
 const OVERFLOW_GRACE_MS = 1000;
 
 export interface EventRouteOptions extends RouteOptions {

@@ -1,0 +1,99 @@
+"""Replacing a worker that cannot serve MPI jobs any more, without losing its data.
+
+A worker asks for it itself (its member is stuck inside MPI after its job failed:
+dask_pmix.member.watcher; its MPI session failed in its cohort), so its event loop runs and
+Dask can move its data: it is taken out of the sidecar (no job picks it meanwhile) and out of
+the pool (the dashboard shows why), retired gracefully (retire_workers moves every key only it
+holds to other workers), and only then restarted through its nanny. A worker whose data cannot
+be moved (no other worker can take it) is not restarted: it keeps serving Dask outside the pool.
+One replacement at a time."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Callable
+
+from ..errors import SidecarError
+from ..rest import AsyncSidecarClient
+
+logger = logging.getLogger("dask_pmix")
+
+# How long moving a worker's data may take before its replacement is given up (it keeps running).
+RETIRE_WITHIN = 300.0
+# How long the restarted worker may take to come back before the next replacement goes ahead.
+RESTART_WITHIN = 120.0
+
+
+class Replacer:
+    def __init__(self, scheduler, rest: Callable[[], AsyncSidecarClient | None],
+                 register: Callable[[str], None]):
+        self.scheduler = scheduler
+        self.rest = rest
+        self.register = register
+        self._lock = asyncio.Lock()
+        self._pending: set[str] = set()
+        self._tasks: set[asyncio.Task] = set()
+        self.replaced: list[dict] = []  # what was done, newest last (bounded)
+
+    def replace(self, worker: str, reason: str) -> dict:
+        if worker not in self.scheduler.workers:
+            return {"error": f"{worker} is not a worker of this cluster", "status": 404}
+        if worker not in self._pending:
+            self._pending.add(worker)
+            task = asyncio.ensure_future(self._replace(worker, reason))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return {"replacing": worker}
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _record(self, worker: str, reason: str, outcome: str) -> None:
+        self.replaced.append({"worker": worker, "reason": reason, "outcome": outcome, "time": time.time()})
+        del self.replaced[:-256]
+        self.scheduler.log_event("dask-pmix", {"action": "replace-worker", "worker": worker, "reason": reason,
+                                               "outcome": outcome})
+
+    async def _replace(self, worker: str, reason: str) -> None:
+        try:
+            async with self._lock:
+                if worker not in self.scheduler.workers:
+                    return
+                logger.warning("dask-pmix: replacing worker %s: %s", worker, reason)
+                rest = self.rest()
+                if rest is not None:
+                    try:
+                        await rest.leave_pool(worker, f"replaced by dask-pmix: {reason}")
+                        await rest.remove_worker(worker)
+                    except SidecarError as e:
+                        if e.status != 404:
+                            logger.warning("dask-pmix: could not take %s out of the sidecar: %s", worker, e)
+                stimulus = f"dask-pmix-replace-{time.time()}"
+                try:
+                    retired = await asyncio.wait_for(
+                        self.scheduler.retire_workers([worker], close_workers=False, remove=False, stimulus_id=stimulus),
+                        RETIRE_WITHIN)
+                except asyncio.TimeoutError:
+                    retired = {}
+                if worker not in retired:
+                    if worker in self.scheduler.workers:
+                        logger.error("dask-pmix: the data of worker %s could not be moved to other workers; it is not "
+                                     "restarted and serves Dask outside the MPI pool (%s)", worker, reason)
+                        self._record(worker, reason, "kept: its data could not be moved")
+                        self.register(worker)
+                    return
+                # Waits for the new process to be back: it is where the next replacement's data goes.
+                await self.scheduler.restart_workers([worker], timeout=RESTART_WITHIN, wait_for_workers=True,
+                                                     on_error="return", stimulus_id=stimulus)
+                logger.warning("dask-pmix: worker %s was retired (its data moved) and restarted", worker)
+                self._record(worker, reason, "data moved, restarted")
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001
+            logger.exception("dask-pmix: replacing worker %s failed", worker)
+        finally:
+            self._pending.discard(worker)
