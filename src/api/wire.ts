@@ -130,6 +130,8 @@ export function eventMsg(e: SequencedEvent): dask_pmix.v1.Event {
         ...base,
         memberStateChanged: { jobId: ev.jobId, workerId: ev.workerId, rank: ev.rank, from: ms(ev.from), to: ms(ev.to), reason: ev.reason ?? '' },
       });
+    case 'healthChanged':
+      return pb.Event.create({ ...base, healthChanged: { status: ev.status, pmixStalledSeconds: ev.pmixStalledSeconds } });
   }
 }
 

@@ -120,6 +120,8 @@ export interface PmixServerOptions {
   onRefused?(reason: string, peer: string): void;
   /** How often libpmix's progress thread is probed (default 1000 ms; 0: never). */
   probeIntervalMs?: number;
+  /** Called when libpmix's progress thread turns stalled (stallAfterMs without answering), and when it answers again. */
+  onStallChange?(stalled: boolean, stalledMs: number): void;
   /** After how long without progress libpmix counts as stalled (default 5000 ms). */
   stallAfterMs?: number;
   /** Bound on every call that waits for libpmix (default 30 s). */
@@ -264,8 +266,11 @@ export class PmixServer {
     if (every <= 0) return;
     this.probe = setInterval(() => {
       const p = this.native.progressProbe();
+      const wasStalled = this.progress().stalled;
       this.waitingMs = p.waitingMs;
       this.lastRoundTripMs = p.lastRoundTripMs;
+      const stalled = this.progress().stalled;
+      if (stalled !== wasStalled) this.opts.onStallChange?.(stalled, p.waitingMs);
       // A connection of this uid's that reached libpmix's listener without the gate can hold its
       // progress thread in a blocking read: shut those down once it has stopped answering.
       if (p.waitingMs >= Math.min(every, 1000)) {

@@ -12,7 +12,8 @@ export type RmEvent =
   | { kind: 'psetDefined'; pset: ProcessSet }
   | { kind: 'psetDeleted'; name: string }
   | { kind: 'jobStateChanged'; jobId: string; from?: JobState; to: JobState; reason?: string; job: Job }
-  | { kind: 'memberStateChanged'; jobId: string; workerId: string; rank: number; from: MemberState; to: MemberState; reason?: string };
+  | { kind: 'memberStateChanged'; jobId: string; workerId: string; rank: number; from: MemberState; to: MemberState; reason?: string }
+  | { kind: 'healthChanged'; status: 'ok' | 'pmix-stalled'; pmixStalledSeconds: number };
 
 export interface SequencedEvent {
   seq: number;

@@ -20,6 +20,8 @@ export const POOL_OMPI_ENV: Readonly<Record<string, string>> = {
   OMPI_MCA_pmix_base_collect_data: '0',
   OMPI_MCA_async_mpi_init: '1',
   OMPI_MCA_mpi_ft_enable: '1',
+  // The worker's PMIx event handler hears at once that its server is gone (dask_pmix.worker.lifeline).
+  PMIX_MCA_pmix_event_caching_window: '0',
 };
 
 /** The name of a pool rank's virtual node. */

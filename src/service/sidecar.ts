@@ -144,6 +144,10 @@ export class Sidecar {
       },
       onRefused: (reason, peer) => log.warn({ peer, reason }, 'PMIx connection refused'),
       onStrangers: (closed) => log.warn({ closed }, 'shut down connections that reached libpmix without the gate'),
+      onStallChange: (stalled, ms) => {
+        (stalled ? log.error.bind(log) : log.warn.bind(log))({ stalledMs: ms }, stalled ? 'libpmix has stopped progressing' : 'libpmix progresses again');
+        rm.events.emit({ kind: 'healthChanged', status: stalled ? 'pmix-stalled' : 'ok', pmixStalledSeconds: ms / 1000 });
+      },
       ...(opts.remoteConnections ? { remoteConnections: true } : {}),
       ...(opts.tcpIfInclude ? { tcpIfInclude: opts.tcpIfInclude } : {}),
       ...(opts.tcpPort !== undefined ? { tcpPort: opts.tcpPort } : {}),

@@ -78,6 +78,8 @@ class SidecarPlugin(SchedulerPlugin):
         self._closed = False
         self._state_dir: str | None = None
         self._traffic: dashboard.TrafficReport | None = None
+        self._stalled: asyncio.TimerHandle | None = None
+        self._sidecar_started: float | None = None  # when the sidecar the stream follows started
 
     # The plugin is pickled on its way to the scheduler: send the configuration only.
     _CONFIG = ("url", "token", "sidecar_args", "sidecar_log", "pool")
@@ -155,6 +157,8 @@ class SidecarPlugin(SchedulerPlugin):
         self._closed = True
         for timer in self._settling.values():
             timer.cancel()
+        if self._stalled is not None:
+            self._stalled.cancel()
         if self._traffic is not None:
             self._traffic.stop()
         if self.stream is not None:
@@ -192,12 +196,23 @@ class SidecarPlugin(SchedulerPlugin):
         embedded.on_exit(self._sidecar_exited)
         for address in list(self.scheduler.workers):
             self._register_soon(address)
-        # Their pool sessions were made with the sidecar that died and cannot serve again: each
-        # worker that has one leaves the pool and asks to be replaced (its data moved first).
-        for worker in self._listening & set(self.scheduler.workers):
-            self.scheduler.stream_comms[worker].send({"op": Stream.SIDECAR_RESTARTED})
         logger.warning("dask-pmix: the sidecar is back (restart %d); %d workers registered again", embedded.restarts,
                        len(self.scheduler.workers))
+        await self._registered()
+        await self._tell_workers_sidecar_restarted()
+
+    async def _tell_workers_sidecar_restarted(self) -> None:
+        """Pool sessions made with a sidecar that has died cannot serve again: each worker whose
+        session is not in the new sidecar's pool leaves it and asks to be replaced (its data moved
+        first)."""
+        try:
+            seats = [w.get("pool") or {} for w in await self.rest.workers()]
+        except SidecarError as e:
+            logger.warning("dask-pmix: could not read the new sidecar's pool: %s", e)
+            return
+        namespaces = sorted({s["namespace"] for s in seats if s.get("namespace") and s.get("state") != "retired"})
+        for worker in self._listening & set(self.scheduler.workers):
+            self.scheduler.stream_comms[worker].send({"op": Stream.SIDECAR_RESTARTED, "namespaces": namespaces})
 
     def _soon(self, coro) -> asyncio.Future:
         """A background call, awaited (with a bound) when the plugin closes."""
@@ -224,8 +239,44 @@ class SidecarPlugin(SchedulerPlugin):
             self.jobs.worker_state(changed.get("workerId", ""), changed.get("to", ""), changed.get("jobId"))
         elif kind == "workerLeft":
             self.jobs.worker_state((body.get("workerLeft") or {}).get("workerId", ""), "gone", None)
+        elif kind == "healthChanged":
+            self._health_changed((body.get("healthChanged") or {}).get("status", ""))
+
+    def _health_changed(self, status: str) -> None:
+        """libpmix inside the sidecar stopped progressing: a wedged PMIx server serves no job again,
+        so an embedded sidecar still stalled after `dask-pmix.timeouts.pmix-stalled` is replaced by
+        a new one, as after a crash."""
+        if self._stalled is not None:
+            self._stalled.cancel()
+            self._stalled = None
+        if status != "pmix-stalled" or self._closed:
+            return
+        bound = config.seconds("timeouts.pmix-stalled") or 30.0
+        logger.error("dask-pmix: the sidecar's PMIx server has stopped progressing; %s",
+                     f"it is restarted if it still has not in {bound:g} s" if self.embedded is not None
+                     else "an external sidecar must be restarted by whoever runs it")
+        if self.embedded is not None:
+            self._stalled = asyncio.get_running_loop().call_later(bound, self._kill_stalled)
+
+    def _kill_stalled(self) -> None:
+        self._stalled = None
+        proc = self.embedded.proc if self.embedded is not None else None
+        if proc is not None and proc.poll() is None:
+            logger.error("dask-pmix: the sidecar's PMIx server is still stalled; killing the sidecar to start a new one")
+            proc.kill()  # a wedged libpmix never finalizes: its exit is what the plugin restarts on
 
     async def _resync(self) -> None:
+        health = await self.rest.health()
+        started = time.time() - float(health.get("uptimeSeconds") or 0)
+        restarted = self._sidecar_started is not None and abs(started - self._sidecar_started) > 5
+        self._sidecar_started = started
+        if restarted and self.embedded is None:
+            # Someone else restarted the sidecar this plugin uses: it knows no worker any more.
+            logger.warning("dask-pmix: the sidecar at %s was restarted; registering the workers again", self.url)
+            for address in list(self.scheduler.workers):
+                self._register_soon(address)
+            self._soon(self._registered()).add_done_callback(
+                lambda _: self._soon(self._tell_workers_sidecar_restarted()))
         jobs, workers = await asyncio.gather(self.rest.jobs(), self.rest.workers())
         for entry, before in self.jobs.reset(jobs, workers):
             self._job_changed(entry, before)

@@ -48,7 +48,8 @@ class PoolPlugin(WorkerPlugin):
 
     def setup(self, worker) -> None:
         worker.stream_handlers[Stream.JOB] = jobs.update
-        worker.stream_handlers[Stream.SIDECAR_RESTARTED] = lambda **_: self._sidecar_restarted(worker)
+        worker.stream_handlers[Stream.SIDECAR_RESTARTED] = lambda namespaces=(), **_: self._sidecar_restarted(
+            worker, set(namespaces))
         # From now on the scheduler may push this worker's jobs to it (an operation a worker has
         # no handler for would close its stream).
         worker.batched_stream.send({"op": Stream.HELLO})
@@ -74,15 +75,17 @@ class PoolPlugin(WorkerPlugin):
         if not finished:
             logger.warning("dask-pmix: finalizing the MPI session did not finish in time")
 
-    def _sidecar_restarted(self, worker) -> None:
-        """The sidecar this process's MPI session was made with has died (a new one took its
-        place): the session cannot serve again (a PMIx client does not reconnect, and Open MPI
-        cannot initialise twice), so this worker leaves the pool and asks to be replaced by a fresh
-        process, which joins the new sidecar's pool; its data is moved to other workers first."""
+    def _sidecar_restarted(self, worker, namespaces: set[str]) -> None:
+        """A new sidecar took the place of one that died (`namespaces`: the pool namespaces it
+        serves). A session made with the old one cannot serve again (a PMIx client does not
+        reconnect, and Open MPI cannot initialise twice), so this worker leaves the pool and asks
+        to be replaced by a fresh process, which joins the new sidecar's pool; its data is moved
+        to other workers first."""
         if not self.join or _claimed_by != worker.address:
             return
-        if pool.status()["state"] == "absent":
-            return  # never joined: it joins the new sidecar as it would have joined the old one
+        made_in = pool.namespace()
+        if made_in is None or made_in in namespaces:
+            return  # no session (it joins the new sidecar as any worker would), or one of the new sidecar's
 
         async def leave() -> None:
             reason = "its MPI session was made with a sidecar that has since restarted"

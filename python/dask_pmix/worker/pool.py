@@ -59,6 +59,9 @@ _environ_before: dict[str, str] | None = None
 _cond = threading.Condition()
 _state: dict[str, Any] = {"state": "absent", "reason": "this process has not joined a pool"}
 _pool: "Pool | None" = None
+# A session whose PMIx server went away: it serves no new job, but is still finalized at close.
+_orphan: "Pool | None" = None
+_lost = threading.Event()
 _on_close: list[Callable[[], Any]] = []
 
 
@@ -248,17 +251,49 @@ def _initialise(seat: dict) -> None:
             session = MPI.Session.Init(info=info, errhandler=MPI.ERRORS_RETURN)
         finally:
             info.Free()
+        # Without it, the sidecar's death would abort this process (and lose its Dask data).
+        from .lifeline import survive
+
+        survive(_server_lost)
         level = session.Get_info().Get("thread_level")
         world = session.Create_group("mpi://WORLD")
         if world.Get_rank() != int(seat["rank"]):
             raise RuntimeError(f"the session's rank is {world.Get_rank()}, the sidecar handed out {seat['rank']}")
         if level != "MPI_THREAD_MULTIPLE":
             raise RuntimeError(f"the MPI library gave thread level {level}, not MPI_THREAD_MULTIPLE")
+        if _lost.is_set():
+            raise RuntimeError(SERVER_LOST)
         _set("ready", pool=Pool(epoch=int(seat.get("epoch", 0)), namespace=seat["namespace"], rank=int(seat["rank"]),
                                 MPI=MPI, session=session, world=world, init_seconds=time.perf_counter() - t0,
                                 local_peers=tuple(int(r) for r in seat.get("localPeers") or ())))
     except BaseException as exc:  # noqa: BLE001 - reported, and the worker goes on in fork mode
         _set("failed", f"{type(exc).__name__}: {exc}")
+
+
+SERVER_LOST = "its PMIx server (the dask-pmix sidecar) went away; a new process is needed to join a new one"
+
+
+def _server_lost() -> None:
+    """From libpmix's progress thread: the session can build no new communicator. Members running
+    now keep theirs; new jobs see no pool here."""
+    global _orphan
+    _lost.set()
+    with _cond:
+        if _pool is not None:
+            _orphan = _pool
+    _set("failed", SERVER_LOST)
+
+
+def server_lost() -> bool:
+    """Whether this process's session lost its PMIx server."""
+    return _lost.is_set()
+
+
+def namespace() -> str | None:
+    """The PMIx namespace (or MPICH world) this process's session was made in, if it has one."""
+    with _cond:
+        p = _pool or _orphan
+    return p.namespace if p is not None else None
 
 
 def _initialise_world(seat: dict) -> None:
@@ -337,9 +372,11 @@ def close(timeout: float = 10.0, in_flight: bool = False) -> bool:
     the worker's shutdown. True if it finished. An MPICH / Intel MPI world with a job
     ``in_flight`` is not finalized (the process exits without it: its PMI connection closing
     tells the sidecar)."""
-    pool = current()
+    global _orphan
+    pool = current() or _orphan
     if pool is None:
         return True
+    _orphan = None
     _set("absent", "the worker closed its MPI session")
     if in_flight and isinstance(pool, World):
         return True
