@@ -273,12 +273,15 @@ std::string Pmi1Token(std::string_view text) {
   return t;
 }
 
-std::string Pmi1Value(std::string_view v) {
-  std::string t(v);
-  for (char &c : t) {
-    if (IsJsSpace(static_cast<unsigned char>(c))) c = '_';
+std::string_view Pmi1Value(std::string_view v, std::string &scratch) {
+  size_t i = 0;
+  while (i < v.size() && !IsJsSpace(static_cast<unsigned char>(v[i]))) i++;
+  if (i == v.size()) return v;
+  scratch.assign(v);
+  for (; i < scratch.size(); i++) {
+    if (IsJsSpace(static_cast<unsigned char>(scratch[i]))) scratch[i] = '_';
   }
-  return t;
+  return scratch;
 }
 
 std::string Pmi2Text(std::string_view text) {
@@ -295,8 +298,8 @@ std::string Pmi2Text(std::string_view text) {
   return t;
 }
 
-Pmi1Reply::Pmi1Reply(std::string_view cmd) {
-  s_.reserve(64);
+Pmi1Reply::Pmi1Reply(std::string_view cmd, size_t room) {
+  s_.reserve(64 + room);
   s_ += "cmd=";
   s_ += cmd;
 }

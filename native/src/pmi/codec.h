@@ -82,15 +82,21 @@ bool ParsePmi2(std::string_view body, Command &out);
 
 // pmi1-codec.ts pmi1Token: free text as one PMI-1 token both MPICH 4.0.2 and 5.x parse.
 std::string Pmi1Token(std::string_view text);
-// pmi1-codec.ts pmi1Value: a stored value on its way to a PMI-1 client.
-std::string Pmi1Value(std::string_view v);
+// pmi1-codec.ts pmi1Value: a stored value on its way to a PMI-1 client. `v` itself unless it
+// holds whitespace (values put over PMI-1 never do), else a squeezed copy in `scratch`.
+std::string_view Pmi1Value(std::string_view v, std::string &scratch);
+inline std::string Pmi1Value(std::string_view v) {
+  std::string scratch;
+  return std::string(Pmi1Value(v, scratch));
+}
 // pmi2-codec.ts pmi2Text: free text as a PMI-2 value.
 std::string Pmi2Text(std::string_view text);
 
 // A PMI-1 reply line under construction: `cmd=<name> k=v ...\n`.
 class Pmi1Reply {
  public:
-  explicit Pmi1Reply(std::string_view cmd);
+  // `room`: bytes of values to come, reserved up front.
+  explicit Pmi1Reply(std::string_view cmd, size_t room = 0);
   Pmi1Reply &Str(std::string_view key, std::string_view value);
   Pmi1Reply &Int(std::string_view key, long value);
   // The line, newline included.

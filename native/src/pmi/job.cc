@@ -59,15 +59,15 @@ std::optional<std::string> Job::Stage(int rank, std::string_view key, std::strin
   return Set(staged_[static_cast<size_t>(rank)], key, value);
 }
 
-Job::Found Job::Lookup(int rank, std::string_view key, std::string *value) const {
+Job::Found Job::Lookup(int rank, std::string_view key, const std::string **value) const {
   std::string k(key);
   const auto &mine = staged_[static_cast<size_t>(rank)];
   if (auto it = mine.find(k); it != mine.end()) {
-    *value = it->second;
+    *value = &it->second;
     return Found::kYes;
   }
   if (auto it = committed_.find(k); it != committed_.end()) {
-    *value = it->second;
+    *value = &it->second;
     return Found::kYes;
   }
   for (const auto &s : staged_) {

@@ -83,7 +83,8 @@ class Job {
   // when the budget is spent.
   std::optional<std::string> Stage(int rank, std::string_view key, std::string_view value);
   enum class Found { kYes, kUnknown, kUnfenced };
-  Found Lookup(int rank, std::string_view key, std::string *value) const;
+  // kYes: *value points at the stored value (valid until the job changes).
+  Found Lookup(int rank, std::string_view key, const std::string **value) const;
   // A node attribute: visible to the node's ranks at once. Fills `woken` with the waiters it satisfies.
   std::optional<std::string> PutNode(int rank, std::string_view key, std::string_view value,
                                      std::vector<Waiter> *woken);

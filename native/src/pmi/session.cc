@@ -89,11 +89,13 @@ bool ServePmi1(Engine &e, Engine::Conn &c, const Command &cmd, const Frame &f) {
       e.Send(c, Pmi1Error("get_result", "job attribute " + std::string(*key) + " not available"));
       return true;
     }
-    std::string value;
+    const std::string *value = nullptr;
     switch (job.Lookup(c.rank, *key, &value)) {
-      case Job::Found::kYes:
-        e.Send(c, Pmi1Reply("get_result").Str("rc", "0").Str("value", Pmi1Value(value)).Done());
-        break;
+      case Job::Found::kYes: {
+        std::string scratch;
+        e.Send(c,
+               Pmi1Reply("get_result", value->size()).Str("rc", "0").Str("value", Pmi1Value(*value, scratch)).Done());
+      } break;
       case Job::Found::kUnfenced:
         e.Send(c, Pmi1Error("get_result", "key " + std::string(*key) +
                                               " was put by another rank and is visible after the next barrier"));
@@ -207,10 +209,10 @@ bool ServePmi2(Engine &e, Engine::Conn &c, const Command &cmd, const Frame &f) {
       fail(*job.over());
       return true;
     }
-    std::string value;
+    const std::string *value = nullptr;
     switch (job.Lookup(c.rank, *key, &value)) {
       case Job::Found::kYes:
-        e.Send(c, ok().Bool("found", true).Str("value", value).Done());
+        e.Send(c, ok().Bool("found", true).Str("value", *value).Done());
         break;
       case Job::Found::kUnfenced:
         fail("key " + std::string(*key) + " was put by another rank and is visible after the next kvs-fence");
