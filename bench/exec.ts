@@ -1,6 +1,6 @@
 // Plain MPICH programs started as a job's members, against hydra, side by side in one run.
 //
-//   node dist/bench/exec.js [--ranks 8] [--repeats 7] [--quick]
+//   node dist/bench/exec.js [--ranks 8] [--repeats 11] [--quick]
 //
 // A sidecar (`dask-pmix serve`, its own process) holds registered workers. Each repeat creates an
 // MPICH job over REST, takes each member's environment from REST (GET /v1/jobs/:id/env/:worker),
@@ -139,7 +139,7 @@ async function main(): Promise<void> {
   });
   const quick = values.quick!;
   const n = Number(values.ranks ?? 8);
-  const repeats = Number(values.repeats ?? (quick ? 3 : 7));
+  const repeats = Number(values.repeats ?? (quick ? 3 : 11));
   const starters: Starter[] = quick
     ? ['dask-pmix exec', 'dask-pmix exec --setsid']
     : (Object.keys(STARTERS) as Starter[]);

@@ -88,6 +88,10 @@ def test_console_script_execs_the_binder(fresh_venv):
     out = subprocess.run([exe, "exec", "/bin/true"], env={**_env(fresh_venv), "PMI_PORT": "127.0.0.1:1", "PMI_ID": "0" * 32},
                          cwd=fresh_venv.parent, capture_output=True, text=True, timeout=60)
     assert out.returncode == 3 and "cannot reach the PMI server at 127.0.0.1:1" in out.stderr, out.stderr
+    # The binder itself is on PATH as dask-pmix-exec (no Python start in front of it).
+    out = subprocess.run(["dask-pmix-exec", "/bin/sh", "-c", "echo direct"], env=_env(fresh_venv),
+                         cwd=fresh_venv.parent, capture_output=True, text=True, timeout=60)
+    assert (out.returncode, out.stdout) == (0, "direct\n"), out.stderr
 
 
 def run_cluster_and_client(venv: Path) -> tuple[dict, dict]:
