@@ -69,27 +69,15 @@ class Ours {
   static async start(n: number): Promise<Ours> {
     const sidecar = await SidecarProcess.start();
     const workers = Array.from({ length: n }, (_, i) => `exec-w${i}`);
-    for (const id of workers) {
-      await sidecar.must(
-        'POST',
-        '/v1/workers',
-        { id, host: hostname(), pid: process.pid, uid: process.getuid!(), gid: process.getgid!() },
-        201,
-      );
-    }
+    await sidecar.registerWorkers(workers);
     return new Ours(sidecar, workers);
   }
 
   /** A new job's member environments, as REST hands them out, and how long REST took. */
   async job(): Promise<{ id: string; envs: Record<string, string>[]; restS: number }> {
     const t0 = process.hrtime.bigint();
-    const job = await this.sidecar.must('POST', '/v1/jobs', { impl: 'mpich', members: this.workers }, 201);
-    const envs: Record<string, string>[] = [];
-    for (const w of this.workers)
-      envs.push(
-        (await this.sidecar.must('GET', `/v1/jobs/${job.id}/env/${encodeURIComponent(w)}`, undefined, 200)).env,
-      );
-    return { id: job.id, envs, restS: Number(process.hrtime.bigint() - t0) / 1e9 };
+    const job = await this.sidecar.job('mpich', this.workers);
+    return { id: job.id, envs: job.envs, restS: Number(process.hrtime.bigint() - t0) / 1e9 };
   }
 
   async completed(id: string): Promise<void> {

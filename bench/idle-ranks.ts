@@ -124,14 +124,7 @@ async function main(): Promise<void> {
   await build();
   const sidecar = await SidecarProcess.start();
   const workers = Array.from({ length: n }, (_, i) => `idle-w${i}`);
-  for (const id of workers) {
-    await sidecar.must(
-      'POST',
-      '/v1/workers',
-      { id, host: hostname(), pid: process.pid, uid: process.getuid!(), gid: process.getgid!() },
-      201,
-    );
-  }
+  await sidecar.registerWorkers(workers);
   const variants = VARIANTS.filter((v) => available(v.flavour));
   const samples = variants.map(() => [] as Sample[]);
   const load: number[] = [];
@@ -153,20 +146,10 @@ async function main(): Promise<void> {
             120_000,
           );
         } else {
-          const job = await sidecar.must(
-            'POST',
-            '/v1/jobs',
-            { impl: FLAVOURS[v.flavour].impl, members: workers, mode: 'fork' },
-            201,
-          );
-          const envs: Record<string, string>[] = [];
-          for (const w of workers)
-            envs.push(
-              (await sidecar.must('GET', `/v1/jobs/${job.id}/env/${encodeURIComponent(w)}`, undefined, 200)).env,
-            );
+          const job = await sidecar.job(FLAVOURS[v.flavour].impl, workers, { mode: 'fork' });
           // One shell forks every rank, each in a session of its own (as hydra's and PRRTE's
           // daemons start them), with exactly its environment.
-          const script = envs
+          const script = job.envs
             .map((env) => {
               const all: Record<string, string> = { ...env, ...v.env, ...straggle };
               for (const k of v.drop ?? []) delete all[k];

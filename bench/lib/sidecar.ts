@@ -1,28 +1,53 @@
 // A `dask-pmix serve` child process for the benchmarks, driven over REST as Dask's plugin drives
 // it: its own process, so that nothing the benchmark does runs on the sidecar's event loop.
-import { spawn, type ChildProcess } from 'node:child_process';
+import { type ChildProcess, spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { readFileSync } from 'node:fs';
+import { hostname } from 'node:os';
 import { join } from 'node:path';
 import { median, ROOT } from './run.js';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
-export interface Reply { status: number; body: any }
+export interface Reply {
+  status: number;
+  body: any;
+}
 
 export class SidecarProcess {
-  private constructor(private readonly child: ChildProcess, readonly url: string, readonly token: string) {}
+  private constructor(
+    private readonly child: ChildProcess,
+    readonly url: string,
+    readonly token: string,
+  ) {}
 
   /**
    * Starts `dask-pmix serve --port 0` with `args`; resolves once it listens. `nodeArgs` go to
    * Node.js itself (e.g. --cpu-prof, to see where the sidecar's time goes).
    */
-  static async start(args: string[] = [], env: Record<string, string> = {}, nodeArgs: string[] = []): Promise<SidecarProcess> {
+  static async start(
+    args: string[] = [],
+    env: Record<string, string> = {},
+    nodeArgs: string[] = [],
+  ): Promise<SidecarProcess> {
     const token = randomBytes(24).toString('base64url');
-    const child = spawn(process.execPath, [...nodeArgs, join(ROOT, 'dist', 'src', 'cli', 'main.js'), 'serve', '--port', '0', '--log-level', 'warn', ...args], {
-      env: { ...process.env, DASK_PMIX_TOKEN: token, ...env },
-      stdio: ['ignore', 'pipe', 'inherit'],
-    });
+    const child = spawn(
+      process.execPath,
+      [
+        ...nodeArgs,
+        join(ROOT, 'dist', 'src', 'cli', 'main.js'),
+        'serve',
+        '--port',
+        '0',
+        '--log-level',
+        'warn',
+        ...args,
+      ],
+      {
+        env: { ...process.env, DASK_PMIX_TOKEN: token, ...env },
+        stdio: ['ignore', 'pipe', 'inherit'],
+      },
+    );
     const url = await new Promise<string>((resolve, reject) => {
       let out = '';
       const t = setTimeout(() => reject(new Error('the sidecar did not start within 60 s')), 60_000);
@@ -50,7 +75,10 @@ export class SidecarProcess {
   async call(method: string, path: string, body?: unknown): Promise<Reply> {
     const res = await fetch(this.url + path, {
       method,
-      headers: { authorization: `Bearer ${this.token}`, ...(body === undefined ? {} : { 'content-type': 'application/json' }) },
+      headers: {
+        authorization: `Bearer ${this.token}`,
+        ...(body === undefined ? {} : { 'content-type': 'application/json' }),
+      },
       ...(body === undefined ? {} : { body: JSON.stringify(body) }),
       signal: AbortSignal.timeout(60_000),
     });
@@ -90,12 +118,30 @@ export class SidecarProcess {
     return (Number(f[11]) + Number(f[12])) / 100;
   }
 
+  /** Registers workers of these ids on this host, as the scheduler plugin would. */
+  async registerWorkers(ids: string[]): Promise<void> {
+    for (const id of ids) {
+      await this.must(
+        'POST',
+        '/v1/workers',
+        { id, host: hostname(), pid: process.pid, uid: process.getuid!(), gid: process.getgid!() },
+        201,
+      );
+    }
+  }
+
   /** A job of `members` (registered workers); each member's environment as a worker would fetch it. */
-  async job(impl: 'openmpi' | 'mpich', members: string[]): Promise<{ id: string; envs: Record<string, string>[] }> {
-    const job = await this.must('POST', '/v1/jobs', { impl, members }, 201);
+  async job(
+    impl: 'openmpi' | 'mpich' | 'intelmpi',
+    members: string[],
+    extra: Record<string, unknown> = {},
+  ): Promise<{ id: string; envs: Record<string, string>[] }> {
+    const job = await this.must('POST', '/v1/jobs', { impl, members, ...extra }, 201);
     const envs: Record<string, string>[] = [];
     for (const m of job.members as { workerId: string }[]) {
-      envs.push((await this.must('GET', `/v1/jobs/${job.id}/env/${encodeURIComponent(m.workerId)}`, undefined, 200)).env);
+      envs.push(
+        (await this.must('GET', `/v1/jobs/${job.id}/env/${encodeURIComponent(m.workerId)}`, undefined, 200)).env,
+      );
     }
     return { id: job.id as string, envs };
   }
@@ -106,7 +152,8 @@ export class SidecarProcess {
     for (;;) {
       const job = await this.must('GET', `/v1/jobs/${id}`, undefined, 200);
       if (job.state === 'completed') return;
-      if (['failed', 'aborted', 'cancelled'].includes(job.state)) throw new Error(`job ${id} ended ${job.state}: ${job.error ?? ''}`);
+      if (['failed', 'aborted', 'cancelled'].includes(job.state))
+        throw new Error(`job ${id} ended ${job.state}: ${job.error ?? ''}`);
       if (Date.now() > deadline) throw new Error(`job ${id} still ${job.state} after ${timeoutMs} ms`);
       await new Promise((r) => setTimeout(r, 20));
     }
