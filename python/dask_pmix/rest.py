@@ -135,6 +135,10 @@ class _Routes:
         return self._call("POST", f"/v1/jobs/{quote(job_id)}/members/{quote(worker_id)}/join", body,
                           timeout=wait + self.timeout)
 
+    def complete_job(self, job_id: str):
+        """In-process jobs: every member's function returned; they all leave at once."""
+        return self._call("POST", f"/v1/jobs/{quote(job_id)}/complete")
+
     def leave_job(self, job_id: str, worker_id: str, ok: bool, reason: str = "", failed_ranks: list[int] | None = None):
         return self._call("POST", f"/v1/jobs/{quote(job_id)}/members/{quote(worker_id)}/leave",
                           {"ok": ok, "reason": reason[:4096], "failedRanks": [int(r) for r in failed_ranks or []]})

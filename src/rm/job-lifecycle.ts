@@ -574,6 +574,17 @@ export class JobLifecycle {
     return rt.job;
   }
 
+  /**
+   * Every member of in-process job `jobId` has returned from its function (the scheduler saw each
+   * rank's task finish): they all leave it at once, as if each had said so.
+   */
+  complete(jobId: string): Readonly<Job> {
+    const rt = this.require(jobId);
+    if (rt.job.mode !== 'inprocess') throw new RmError('conflict', `job ${jobId} runs in ${rt.job.mode} mode, not in-process`);
+    for (const m of rt.job.members) this.finalize(rt, m);
+    return rt.job;
+  }
+
   /** The member of job `jobId` on `workerId` aborted (MPI_Abort from its worker's pool rank). */
   abortFrom(jobId: string, workerId: string, status: number, message: string): void {
     const rt = this.jobs.get(jobId);

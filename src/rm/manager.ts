@@ -455,6 +455,10 @@ export class ResourceManager {
    * In-process jobs: the member on `workerId` is done, with its function's outcome; a member that
    * failed because its MPI library saw other members fail names them (failedRanks, job ranks).
    */
+  completeJob(jobId: string): Readonly<Job> {
+    return this.jobs.complete(jobId);
+  }
+
   leaveJob(jobId: string, workerId: string, ok: boolean, reason: string, failedRanks: readonly number[] = []): Readonly<Job> {
     return this.jobs.leave(jobId, workerId, ok, reason, failedRanks);
   }

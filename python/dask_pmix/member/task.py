@@ -8,7 +8,6 @@ scheduler's pushes (dask_pmix.worker.jobs)."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any, Callable
 
 from ..protocol import Scheduler
@@ -36,13 +35,8 @@ def _calls(job_id: str, worker_id: str):
             return {"error": f"the scheduler could not be asked: {e}"}
 
     def leave(ok: bool, reason: str, failed_ranks: list) -> Any:
-        kwargs = dict(job_id=job_id, worker=worker_id, ok=ok, reason=reason, failed_ranks=failed_ranks)
-        if ok:
-            # Not waited for: the result goes back at once; the scheduler hears it soon after.
-            asyncio.run_coroutine_threadsafe(getattr(worker.scheduler, Scheduler.LEAVE_JOB)(**kwargs),
-                                             worker.loop.asyncio_loop)
-            return None
-        return _scheduler_call(worker, Scheduler.LEAVE_JOB, **kwargs)
+        return _scheduler_call(worker, Scheduler.LEAVE_JOB, job_id=job_id, worker=worker_id, ok=ok, reason=reason,
+                               failed_ranks=failed_ranks)
 
     def replace(reason: str) -> Any:
         return _scheduler_call(worker, Scheduler.REPLACE_WORKER, worker=worker.address, reason=reason)

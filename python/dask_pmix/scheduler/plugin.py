@@ -38,8 +38,8 @@ from .sidecar import EmbeddedSidecar
 
 logger = logging.getLogger("dask_pmix")
 
-# A job whose every rank's task finished is ended by its members' reports; one still active this
-# long after the last rank finished (a report lost) is ended here.
+# A fork job whose every rank's task finished is ended by its ranks' finalize; one still active this
+# long after the last rank finished is ended here.
 SETTLE = 2.0
 
 
@@ -73,7 +73,7 @@ class SidecarPlugin(SchedulerPlugin):
         self._listening: set[str] = set()          # workers whose plugin handles Stream.JOB
         self._registrations: dict[str, asyncio.Future] = {}
         self._waiting: list[dict] = []             # job requests in the sidecar's admission line
-        self._settling: dict[str, asyncio.TimerHandle] = {}
+        self._settling: dict[str, asyncio.TimerHandle | None] = {}  # jobs whose every rank returned
         self._background: set[asyncio.Future] = set()
         self._closed = False
         self._state_dir: str | None = None
@@ -156,7 +156,8 @@ class SidecarPlugin(SchedulerPlugin):
         # sidecar, which is about to stop (an embedded one) or keeps its own state (a shared one).
         self._closed = True
         for timer in self._settling.values():
-            timer.cancel()
+            if timer is not None:
+                timer.cancel()
         if self._stalled is not None:
             self._stalled.cancel()
         if self._traffic is not None:
@@ -375,9 +376,11 @@ class SidecarPlugin(SchedulerPlugin):
             await asyncio.wait(pending)
 
     def transition(self, key, start: str, finish: str, *args, **kwargs) -> None:
-        """A rank's task: once every rank's finished, its job ends by the members' reports (or here,
-        SETTLE s later); a rank's task dropped before it finished (its future cancelled, or released
-        by every client that held it) ends its job at once, giving the members back."""
+        """A rank's task: once every rank's has finished, the job is over (an in-process job's members
+        are told to leave here, all at once: the scheduler sees their tasks finish; a fork job's ranks
+        finalize themselves, and one still active SETTLE s later is ended); a rank's task dropped
+        before it finished (its future cancelled, or released by every client that held it) ends
+        its job at once, giving the members back."""
         match = RANK_KEY.match(key) if isinstance(key, str) else None
         if match is None or self._closed or self.rest is None:
             return
@@ -387,8 +390,12 @@ class SidecarPlugin(SchedulerPlugin):
         if finish == "memory":
             entry.ranks_done.add(int(match.group(2)))
             if len(entry.ranks_done) >= len(entry.workers) and entry.id not in self._settling:
-                loop = asyncio.get_running_loop()
-                self._settling[entry.id] = loop.call_later(SETTLE, self._settled, entry.id)
+                if entry.view.get("mode") == "inprocess":
+                    self._settling[entry.id] = None
+                    self._soon(self._complete(entry.id))
+                else:
+                    loop = asyncio.get_running_loop()
+                    self._settling[entry.id] = loop.call_later(SETTLE, self._settled, entry.id)
             return
         if finish not in ("released", "forgotten") or start in ("memory", "erred", "released", "forgotten"):
             return
@@ -397,6 +404,16 @@ class SidecarPlugin(SchedulerPlugin):
             # the member (ending the job now would lose who ended it).
             return
         self._soon(self._end(entry.id, "a rank's task was cancelled (its future was released)"))
+
+    async def _complete(self, job_id: str) -> None:
+        """Every rank of the in-process job returned: its members leave it, all at once."""
+        try:
+            job = await self.rest.complete_job(job_id)
+        except SidecarError as e:
+            if e.status not in (404, 409):
+                logger.warning("dask-pmix: could not complete job %s: %s", job_id, e)
+            return
+        self._job_changed(*self.jobs.apply(job))
 
     def _settled(self, job_id: str) -> None:
         self._settling.pop(job_id, None)

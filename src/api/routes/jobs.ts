@@ -93,6 +93,17 @@ export const jobRoutes: FastifyPluginAsync<RouteOptions> = async (app, { rm, aut
     },
   }, async (req) => toJson.joinJob(await rm.joinJob(req.params.id, req.params.workerId, (req.body?.waitSeconds ?? 10) * 1000, req.body?.ports)));
 
+  app.post<Params<{ id: string }>>('/jobs/:id/complete', {
+    ...write,
+    schema: {
+      security: auth.security.write,
+      summary: "In-process jobs: every member's function returned (the scheduler saw each rank's task finish); they all leave at once",
+      tags: ['jobs'],
+      params: params('id'),
+      response: { 200: responses.job, ...errors(401, 404, 409) },
+    },
+  }, async (req) => toJson.job(rm.completeJob(req.params.id)));
+
   app.post<Params<{ id: string; workerId: string }> & Body<{ ok: boolean; reason?: string; failedRanks?: number[] }>>('/jobs/:id/members/:workerId/leave', {
     ...write,
     schema: {
