@@ -243,6 +243,12 @@ def violations_of(result: dict, records: list[dict]) -> list[str]:
                      f"{json.dumps((m.get('frames') or [])[:2])[:700]}")
         if r.get("recovered_s", 0) is None or r.get("restart_recovered_s", 0) is None:
             v.append(f"{where}: the cluster did not get all its workers back within 120 s")
+        if rec is not None and rec.get("pool_back_s", 0) is None:
+            v.append(f"{where}: the workers' pool seats were not all ready again within 120 s")
+        # A chunk of the canary computed again: its worker's data was lost. A member killed by the
+        # soak, or the soak's own restart after a hang, may cause that; nothing dask-pmix does may.
+        if r.get("canary_recomputed") and r["fault"] != "kill" and not r.get("cluster_restarted_by_the_soak"):
+            v.append(f"{where}: {r['canary_recomputed']} chunk(s) of data held since the start were computed again")
     for name, st in result["final"].items():
         for key in ("frozen_rest", "frozen_plugin", "sidecar_not_dask", "dask_not_sidecar", "active_jobs",
                     "namespaces_on_disk"):
@@ -396,6 +402,11 @@ def main() -> int:
         "healthy_jobs_failed": sum(1 for r in records if r["fault"] in (None, *HEALTHY_FAULTS) and r["outcome"] != "ok"),
         "next_jobs_failed": sum(1 for r in records if r.get("follows") is not None and r["outcome"] != "ok"),
         "members_left_frozen": sum(len(r.get("members_left_frozen", [])) for r in records),
+        # Chunks of the data held since the start computed again: all of them, and those no member
+        # kill (nor the soak's own restart after a hang) explains, which dask-pmix's actions lost.
+        "canary_recomputed": sum(r.get("canary_recomputed", 0) for r in records),
+        "canary_recomputed_by_dask_pmix": sum(r.get("canary_recomputed", 0) for r in records
+                                              if r["fault"] != "kill" and not r.get("cluster_restarted_by_the_soak")),
         "frozen_workers_at_end": sum(len(st["frozen_rest"]) + len(st["frozen_plugin"]) for st in result["final"].values()),
         "leaked_namespaces": sum(len(st["namespaces_on_disk"]) + len(st["active_jobs"]) for st in result["final"].values()),
         "shm_orphaned_at_end": len(result["shm"]["orphaned_at_end"]),

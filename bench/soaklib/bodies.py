@@ -12,6 +12,28 @@ def healthy(comm, token):
     return {"token": token, "size": comm.Get_size(), "rank": comm.Get_rank(), "sum": total, "pid": os.getpid()}
 
 
+def canary(i, log):
+    """A chunk of the data each cluster keeps for the whole soak: every computation of it adds a
+    line to `log`, so a chunk computed twice (its worker's data lost) shows."""
+    import numpy as np
+
+    with open(log, "a") as f:
+        f.write(f"{i}\n")
+    return np.full(10_000, i, dtype="f8")
+
+
+def stalled(comm, marker_dir, token, hold):
+    """A healthy job that holds its members `hold` s between two Barriers (the soak stops the
+    sidecar meanwhile); returns what healthy() returns."""
+    import time
+
+    _mark(marker_dir, token, comm.Get_rank())
+    comm.Barrier()
+    time.sleep(hold)
+    comm.Barrier()
+    return healthy(comm, token)
+
+
 def _mark(marker_dir, token, rank, what="in"):
     """Writes `<token>.<rank>.<what>`: this rank's pid and the wall time (atomically)."""
     import os

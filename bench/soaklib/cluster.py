@@ -99,6 +99,22 @@ class DaskCluster:
         info = wait_for_plugin(self.client, timeout=timeout)
         self.url, self.token = info["url"], info.get("token") or ""
         self.rest = SidecarClient(self.url, self.token, timeout=10)
+        # Data kept for the whole soak, three chunks per worker: dask-pmix must never be why a
+        # chunk is computed again (a worker it replaces has its data moved first).
+        from soaklib import bodies
+
+        self.canary_log = self.workdir / "canary.log"
+        self.canary = [self.client.submit(bodies.canary, i, str(self.canary_log), pure=False)
+                       for i in range(3 * self.n_workers)]
+        self.client.gather(self.canary)
+        self.canary_seen = self.canary_computations()
+
+    def canary_computations(self) -> int:
+        """How many times the canary's chunks have been computed so far."""
+        try:
+            return len(self.canary_log.read_text().split())
+        except OSError:
+            return 0
 
     def _check_alive(self) -> None:
         for p in self.procs:

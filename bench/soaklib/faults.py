@@ -34,6 +34,7 @@ HANG_BOUND = HANG_TIMEOUT + LOSS_BOUND
 # default, bounds a member that never comes; a healthy job takes well under a second).
 WATCHDOG = 90.0
 SIDECAR_HOLD = 20.0      # how long the ranks of a sidecar-fault job sleep between two Barriers
+STALL = 4.0              # how long the "stall" fault stops the sidecar (below dask-pmix.timeouts.sidecar-gone)
 MARKERS_WITHIN = 60.0    # every rank of a faulty job is in within this
 SILENT_JOBS = 5          # a silent connection stays open over this many jobs
 # A job's member tasks end within this of its run_mpi's return, or the member is left frozen (the
@@ -225,6 +226,8 @@ class Runner:
             self._stranger(cluster, spec, n, before, rec)
         elif spec.fault == "flood":
             self._flood(cluster, spec, n, before, rec)
+        elif spec.fault == "stall":
+            self._stall(cluster, spec, n, before, rec)
         elif spec.fault in ("kill", "abort", "hang-sleep", "hang-mpi"):
             self._member_fault(cluster, spec, n, rec)
         else:
@@ -238,6 +241,11 @@ class Runner:
         after = cluster.worker_pids()
         rec["workers_lost"] = sorted(set(before) - set(after))
         rec["workers_new"] = sorted(set(after) - set(before))
+        # The canary's chunks held in memory all along: computed again only when a worker holding
+        # one died (a member killed, or the soak's own restart after a hang).
+        seen = cluster.canary_computations()
+        rec["canary_recomputed"] = seen - cluster.canary_seen
+        cluster.canary_seen = seen
         return rec
 
     # -- members left frozen -----------------------------------------------------------------------
@@ -487,6 +495,31 @@ class Runner:
             self._healthy(cluster, spec, n, before, rec)
         finally:
             rec["flood"] = {"port": port, **flood.stop()}
+
+    def _stall(self, cluster: DaskCluster, spec: Spec, n: int, before: dict, rec: dict) -> None:
+        """The sidecar stopped (SIGSTOP) for STALL s while a job's members wait between two
+        Barriers, then continued: the job succeeds and no worker is replaced."""
+        token = f"j{spec.idx}"
+        pid = cluster.sidecar()["pid"]
+        c = call(cluster, bodies.stalled, (str(self.markers), token, STALL + 2.0), n=n, impl=self._impl(spec),
+                 mode=spec.mode)
+        marks = self._wait_markers(token, n, c)
+        rec["stall"] = {"seconds": STALL, "ranks_in": marks is not None}
+        if marks is not None:
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                time.sleep(STALL)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+        if not c.settle(rec):
+            return
+        err = c.box.get("error")
+        if err is not None:
+            rec.update(outcome="error", error=_error_record(err))
+            return
+        got = [{k: v for k, v in x.items() if k != "pid"} for x in c.box["result"]]
+        expect = [{"token": token, "size": n, "rank": r, "sum": n * (n + 1) // 2} for r in range(n)]
+        rec["outcome"] = "ok" if got == expect else "wrong"
 
     # -- silent connections -----------------------------------------------------------------------
     def _open_silent(self, cluster: DaskCluster) -> dict:

@@ -17,12 +17,13 @@ FAULT_WEIGHTS = {
     "silent": 0.16,        # a connection that sends nothing, held open to the sidecar while jobs run
     "stranger": 0.05,      # another uid connects to every port of the sidecar and sends handshakes, PMI, HTTP, junk
     "flood": 0.05,         # 300 connections that send nothing kept open on the PMIx gate while a job runs
+    "stall": 0.05,         # SIGSTOP of the sidecar for 4 s while a job runs (SIGCONT after): the job succeeds
     "sidecar-term": 0.06,  # SIGTERM of the sidecar mid-job
     "sidecar-kill": 0.06,  # kill -9 of the sidecar mid-job
 }
 SIDECAR_FAULTS = ("sidecar-term", "sidecar-kill")
 # Faults done beside a healthy job, which must succeed all the same.
-HEALTHY_FAULTS = ("silent", "stranger", "flood")
+HEALTHY_FAULTS = ("silent", "stranger", "flood", "stall")
 
 
 def _openmpi_mode(rng: random.Random, fork_share: float) -> str | None:

@@ -1,10 +1,11 @@
 """The soak's 100-job version (bench/soak.py): run_mpi and submit_mpi jobs on two real clusters
 (Open MPI in-process and fork, MPICH fork), sizes 1-4, a tenth of them faults (a member killed,
-MPI_Abort, hangs under a timeout, silent connections, the sidecar stopped and killed); fails on
-any invariant the soak checks (no hung call, faults failing their jobs within the promised
-bounds, every other job right, nothing frozen, no namespace or /dev/shm file left, flat memory,
-the sidecar and its workers and psets back after it died). The 1,000-job result is in
-bench/results/soak.json."""
+MPI_Abort, hangs under a timeout, silent connections, another uid, a flood of connections, the
+sidecar stalled for 4 s, stopped and killed); fails on any invariant the soak checks (no hung
+call, faults failing their jobs within the promised bounds, every other job right, nothing
+frozen, no namespace or /dev/shm file left, flat memory, the sidecar and its workers, psets and
+pool back after it died, no chunk of the data held since the start computed again but after a
+member kill). The 1,000-job result is in bench/results/soak.json."""
 
 from __future__ import annotations
 
@@ -37,12 +38,14 @@ def test_a_hundred_jobs_with_faults_keep_every_invariant(tmp_path):
     inv = result["invariants"]
     assert (inv["hung_jobs"], inv["faults_not_as_promised"], inv["healthy_jobs_failed"], inv["next_jobs_failed"],
             inv["members_left_frozen"], inv["frozen_workers_at_end"], inv["leaked_namespaces"],
-            inv["shm_orphaned_at_end"], inv["shm_left_after_stop"]) == (0, 0, 0, 0, 0, 0, 0, 0, 0), inv
+            inv["shm_orphaned_at_end"], inv["shm_left_after_stop"], inv["canary_recomputed_by_dask_pmix"]) \
+        == (0, 0, 0, 0, 0, 0, 0, 0, 0, 0), inv
     assert len(result["records"]) == 100
     faults = result["summary"]["faults"]
     assert sum(f["count"] for f in faults.values()) == 10, faults
     kinds = {k.split("@")[0] for k in faults}
-    assert kinds == {"kill", "abort", "hang-sleep", "hang-mpi", "silent", "stranger", "flood", "sidecar-term", "sidecar-kill"}, kinds
+    assert kinds == {"kill", "abort", "hang-sleep", "hang-mpi", "silent", "stranger", "flood", "stall", "sidecar-term",
+                     "sidecar-kill"}, kinds
     assert {k.split("@")[1] for k in faults} == {"openmpi", "mpich"}, faults
     assert len(result["sidecar_faults"]) == 2 and all(f["recovery"]["restarted"] for f in result["sidecar_faults"])
     assert all(flag for flags in inv["rss_flat"].values() for flag in flags if flag is not None), result["rss"]

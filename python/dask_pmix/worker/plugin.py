@@ -29,6 +29,9 @@ from .library import installed_library, pool_capable, pool_impl, probe_library
 
 logger = logging.getLogger("dask_pmix")
 
+# How long a worker asks again to join the pool while the sidecar is restarting.
+JOIN_RETRY_FOR = 300.0
+
 # The worker of this process that owns the process's one MPI session (workers may share a process).
 _claim = threading.Lock()
 _claimed_by: str | None = None
@@ -45,6 +48,7 @@ class PoolPlugin(WorkerPlugin):
         self.interfaces = interfaces  # dask-pmix.pool.interfaces, as the scheduler has it
         self.join = join
         self._task: asyncio.Task | None = None
+        self._out: str | None = None  # why this worker stays out of the pool (the sidecar was told)
 
     def setup(self, worker) -> None:
         worker.stream_handlers[Stream.JOB] = jobs.update
@@ -77,33 +81,35 @@ class PoolPlugin(WorkerPlugin):
 
     def _sidecar_restarted(self, worker, namespaces: set[str]) -> None:
         """A new sidecar took the place of one that died (`namespaces`: the pool namespaces it
-        serves). A session made with the old one cannot serve again (a PMIx client does not
-        reconnect, and Open MPI cannot initialise twice), so this worker leaves the pool and asks
-        to be replaced by a fresh process, which joins the new sidecar's pool; its data is moved
-        to other workers first."""
-        if not self.join or _claimed_by != worker.address:
-            return
+        serves); it knows nothing of this worker's place in the pool. A session made with the old
+        one cannot serve again (a PMIx client does not reconnect, and Open MPI cannot initialise
+        twice), so such a worker leaves the pool and asks to be replaced by a fresh process, which
+        joins the new sidecar's pool (its data is moved to other workers first). A worker that
+        stayed out says so again; one without a session joins."""
         made_in = pool.namespace()
-        if made_in is None or made_in in namespaces:
-            return  # no session (it joins the new sidecar as any worker would), or one of the new sidecar's
-
-        async def leave() -> None:
+        if made_in is not None and made_in in namespaces:
+            return
+        if made_in is not None and _claimed_by == worker.address:
             reason = "its MPI session was made with a sidecar that has since restarted"
-            try:
-                await getattr(worker.scheduler, Scheduler.LEAVE_POOL)(worker=worker.address, reason=reason)
-                await getattr(worker.scheduler, Scheduler.REPLACE_WORKER)(worker=worker.address, reason=reason)
-            except Exception as e:  # noqa: BLE001 - the scheduler is closing
-                logger.debug("dask-pmix: could not leave the pool: %r", e)
+            self._task = asyncio.ensure_future(self._leave(worker, reason, replace=True))
+        elif self._out is not None:
+            self._task = asyncio.ensure_future(self._leave(worker, self._out))
+        elif self._task is None or self._task.done():
+            self._task = asyncio.ensure_future(self._join_pool(worker))
 
-        asyncio.ensure_future(leave())
+    async def _leave(self, worker, reason: str, replace: bool = False) -> None:
+        """Tells the sidecar that this worker is out of the pool (so that no job waits for it), and
+        why; with `replace`, asks for its replacement by a fresh process too."""
+        self._out = reason
+        try:
+            await getattr(worker.scheduler, Scheduler.LEAVE_POOL)(worker=worker.address, reason=reason)
+            if replace:
+                await getattr(worker.scheduler, Scheduler.REPLACE_WORKER)(worker=worker.address, reason=reason)
+        except Exception as e:  # noqa: BLE001 - the scheduler is closing
+            logger.debug("dask-pmix: could not tell the scheduler: %r", e)
 
     async def _stay_out(self, worker) -> None:
-        """Tells the sidecar that this worker will not join, so that no job waits for it."""
-        try:
-            await getattr(worker.scheduler, Scheduler.LEAVE_POOL)(
-                worker=worker.address, reason="the cluster's workers do not join the pool (SidecarPlugin(pool=False))")
-        except Exception as e:  # noqa: BLE001 - the scheduler is closing
-            logger.debug("dask-pmix: could not tell the sidecar: %r", e)
+        await self._leave(worker, "the cluster's workers do not join the pool (SidecarPlugin(pool=False))")
 
     async def _join(self, worker) -> None:
         global _claimed_by
@@ -116,11 +122,11 @@ class PoolPlugin(WorkerPlugin):
             # one Python process) stays out of the pool.
             reason = f"worker {other} in the same process holds its MPI session"
             logger.info("dask-pmix: this worker stays out of the MPI pool: %s", reason)
-            try:
-                await getattr(worker.scheduler, Scheduler.LEAVE_POOL)(worker=worker.address, reason=reason)
-            except Exception as e:  # noqa: BLE001
-                logger.debug("dask-pmix: could not tell the sidecar: %r", e)
+            await self._leave(worker, reason)
             return
+        await self._join_pool(worker)
+
+    async def _join_pool(self, worker) -> None:
         try:
             reason = None
             impl = "openmpi"
@@ -132,7 +138,7 @@ class PoolPlugin(WorkerPlugin):
                 reason = str(e)
             if reason is not None:
                 logger.info("dask-pmix: this worker stays out of the MPI pool: %s", reason)
-                await getattr(worker.scheduler, Scheduler.LEAVE_POOL)(worker=worker.address, reason=reason)
+                await self._leave(worker, reason)
                 return
             try:
                 # Loaded before asking: the members of a cohort start their sessions together
@@ -141,9 +147,17 @@ class PoolPlugin(WorkerPlugin):
                 await asyncio.to_thread(worker_mpi.mpi_module)
             except Exception as e:  # noqa: BLE001 - the session's own start reports it
                 logger.debug("dask-pmix: mpi4py could not be loaded ahead: %r", e)
-            answer = await getattr(worker.scheduler, Scheduler.JOIN_POOL)(
-                worker=worker.address, host=urlparse(worker.address).hostname or "", pid=os.getpid(),
-                uid=os.getuid(), gid=os.getgid(), **({"impl": impl} if impl != "openmpi" else {}))
+            loop = asyncio.get_running_loop()
+            deadline, pause = loop.time() + JOIN_RETRY_FOR, 0.5
+            while True:
+                answer = await getattr(worker.scheduler, Scheduler.JOIN_POOL)(
+                    worker=worker.address, host=urlparse(worker.address).hostname or "", pid=os.getpid(),
+                    uid=os.getuid(), gid=os.getgid(), **({"impl": impl} if impl != "openmpi" else {}))
+                # The sidecar restarting (unreachable, or not taking joins yet): ask again, a while.
+                if "error" not in answer or answer.get("status") not in (0, 503) or loop.time() + pause > deadline:
+                    break
+                await asyncio.sleep(pause)
+                pause = min(2 * pause, 5.0)
             if "error" in answer:
                 logger.warning("dask-pmix: this worker cannot join the MPI pool: %s", answer["error"])
                 return
@@ -153,7 +167,7 @@ class PoolPlugin(WorkerPlugin):
             st = pool.status()
             if st["state"] != "ready":
                 reason = st["reason"] if st["state"] == "failed" else f"the MPI session did not start within {self.session_timeout:.0f} s"
-                await getattr(worker.scheduler, Scheduler.LEAVE_POOL)(worker=worker.address, reason=f"its MPI session failed: {reason}")
+                await self._leave(worker, f"its MPI session failed: {reason}")
                 if len(answer["pool"].get("localPeers") or ()) > 1 and worker.nanny:
                     # A cohort member's session fails when a peer declared on its node never
                     # initialised (Open MPI waits 2 s for each). This process cannot initialise
