@@ -1,7 +1,7 @@
 // Real MPICH (Debian 4.0.2, the 5.0.2 wheel), Slurm's PMI-2 client and, when installed,
 // Intel MPI, joining jobs of the real resource manager through the PMI listener. Each rank is
 // a separate process whose environment holds only what the sidecar handed out.
-import { existsSync, mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, renameSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -118,9 +118,16 @@ describe('MPICH 5.0.2 (wheel): one process, one job after another', () => {
       mkdirSync(d);
       return d;
     });
-    /** Hands round k's env to each process, as a Dask worker would set os.environ. */
+    /**
+     * Hands round k's env to each process, as a Dask worker would set os.environ. Whole or not at
+     * all (written aside, then renamed): a rank polling for the file must never read half of it.
+     */
     const handOut = (k: number, envs: Record<string, string>[]) =>
-      envs.forEach((e, r) => writeFileSync(join(dirs[r]!, `round${k}.env`), Object.entries(e).map(([n, v]) => `${n}=${v}\n`).join('')));
+      envs.forEach((e, r) => {
+        const file = join(dirs[r]!, `round${k}.env`);
+        writeFileSync(`${file}.part`, Object.entries(e).map(([n, v]) => `${n}=${v}\n`).join(''));
+        renameSync(`${file}.part`, file);
+      });
     const first = await fx.job(2);
     handOut(1, first.envs);
     const ranks = dirs.map((d) => startRank(bin('mpich_probe_mpich5'), ['repeat', d, '2'], {}, 30_000));
