@@ -80,6 +80,7 @@ class SidecarPlugin(SchedulerPlugin):
         self._traffic: dashboard.TrafficReport | None = None
         self._stalled: asyncio.TimerHandle | None = None
         self._sidecar_started: float | None = None  # when the sidecar the stream follows started
+        self._restarting: asyncio.Future | None = None  # done once the embedded sidecar is back
 
     # The plugin is pickled on its way to the scheduler: send the configuration only.
     _CONFIG = ("url", "token", "sidecar_args", "sidecar_log", "pool")
@@ -183,9 +184,17 @@ class SidecarPlugin(SchedulerPlugin):
         if self._closed:
             return
         self.stream.gone_now(f"the dask-pmix sidecar exited (status {status})")
+        self._restarting = asyncio.get_running_loop().create_future()
         self._soon(self._restart_sidecar())
 
     async def _restart_sidecar(self) -> None:
+        try:
+            await self._restart_sidecar_now()
+        finally:
+            if self._restarting is not None and not self._restarting.done():
+                self._restarting.set_result(None)
+
+    async def _restart_sidecar_now(self) -> None:
         embedded = self.embedded
         if embedded is None or self._closed:
             return
@@ -467,6 +476,9 @@ class SidecarPlugin(SchedulerPlugin):
         unusable = _membership_mistake(self.scheduler, workers, n)
         if unusable:
             return {"error": unusable, "status": 422}
+        if self._restarting is not None and not self._restarting.done():
+            # The embedded sidecar died and a new one is starting: the job waits for it.
+            await asyncio.wait([self._restarting], timeout=config.seconds("timeouts.start") or 120.0)
         await self._registered(workers)
         request: dict[str, Any] = {"impl": impl}
         if mode:
@@ -493,7 +505,7 @@ class SidecarPlugin(SchedulerPlugin):
             request["labels"] = {str(k): str(v) for k, v in labels.items()}
         self._waiting.append(request)
         try:
-            job = await self.rest.create_job(request, wait=config.seconds("timeouts.admission"))
+            job = await self._while_reachable(lambda: self.rest.create_job(request, wait=config.seconds("timeouts.admission")))
         except SidecarError as e:
             return {"error": str(e), "status": e.status}
         finally:
@@ -510,6 +522,28 @@ class SidecarPlugin(SchedulerPlugin):
             await self._end(job["id"], "its members' environments could not be read")
             return {"error": str(e), "status": e.status}
         return {"job": job, "envs": envs}
+
+    async def _while_reachable(self, call):
+        """`call()` on the sidecar; when it cannot be reached, asked again until it can, within
+        `dask-pmix.timeouts.sidecar-gone` (or, for an embedded sidecar that died, until the new one
+        is up): a sidecar stopping, restarting or stalled is not a reason to fail a request."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (config.seconds("timeouts.sidecar-gone") or 10.0)
+        pause = 0.1
+        while True:
+            try:
+                return await call()
+            except SidecarError as e:
+                if e.status != 0 or self._closed:
+                    raise
+                restarting = self._restarting is not None and not self._restarting.done()
+                if restarting:
+                    await asyncio.wait([self._restarting], timeout=config.seconds("timeouts.start") or 120.0)
+                elif loop.time() + pause > deadline:
+                    raise
+                else:
+                    await asyncio.sleep(pause)
+                    pause = min(2 * pause, 1.0)
 
     async def job(self, job_id: str) -> dict:
         """The job as the sidecar has it (as this plugin last saw it, when the sidecar is gone)."""
