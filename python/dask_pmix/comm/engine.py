@@ -38,6 +38,7 @@ from . import prefault
 
 logger = logging.getLogger(__name__)
 
+AHEAD_WAIT = 0.002         # how long a post waits for the helper that populates its chunk
 INLINE_RECV_MAX = 4 << 20  # receives of a message up to this size may be posted and completed on the event loop
 
 SPIN_SECONDS = 0.002       # poll without sleeping this long after the last post or completion
@@ -263,9 +264,9 @@ class Engine:
         chunks = [buf[start:start + step] for buf in t.buffers for start in range(0, buf.nbytes, step)]
         ready = [self._ahead.ask(c) for c in chunks] if not t.send and len(chunks) > 1 else None
         for i, chunk in enumerate(chunks):
-            if ready is not None:
-                ready[i].wait()
-            elif not t.send:
+            # The helper may be slow to get the CPU on a loaded host: then this thread populates
+            # the chunk itself (populating pages already in is cheap).
+            if not t.send and (ready is None or not ready[i].wait(AHEAD_WAIT)):
                 prefault.populate(chunk)
             req = op([chunk, MPI.BYTE], t.peer, t.tag)
             t.requests.append(req)
