@@ -149,6 +149,7 @@ async def _fetch(addr: str, key: str, nbytes: int, concurrency: int, iters: int,
 
 
 ROUNDS = 5  # paired rounds per row: the machine is shared and its load moves within seconds
+SMALL_ROUNDS, SMALL_ROW = 21, 8 * MiB   # rows moving at most SMALL_ROW per call: more, shorter rounds
 
 
 def _copy_bandwidth(nbytes: int = 64 * MiB, repeat: int = 15):
@@ -185,11 +186,13 @@ def bench_get_data(client, sizes, concurrencies, budget_bytes, rounds=ROUNDS):
         wait(fut)
         for conc in concurrencies:
             iters = int(max(1, min(400, budget_bytes // (nbytes * conc))))
-            per_round = max(3, iters // rounds)
-            row = {"bytes": nbytes, "concurrency": conc, "iters": per_round * rounds, "rounds": rounds}
+            # Small rows: many short rounds (the machine's load moves faster than a long batch).
+            n_rounds = SMALL_ROUNDS if nbytes * conc <= SMALL_ROW else rounds
+            per_round = max(3, iters // n_rounds)
+            row = {"bytes": nbytes, "concurrency": conc, "iters": per_round * n_rounds, "rounds": n_rounds}
             runs: dict = {name: [] for name in addrs}
             ratios = []
-            for rnd in range(rounds):
+            for rnd in range(n_rounds):
                 order = list(addrs.items()) if rnd % 2 == 0 else list(reversed(addrs.items()))
                 got = {}
                 for name, addr in order:

@@ -1,7 +1,10 @@
 """Cohorts (Open MPI): workers of one host that join the pool together have their ranks declared
-on one node and share memory; a later joiner sits alone on its own node and talks TCP; a cohort
-member that dies before initialising does not break the others; and a worker of another user than
-the sidecar's joins the pool too (its client is registered as its own user)."""
+on one node and share memory; a later joiner, and a worker its nanny restarted, sit alone on their
+own nodes (Open MPI 5.0.x shares memory only among ranks that initialised together: see
+docs/design/scaling.md section 6), so tcp+mpi:// keeps their frames in the TCP stream while their
+in-process jobs still run; after every worker restarted, the new ones form a cohort again; a
+cohort member that dies before initialising does not break the others; and a worker of another
+user than the sidecar's joins the pool too (its client is registered as its own user)."""
 
 from __future__ import annotations
 
@@ -10,7 +13,6 @@ import subprocess
 import sys
 import time
 
-import dask
 import numpy as np
 import pytest
 from distributed import Client, LocalCluster
@@ -23,13 +25,6 @@ from .test_inprocess import last_job, wait_pool_ready, workers_of
 
 pytestmark = pytest.mark.skipif(IMPL != "openmpi", reason="the in-process pool is Open MPI's")
 
-
-@pytest.fixture(autouse=True)
-def cohorts_on():
-    """Cohorts are off by default; the scheduler (and its plugin, which starts the sidecar) runs
-    in this process and reads this setting."""
-    with dask.config.set({"dask-pmix.pool.cohort": "1s"}):
-        yield
 
 NOBODY = 65534
 MiB = 1 << 20
@@ -81,22 +76,96 @@ def test_a_cohort_shares_memory_with_nothing_but_open_mpis_shared_memory_transpo
         cluster.close()
 
 
-def test_a_late_joiner_is_remote_to_the_cohort_and_still_works():
-    cluster, client, sidecar = start_cluster(2)
+def _path_view():
+    """This worker's pool rank, the ranks Open MPI put on its node, and its comm paths so far."""
+    import dask_pmix
+    from dask_pmix.comm.link import current_link
+
+    link = current_link()
+    return {"rank": link.rank, "local": sorted(link.local_peers), "paths": dask_pmix.comm_stats()["paths"],
+            "mpi_received": dask_pmix.comm_stats()["mpi"]["bytes_received"]}
+
+
+def _move(client, src, dst, nbytes=8 * MiB):
+    x = client.submit(np.ones, nbytes, dtype="u1", workers=[src], pure=False)
+    assert client.submit(lambda v: int(v.sum()), x, workers=[dst], pure=False).result(timeout=120) == nbytes
+
+
+def _restart_by_nanny(client, worker):
+    """Kills the worker process; its nanny starts a new one (a new worker)."""
+    before = set(workers_of(client))
     try:
-        wait_pool_ready(sidecar, 2)
-        first = set(workers_of(client))
-        cluster.scale(3)
-        client.wait_for_workers(3, timeout=120)
+        client.run(os._exit, 1, workers=[worker])
+    except Exception:  # noqa: BLE001 - the worker died answering
+        pass
+    deadline = time.monotonic() + 120
+    while True:
+        now = set(workers_of(client))
+        if len(now) == len(before) and worker not in now:
+            return (now - before).pop()
+        assert time.monotonic() < deadline, (before, now)
+        time.sleep(0.2)
+
+
+def test_a_late_joiner_and_a_restarted_worker_keep_their_frames_in_tcp_and_still_run_in_process():
+    cluster, client, sidecar = start_cluster(3, protocol="tcp+mpi://")
+    try:
         wait_pool_ready(sidecar, 3)
-        late = (set(workers_of(client)) - first).pop()
-        assert not seats(sidecar)[late].get("localPeers")
-        members = sorted(first) + [late]
+        first = workers_of(client)
+        cohort = sorted(s["rank"] for s in seats(sidecar).values())
+        assert all(client.run(_path_view)[w]["local"] == cohort for w in first)
+        time.sleep(30)  # the cohort's epoch is long registered
+        cluster.scale(4)
+        client.wait_for_workers(4, timeout=120)
+        late = (set(workers_of(client)) - set(first)).pop()
+        restarted = _restart_by_nanny(client, first[0])
+        wait_pool_ready(sidecar, 4)
+        stayed = first[1:]
+        views = client.run(_path_view)
+        for w in (late, restarted):
+            assert views[w]["local"] == [views[w]["rank"]], views  # alone on its node
+            _move(client, stayed[0], w)
+            _move(client, w, stayed[1])
+        _move(client, stayed[0], stayed[1])  # the cohort's own pair still shares memory
+        views = client.run(_path_view)
+        for w in (late, restarted):
+            assert views[w]["paths"]["tcp"] >= 2 and views[w]["paths"]["sm"] == 0 and views[w]["mpi_received"] == 0, views
+        assert views[stayed[1]]["paths"]["sm"] >= 1 and views[stayed[1]]["mpi_received"] >= 8 * MiB, views
+        # Open MPI's own view, in an in-process job over all four: only the two that initialised
+        # together share a node.
+        members = sorted(stayed) + [late, restarted]
         results = run_mpi(client, node_view, 4 * MiB, workers=members)
-        assert [r["shared"] for r in results] == [2, 2, 1]
-        assert all(r["ok"] for r in results)
-        assert [len(r["local_peers"]) for r in results] == [2, 2, 0]
+        assert [r["shared"] for r in results] == [2, 2, 1, 1], results
+        assert all(r["ok"] for r in results) and last_job(sidecar)["mode"] == "inprocess"
+    finally:
+        client.close()
+        cluster.close()
+
+
+def test_after_every_worker_restarted_the_new_ones_form_a_cohort_again():
+    cluster, client, sidecar = start_cluster(3, protocol="tcp+mpi://")
+    try:
+        wait_pool_ready(sidecar, 3)
+        epoch = {s["epoch"] for s in seats(sidecar).values()}
+        client.restart()
+        client.wait_for_workers(3, timeout=120)
+        deadline = time.monotonic() + 120
+        while True:
+            now = workers_of(client)
+            mine = {w: s for w, s in seats(sidecar).items() if w in now}
+            if len(mine) == 3 and all(s["state"] == "ready" for s in mine.values()):
+                break
+            assert time.monotonic() < deadline, seats(sidecar)
+            time.sleep(0.2)
+        assert {s["epoch"] for s in mine.values()}.isdisjoint(epoch), mine  # a new epoch
+        ranks = sorted(s["rank"] for s in mine.values())
+        assert all(sorted(s["localPeers"]) == ranks for s in mine.values()), mine
+        results = run_mpi(client, node_view, 4 * MiB, workers=now)
+        assert [r["shared"] for r in results] == [3, 3, 3] and all(r["ok"] for r in results)
         assert last_job(sidecar)["mode"] == "inprocess"
+        _move(client, now[0], now[1])
+        view = client.run(_path_view, workers=[now[1]])[now[1]]
+        assert view["paths"]["sm"] >= 1 and view["mpi_received"] >= 8 * MiB, view
     finally:
         client.close()
         cluster.close()
@@ -150,7 +219,7 @@ def test_a_cohort_member_that_dies_before_asking_is_not_declared():
 
 def test_a_cohort_member_that_dies_after_its_cohort_was_declared_leaves_the_others_in_the_pool():
     # Open MPI fails the others' init after 2 s (a declared peer never published its data), and a
-    # process cannot initialise MPI again: they restart through their nannies and join alone.
+    # process cannot initialise MPI again: they restart through their nannies and join again.
     cluster = LocalCluster(n_workers=3, threads_per_worker=1, processes=True, dashboard_address=":0")
     client = Client(cluster)
     try:
@@ -166,7 +235,10 @@ def test_a_cohort_member_that_dies_after_its_cohort_was_declared_leaves_the_othe
             assert time.monotonic() < deadline, (sorted(before), sorted(now),
                                                   {w: (s["rank"], s["state"], s.get("reason")) for w, s in seats(sidecar).items()})
             time.sleep(0.5)
-        assert all(not seats(sidecar)[w].get("localPeers") for w in now)  # they joined alone
+        # Alone, or (when every old seat was gone by the time they registered) a cohort of a new
+        # epoch: either way never the failed cohort's node again.
+        failed = {s["namespace"] for w, s in seats(sidecar).items() if w in before}
+        assert all(seats(sidecar)[w]["namespace"] not in failed or not seats(sidecar)[w].get("localPeers") for w in now)
         results = run_mpi(client, node_view, 1 * MiB, workers=sorted(now))
         assert all(r["ok"] for r in results) and last_job(sidecar)["mode"] == "inprocess"
     finally:

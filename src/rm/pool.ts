@@ -15,7 +15,9 @@
 // first asked). The workers of one host (and user) that asked by then form a cohort: their ranks
 // share one node entry and they initialise together, right after the answer. A worker that died
 // or never asked is simply not declared; every later joiner sits alone on its own virtual node
-// (Open MPI treats a peer it did not learn of at init as remote: TCP).
+// (Open MPI treats a peer it did not learn of at init as remote: TCP), except when no worker of
+// the current epoch is left or in use (a restart of every worker): then a new epoch forms the same
+// way, at the next registration or at the first join whose epoch has no seat in use.
 //
 // Plain TypeScript without I/O: the PMIx side of an epoch is the PoolBackend's.
 import type { Clock, TimerHandle } from './clock.js';
@@ -166,6 +168,7 @@ export class Pool {
 
   /** Hands the newly registered worker its rank, or queues it until an epoch has room. */
   seat(w: Worker): void {
+    this.renewIfEmpty();
     const e = this.current;
     if (e && (e.state === 'open' || e.state === 'forming') && e.next < e.size) this.assign(e, w);
     else this.waiting.add(w.id);
@@ -188,6 +191,17 @@ export class Pool {
     const low = Math.max(1, Math.floor(this.o.size / 10));
     const short = !cur || (cur.state === 'open' && cur.size - cur.next <= low);
     if (!short || this.next || cur?.state === 'opening') return;
+    // The first epoch waits for the workers that start together (see the top of this file).
+    this.openEpoch(!cur && this.epochCounter === 0 && this.cohorts);
+  }
+
+  private get cohorts(): boolean {
+    return (this.o.cohort?.settleMs ?? 0) > 0;
+  }
+
+  /** A new epoch: the current one if there is none, else the next; forming (gathering cohorts) or registered at once. */
+  private openEpoch(forming: boolean): Epoch {
+    const cur = this.current;
     const n = this.epochCounter++;
     const epoch: Epoch = {
       epoch: n, namespace: this.o.namespaceOf(n), size: this.o.size, state: 'opening', next: 0, owners: new Map(), connected: new Set(),
@@ -196,18 +210,36 @@ export class Pool {
     this.epochs.set(epoch.namespace, epoch);
     if (!cur) this.current = epoch;
     else this.next = epoch;
-    if (n === 0 && (this.o.cohort?.settleMs ?? 0) > 0) {
-      // The first epoch waits for the workers that start together (see the top of this file).
+    if (forming) {
       epoch.state = 'forming';
       epoch.opened = new Promise<void>((resolve, reject) => {
         epoch.forming = { joined: new Set(), lastActivityAt: this.o.clock.now(), settle: { resolve, reject } };
       });
       epoch.opened.catch(() => undefined);
       this.seatWaiting(epoch);
-      return;
+      return epoch;
     }
     epoch.opened = this.register(epoch, { epoch: n, namespace: epoch.namespace, size: epoch.size, cohorts: [], users: new Map() });
     epoch.opened.catch(() => undefined);
+    return epoch;
+  }
+
+  /**
+   * Every worker of the current epoch is gone (the cluster restarted its workers, or scaled to
+   * zero and up again): the workers that register now start a new epoch that gathers them into
+   * cohorts as the first one did, instead of each sitting alone on a node of the old one. No
+   * worker of the old epoch is left to share a job with, so nothing is lost by leaving it.
+   */
+  private renewIfEmpty(): void {
+    const cur = this.current;
+    if (!this.cohorts || !cur || cur.state !== 'open' || cur.next === 0 || this.next) return;
+    for (const [rank, id] of cur.owners) {
+      const s = this.o.workers.get(id)?.pool;
+      if (s && s.namespace === cur.namespace && s.rank === rank && s.state !== 'retired') return;
+    }
+    this.current = undefined;
+    this.openEpoch(true);
+    this.closeIfUnused(cur);
   }
 
   /** Registers the epoch's namespace with the backend. */
@@ -229,6 +261,33 @@ export class Pool {
         throw err;
       },
     );
+  }
+
+  /**
+   * A worker asks to join an open epoch in which no seat is in use (every other one is retired or,
+   * like its own, only handed out): the workers of a restart, whose seats the old epoch gave out
+   * while the old workers were still going away. They move to a new epoch that gathers them into
+   * cohorts, as the first one did.
+   */
+  private renewForJoin(w: Worker): void {
+    const cur = this.current;
+    if (!this.cohorts || !cur || cur.state !== 'open' || this.next || w.pool?.namespace !== cur.namespace || w.pool.state !== 'assigned') return;
+    const movers: Worker[] = [];
+    for (const [rank, id] of cur.owners) {
+      const x = this.o.workers.get(id);
+      const s = x?.pool;
+      if (!x || !s || s.namespace !== cur.namespace || s.rank !== rank || s.state === 'retired') continue;
+      if (s.state !== 'assigned') return;
+      movers.push(x);
+    }
+    this.current = undefined;
+    const e = this.openEpoch(true);
+    for (const x of movers) {
+      delete x.pool;
+      this.assign(e, x);
+      this.emit(x);
+    }
+    this.closeIfUnused(cur);
   }
 
   // ---- cohorts: the forming first epoch --------------------------------------------------------
@@ -367,6 +426,7 @@ export class Pool {
       w = this.o.workers.require(workerId);
       if (!w.pool && this.upcoming() === e) throw new RmError('unavailable', `worker '${workerId}' has no pool rank yet; try again`);
     }
+    this.renewForJoin(w);
     let seat = w.pool!;
     const check = () => {
       if (seat.state === 'retired') throw new RmError('conflict', `worker '${workerId}' left the pool: ${seat.reason ?? 'retired'}`);

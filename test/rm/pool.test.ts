@@ -234,6 +234,68 @@ describe('cohorts: the workers that join the first epoch together', () => {
     expect(seats).toEqual([[0, 0, [0, 1]], [0, 1, [0, 1]], [1, 0, undefined]]);
   });
 
+  it('once every worker of the epoch is gone (a restart of them all), the next ones form a new cohort epoch', async () => {
+    await setup(16, cohort);
+    for (const id of ['a', 'b']) rm.registerWorker({ id, host: 'h1' });
+    const first = ['a', 'b'].map((id) => rm.joinPool(id, {}));
+    clock.advance(1000);
+    await flush();
+    const seats = (await Promise.all(first)).map((j) => j.seat);
+    for (const s of seats) rm.poolClientConnected(s.namespace, s.rank);
+    // One leaves: a newcomer now sits alone in the epoch, beside the one still there.
+    rm.removeWorker('b', 'its process died');
+    rm.poolClientGone(seats[1]!.namespace, seats[1]!.rank, 'its process died');
+    rm.registerWorker({ id: 'c', host: 'h1' });
+    const c = (await rm.joinPool('c', {})).seat;
+    expect([c.epoch, c.rank, c.localPeers]).toEqual([0, 2, undefined]);
+    // All gone: the workers that come next gather into a cohort of a new epoch.
+    for (const [id, s] of [['a', seats[0]!], ['c', rm.getWorker('c').pool!]] as const) {
+      rm.removeWorker(id, 'restarted');
+      rm.poolClientGone(s.namespace, s.rank, 'restarted');
+    }
+    for (const id of ['d', 'e']) rm.registerWorker({ id, host: 'h1' });
+    await flush();
+    expect(pool.closed).toEqual([seats[0]!.namespace]); // the old epoch goes
+    const again = ['d', 'e'].map((id) => rm.joinPool(id, {}));
+    clock.advance(999);
+    await flush();
+    expect(pool.opened).toHaveLength(1);
+    clock.advance(1);
+    await flush();
+    expect(pool.opened.map((e) => [e.epoch, e.cohorts])).toEqual([[0, [{ host: 'h1', ranks: [0, 1] }]], [1, [{ host: 'h1', ranks: [0, 1] }]]]);
+    expect((await Promise.all(again)).map((j) => [j.seat.epoch, j.seat.localPeers])).toEqual([[1, [0, 1]], [1, [0, 1]]]);
+  });
+
+  it('the workers of a restart that registered before the old ones were gone still form a new cohort when they ask', async () => {
+    await setup(16, cohort);
+    for (const id of ['a', 'b']) rm.registerWorker({ id, host: 'h1' });
+    const first = ['a', 'b'].map((id) => rm.joinPool(id, {}));
+    clock.advance(1000);
+    await flush();
+    const old = (await Promise.all(first)).map((j) => j.seat);
+    for (const s of old) rm.poolClientConnected(s.namespace, s.rank);
+    // The new workers register while the old ones are still there: seats of the old epoch.
+    for (const id of ['c', 'd']) rm.registerWorker({ id, host: 'h1' });
+    expect(['c', 'd'].map((id) => rm.getWorker(id).pool!.epoch)).toEqual([0, 0]);
+    for (const [id, s] of [['a', old[0]!], ['b', old[1]!]] as const) {
+      rm.removeWorker(id, 'restarted');
+      rm.poolClientGone(s.namespace, s.rank, 'restarted');
+    }
+    // They ask once the old ones are gone: both move to a new epoch, which gathers them.
+    const again = ['c', 'd'].map((id) => rm.joinPool(id, {}));
+    expect(['c', 'd'].map((id) => rm.getWorker(id).pool!.epoch)).toEqual([1, 1]);
+    clock.advance(1000);
+    await flush();
+    expect(pool.opened.map((e) => [e.epoch, e.cohorts])).toEqual([[0, [{ host: 'h1', ranks: [0, 1] }]], [1, [{ host: 'h1', ranks: [0, 1] }]]]);
+    expect((await Promise.all(again)).map((j) => [j.seat.epoch, j.seat.rank, j.seat.localPeers])).toEqual([[1, 0, [0, 1]], [1, 1, [0, 1]]]);
+    expect(pool.closed).toEqual([old[0]!.namespace]);
+    // A lone newcomer beside workers in use stays in their epoch, alone on its node.
+    for (const j of await Promise.all(again)) rm.poolClientConnected(j.seat.namespace, j.seat.rank);
+    rm.registerWorker({ id: 'e', host: 'h1' });
+    const e = (await rm.joinPool('e', {})).seat;
+    expect([e.epoch, e.localPeers]).toEqual([1, undefined]);
+  });
+
   it('a join waits at most waitMs for the epoch to be registered', async () => {
     await setup(16, cohort);
     rm.registerWorker({ id: 'a', host: 'h1' });

@@ -8,10 +8,17 @@ Every message starts in the TCP stream with a block:
     the frames that travel inside the block, concatenated
 
 A frame goes INSIDE the block when it is small (one copy is cheaper than another write), AFTER
-the block in the TCP stream (in order, each read into a buffer of its own so numpy arrays never
-share one) when it is large and the connection has no MPI route, or over MPI when it is at least
-the MPI threshold and the connection has a route: then the sender posts it before writing the
-block, and the receiver posts its receive into a fresh buffer when it reads the block.
+the block in the TCP stream (in order) when it is large and the connection has no MPI route, or
+over MPI when it is at least the path's threshold and the connection has a route: then the sender
+posts it before writing the block, and the receiver posts its receive into a fresh buffer when it
+reads the block.
+
+Fresh buffers: one per buffer of the sender, as tcp:// does. Dask cuts a large buffer into shards
+(distributed.comm.shard, 64 MiB) and joins them again before deserialising, without a copy only
+when they are consecutive views of one buffer; frames of two objects must never share one (their
+memory is released separately). So the sender marks each frame that is a shard of the same buffer
+as the frame before it (JOINED, a bit of its placement byte), and the receiver gives such a run
+one buffer, each frame a view of it.
 
 So the TCP stream orders the messages and carries everything small at tcp:// cost, and MPI
 carries the bulk without a copy on either side of Python.
@@ -22,6 +29,7 @@ from __future__ import annotations
 import struct
 
 INSIDE, AFTER, MPI = 0, 1, 2
+JOINED = 0x80     # this frame continues the previous one's buffer (a shard of the same buffer)
 INSIDE_MAX = 64 * 1024
 LENGTH = struct.Struct("<Q")
 COUNT = struct.Struct("<I")
@@ -42,25 +50,45 @@ def placement(sizes: list, mpi_threshold) -> list:
     return out
 
 
-def pack_block(frames: list, sizes: list, where: list) -> bytes:
+def _base(frame):
+    return frame.obj if isinstance(frame, memoryview) else frame
+
+
+def joined(frames: list, where: list) -> list:
+    """Per frame: whether it is a shard of the same buffer as the frame before, both going the
+    same way out of the block (AFTER or MPI)."""
+    out = [False] * len(frames)
+    for i in range(1, len(frames)):
+        if where[i] != INSIDE and where[i] == where[i - 1] and _base(frames[i]) is _base(frames[i - 1]):
+            out[i] = True
+    return out
+
+
+def pack_block(frames: list, sizes: list, where: list, join: list | None = None) -> bytes:
     """The length prefix and the block (the inside frames copied in)."""
     n = len(sizes)
-    parts = [COUNT.pack(n), struct.pack(f"<{n}Q", *sizes), bytes(where)]
+    codes = bytes(w | (JOINED if join and join[i] else 0) for i, w in enumerate(where))
+    parts = [COUNT.pack(n), struct.pack(f"<{n}Q", *sizes), codes]
     parts.extend(f for f, w in zip(frames, where) if w == INSIDE)
     body = b"".join(parts)
     return LENGTH.pack(len(body)) + body
 
 
-def parse_block(block: memoryview) -> tuple[list, list, list]:
-    """(sizes, where, inside frames as views of block in order) of a block without its prefix."""
+def parse_block(block: memoryview) -> tuple[list, list, list, list]:
+    """(sizes, where, joined, inside frames as views of block in order) of a block without its
+    prefix."""
     (n,) = COUNT.unpack_from(block, 0)
     off = COUNT.size
     sizes = list(struct.unpack_from(f"<{n}Q", block, off))
     off += 8 * n
-    where = list(block[off:off + n])
+    codes = list(block[off:off + n])
     off += n
+    where = [c & ~JOINED for c in codes]
+    join = [bool(c & JOINED) for c in codes]
     if any(w not in (INSIDE, AFTER, MPI) for w in where):
         raise ValueError("malformed tcp+mpi block: unknown frame placement")
+    if any(j and (i == 0 or where[i] == INSIDE or where[i] != where[i - 1]) for i, j in enumerate(join)):
+        raise ValueError("malformed tcp+mpi block: a joined frame does not continue the one before")
     inside = []
     for size, w in zip(sizes, where):
         if w == INSIDE:
@@ -68,4 +96,25 @@ def parse_block(block: memoryview) -> tuple[list, list, list]:
             off += size
     if off != len(block):
         raise ValueError("malformed tcp+mpi block: frame sizes do not add up")
-    return sizes, where, inside
+    return sizes, where, join, inside
+
+
+def buffers(sizes: list, where: list, join: list, host_array) -> list:
+    """Fresh receive buffers for the frames going out of the block (None for the inside ones):
+    one host_array per run of joined frames, each frame a view of it."""
+    out: list = [None] * len(sizes)
+    i = 0
+    while i < len(sizes):
+        if where[i] == INSIDE:
+            i += 1
+            continue
+        j = i + 1
+        while j < len(sizes) and join[j]:
+            j += 1
+        buf = host_array(sum(sizes[i:j]))
+        off = 0
+        for k in range(i, j):
+            out[k] = buf[off:off + sizes[k]]
+            off += sizes[k]
+        i = j
+    return out

@@ -113,7 +113,13 @@ def _leave_pool() -> None:
     from .pairs import drop_registries
 
     stop_engine()
-    drop_registries()
+    pending = drop_registries()
+    if pending:
+        try:
+            from ..worker import pool
+        except ImportError:
+            return
+        pool.keep_session(f"{pending} pair communicator construction(s) of the comm backend still inside MPI")
 
 
 def pool_starting() -> bool:

@@ -134,18 +134,23 @@ def registry_for(link: PoolLink) -> PairRegistry:
         return reg
 
 
-def drop_registries() -> None:
+def drop_registries(wait: float = 1.0) -> int:
     """Forget every pair communicator (their session is going away): later connections stay TCP
     or build new ones in a new epoch. Freed only when built: a construction still blocked in the
-    collective cannot be stopped."""
+    collective cannot be stopped; those still under way after ``wait`` seconds are counted and
+    returned (the session must then not be finalized under them)."""
     with _registries_lock:
         regs = list(_registries.values())
         _registries.clear()
-    for reg in regs:
-        for pairs in reg._pairs.values():
-            for fut in pairs.values():
-                if fut.done() and fut.exception() is None:
-                    try:
-                        fut.result().Free()
-                    except Exception:
-                        pass
+    futures = [fut for reg in regs for pairs in reg._pairs.values() for fut in pairs.values()]
+    concurrent.futures.wait(futures, timeout=wait)
+    pending = 0
+    for fut in futures:
+        if not fut.done():
+            pending += 1
+        elif fut.exception() is None:
+            try:
+                fut.result().Free()
+            except Exception:
+                pass
+    return pending

@@ -52,11 +52,16 @@ def _peer_connected(stream) -> bool:
 async def _read_exact(stream, n: int) -> memoryview:
     """n bytes from the stream into a fresh, writable buffer of their own."""
     buf = host_array(n)
-    for start in range(0, n, READ_SLICE):
+    await _read_into(stream, buf)
+    return buf
+
+
+async def _read_into(stream, buf: memoryview) -> None:
+    """Fills buf from the stream."""
+    for start in range(0, buf.nbytes, READ_SLICE):
         chunk = buf[start:start + READ_SLICE]
         got = await stream.read_into(chunk)
         assert got == chunk.nbytes
-    return buf
 
 
 def _process_gone(pid) -> bool:
@@ -152,7 +157,7 @@ class TCPMPI(TCP):
                                     self._sent_callback(asyncio.get_running_loop()))
                     if not route.engine.post_now(send):
                         route.engine.submit(send)
-                block = framing.pack_block(frames, sizes, where)
+                block = framing.pack_block(frames, sizes, where, framing.joined(frames, where))
                 stream.write(block)
                 tcp_bytes = len(block)
                 if framing.AFTER in where:
@@ -190,19 +195,20 @@ class TCPMPI(TCP):
         try:
             try:
                 (n,) = framing.LENGTH.unpack(await stream.read_bytes(framing.LENGTH.size))
-                sizes, where, inside = framing.parse_block(await _read_exact(stream, n))
+                sizes, where, join, inside = framing.parse_block(await _read_exact(stream, n))
                 tcp_bytes = framing.LENGTH.size + n
                 mpi_bytes = 0
                 if len(inside) == len(sizes):
                     frames = inside
                 else:
-                    frames, transfer, arrived = self._post_receives(sizes, where)
+                    frames = framing.buffers(sizes, where, join, host_array)
+                    transfer, arrived = self._post_receives(frames, where)
                     inside_iter = iter(inside)
                     for i, (size, w) in enumerate(zip(sizes, where)):
                         if w == framing.INSIDE:
                             frames[i] = next(inside_iter)
                         elif w == framing.AFTER:
-                            frames[i] = await _read_exact(stream, size)
+                            await _read_into(stream, frames[i])
                             tcp_bytes += size
                         else:
                             mpi_bytes += size
@@ -233,17 +239,12 @@ class TCPMPI(TCP):
             self._ops -= 1
             self._last_op = time.monotonic()
 
-    def _post_receives(self, sizes, where):
-        """Fresh buffers for a message's MPI frames, their receives posted at once (the sender
+    def _post_receives(self, frames, where):
+        """The receives of a message's MPI frames (fresh buffers), posted at once (the sender
         posted its sends before it wrote the block)."""
-        frames: list = [None] * len(sizes)
-        bufs = []
-        for i, (size, w) in enumerate(zip(sizes, where)):
-            if w == framing.MPI:
-                frames[i] = host_array(size)
-                bufs.append(frames[i])
+        bufs = [f for f, w in zip(frames, where) if w == framing.MPI]
         if not bufs:
-            return frames, None, None
+            return None, None
         route = self._route
         if route is None:
             raise ValueError("tcp+mpi: the peer sent MPI frames on a TCP connection")
@@ -252,7 +253,7 @@ class TCPMPI(TCP):
         transfer = Transfer(False, route.comm, route.peer, route.recv_tag, bufs, _settle_from_thread(loop, arrived))
         if sum(b.nbytes for b in bufs) > INLINE_RECV_MAX or not route.engine.post_now(transfer):
             route.engine.submit(transfer)
-        return frames, transfer, arrived
+        return transfer, arrived
 
     async def _await_mpi(self, arrived, transfer) -> None:
         """Wait for a message's MPI frames while watching the TCP connection: once the peer has

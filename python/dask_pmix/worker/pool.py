@@ -63,6 +63,7 @@ _pool: "Pool | None" = None
 _orphan: "Pool | None" = None
 _lost = threading.Event()
 _on_close: list[Callable[[], Any]] = []
+_keep_open: list[str] = []   # why the session must not be finalized (see keep_session)
 
 
 @dataclass
@@ -128,6 +129,16 @@ def on_close(fn: Callable[[], Any]) -> None:
     others still run."""
     with _cond:
         _on_close.append(fn)
+
+
+def keep_session(reason: str) -> None:
+    """Called from an on_close hook: another thread of this process is still inside MPI (a
+    communicator construction that cannot be interrupted), so the session is left unfinalized
+    and the process exits with it, as a killed worker does: finalizing under that thread would
+    tear down the transports it is polling (seen: a segfault in Open MPI's sm fast-box polling
+    at a worker's close)."""
+    with _cond:
+        _keep_open.append(reason)
 
 
 def environ_before() -> dict[str, str]:
@@ -393,6 +404,11 @@ def close(timeout: float = 10.0, in_flight: bool = False) -> bool:
         if isinstance(pool, World):
             pool._finalize.set()  # its init thread finalizes (see World)
             pool._finalized.wait(timeout)
+            return
+        with _cond:
+            keep = list(_keep_open)
+        if keep:
+            logging.getLogger("dask_pmix").info("dask-pmix: the MPI session is left unfinalized: %s", "; ".join(keep))
             return
         try:
             pool.world.Free()
