@@ -264,22 +264,28 @@ export class Pool {
   }
 
   /**
-   * A worker asks to join an open epoch in which no seat is in use (every other one is retired or,
-   * like its own, only handed out): the workers of a restart, whose seats the old epoch gave out
-   * while the old workers were still going away. They move to a new epoch that gathers them into
-   * cohorts, as the first one did.
+   * A worker asks to join an open epoch whose workers went away and in which no seat is in use
+   * (every other one is retired or, like its own, only handed out): the workers of a restart, whose
+   * seats the old epoch gave out while the old workers were still going away. They move to a new
+   * epoch that gathers them into cohorts, as the first one did.
    */
   private renewForJoin(w: Worker): void {
     const cur = this.current;
     if (!this.cohorts || !cur || cur.state !== 'open' || this.next || w.pool?.namespace !== cur.namespace || w.pool.state !== 'assigned') return;
     const movers: Worker[] = [];
+    let gone = 0;
     for (const [rank, id] of cur.owners) {
       const x = this.o.workers.get(id);
       const s = x?.pool;
-      if (!x || !s || s.namespace !== cur.namespace || s.rank !== rank || s.state === 'retired') continue;
+      if (!x || !s || s.namespace !== cur.namespace || s.rank !== rank || s.state === 'retired') {
+        gone++;
+        continue;
+      }
       if (s.state !== 'assigned') return;
       movers.push(x);
     }
+    // Only an epoch whose workers went away: a fresh one (the next epoch, just opened) is kept.
+    if (gone === 0) return;
     this.current = undefined;
     const e = this.openEpoch(true);
     for (const x of movers) {

@@ -234,14 +234,20 @@ describe('cohorts: the workers that join the first epoch together', () => {
     expect(seats).toEqual([[0, 0, [0, 1]], [0, 1, [0, 1]], [1, 0, undefined]]);
   });
 
+  /** Workers `ids` of host h1 form the forming epoch's cohort and connect; their seats. */
+  async function connectedCohort(ids: string[]) {
+    for (const id of ids) rm.registerWorker({ id, host: 'h1' });
+    const joins = ids.map((id) => rm.joinPool(id, {}));
+    clock.advance(cohort.settleMs);
+    await flush();
+    const seats = (await Promise.all(joins)).map((j) => j.seat);
+    for (const s of seats) rm.poolClientConnected(s.namespace, s.rank);
+    return seats;
+  }
+
   it('once every worker of the epoch is gone (a restart of them all), the next ones form a new cohort epoch', async () => {
     await setup(16, cohort);
-    for (const id of ['a', 'b']) rm.registerWorker({ id, host: 'h1' });
-    const first = ['a', 'b'].map((id) => rm.joinPool(id, {}));
-    clock.advance(1000);
-    await flush();
-    const seats = (await Promise.all(first)).map((j) => j.seat);
-    for (const s of seats) rm.poolClientConnected(s.namespace, s.rank);
+    const seats = await connectedCohort(['a', 'b']);
     // One leaves: a newcomer now sits alone in the epoch, beside the one still there.
     rm.removeWorker('b', 'its process died');
     rm.poolClientGone(seats[1]!.namespace, seats[1]!.rank, 'its process died');
@@ -268,12 +274,7 @@ describe('cohorts: the workers that join the first epoch together', () => {
 
   it('the workers of a restart that registered before the old ones were gone still form a new cohort when they ask', async () => {
     await setup(16, cohort);
-    for (const id of ['a', 'b']) rm.registerWorker({ id, host: 'h1' });
-    const first = ['a', 'b'].map((id) => rm.joinPool(id, {}));
-    clock.advance(1000);
-    await flush();
-    const old = (await Promise.all(first)).map((j) => j.seat);
-    for (const s of old) rm.poolClientConnected(s.namespace, s.rank);
+    const old = await connectedCohort(['a', 'b']);
     // The new workers register while the old ones are still there: seats of the old epoch.
     for (const id of ['c', 'd']) rm.registerWorker({ id, host: 'h1' });
     expect(['c', 'd'].map((id) => rm.getWorker(id).pool!.epoch)).toEqual([0, 0]);
