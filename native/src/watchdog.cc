@@ -5,10 +5,14 @@
 //   with an id that names no handler shifts to the progress thread, finds nothing and calls back.
 //   It is issued from a short-lived thread of its own: the API entry takes libpmix's global lock,
 //   and neither the JavaScript thread nor libuv's pool may wait on a wedged libpmix.
+//   Its callback names the thread it runs on, libpmix's progress thread, "pmix-progress" (libpmix
+//   leaves it "node" like every other thread of the process): top -H, gdb and the tests that stall
+//   that one thread find it by name.
 // - exitNow(code): _exit, for a shutdown whose libpmix finalize does not return.
 #include "watchdog.h"
 
 #include <pmix.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -25,12 +29,14 @@ namespace {
 std::atomic<bool> g_probe_out{false};
 std::atomic<int64_t> g_probe_since{0};
 std::atomic<int64_t> g_probe_rtt{0};
+std::atomic<bool> g_named{false};
 
 int64_t NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 void ProbeDone(pmix_status_t, void*) {
+  if (!g_named.exchange(true)) pthread_setname_np(pthread_self(), "pmix-progress");
   g_probe_rtt = NowMs() - g_probe_since.load();
   g_probe_out = false;
 }
@@ -64,6 +70,7 @@ Napi::Value ExitNow(const Napi::CallbackInfo& info) {
 
 void ResetProbe() {
   g_probe_out = false;
+  g_named = false;  // a new libpmix, a new progress thread
   g_probe_rtt = 0;
 }
 

@@ -79,6 +79,7 @@ class SidecarPlugin(SchedulerPlugin):
         self._state_dir: str | None = None
         self._traffic: dashboard.TrafficReport | None = None
         self._stalled: asyncio.TimerHandle | None = None
+        self._killed_why: str | None = None        # why this plugin killed the sidecar that exits next
         self._sidecar_started: float | None = None  # when the sidecar the stream follows started
         self._restarting: asyncio.Future | None = None  # done once the embedded sidecar is back
 
@@ -183,7 +184,8 @@ class SidecarPlugin(SchedulerPlugin):
         (its state directory gives it back the psets and the job history)."""
         if self._closed:
             return
-        self.stream.gone_now(f"the dask-pmix sidecar exited (status {status})")
+        why, self._killed_why = self._killed_why, None
+        self.stream.gone_now(why or f"the dask-pmix sidecar exited (status {status})")
         self._restarting = asyncio.get_running_loop().create_future()
         self._soon(self._restart_sidecar())
 
@@ -250,9 +252,10 @@ class SidecarPlugin(SchedulerPlugin):
         elif kind == "workerLeft":
             self.jobs.worker_state((body.get("workerLeft") or {}).get("workerId", ""), "gone", None)
         elif kind == "healthChanged":
-            self._health_changed((body.get("healthChanged") or {}).get("status", ""))
+            changed = body.get("healthChanged") or {}
+            self._health_changed(changed.get("status", ""), float(changed.get("pmixStalledSeconds") or 0))
 
-    def _health_changed(self, status: str) -> None:
+    def _health_changed(self, status: str, stalled_for: float = 0.0) -> None:
         """libpmix inside the sidecar stopped progressing: a wedged PMIx server serves no job again,
         so an embedded sidecar still stalled after `dask-pmix.timeouts.pmix-stalled` is replaced by
         a new one, as after a crash."""
@@ -266,13 +269,16 @@ class SidecarPlugin(SchedulerPlugin):
                      f"it is restarted if it still has not in {bound:g} s" if self.embedded is not None
                      else "an external sidecar must be restarted by whoever runs it")
         if self.embedded is not None:
-            self._stalled = asyncio.get_running_loop().call_later(bound, self._kill_stalled)
+            self._stalled = asyncio.get_running_loop().call_later(bound, self._kill_stalled, stalled_for + bound)
 
-    def _kill_stalled(self) -> None:
+    def _kill_stalled(self, seconds: float) -> None:
         self._stalled = None
         proc = self.embedded.proc if self.embedded is not None else None
         if proc is not None and proc.poll() is None:
             logger.error("dask-pmix: the sidecar's PMIx server is still stalled; killing the sidecar to start a new one")
+            # The running jobs fail with this reason when the exit is seen (_sidecar_exited).
+            self._killed_why = (f"the dask-pmix sidecar's PMIx server stalled (no progress for {seconds:.0f} s); "
+                                "the sidecar was killed and a new one started in its place")
             proc.kill()  # a wedged libpmix never finalizes: its exit is what the plugin restarts on
 
     async def _resync(self) -> None:
