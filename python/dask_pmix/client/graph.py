@@ -35,6 +35,14 @@ def submit_ranks(client, ranks: list[tuple[str, str, Callable, tuple]]) -> list:
     return [futures[key] for key in keys]
 
 
+def pickled_function(fn: Callable) -> bytes:
+    """The job's function, pickled once for all its ranks (by value where it must be: a lambda,
+    or a function of __main__); the ranks' tasks carry these bytes (dask_pmix.member.task)."""
+    import cloudpickle
+
+    return cloudpickle.dumps(fn, protocol=pickle.HIGHEST_PROTOCOL)
+
+
 def unpicklable(fn: Callable, args: tuple, kwargs: dict) -> str | None:
     """Which of the job's function and arguments cannot be pickled, said so that the caller can fix
     it (Dask's own error names only the graph). Looked for only after a submission failed."""

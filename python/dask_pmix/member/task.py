@@ -44,7 +44,16 @@ def _calls(job_id: str, worker_id: str):
     return Calls(join=join, leave=leave, replace=replace)
 
 
-def inprocess_rank(job: dict, rank: int, worker_id: str, fn: Callable, args: tuple, kwargs: dict,
+def _function(fn: bytes | Callable) -> Callable:
+    """The job's function (its bytes, as run_mpi pickled it once for every rank)."""
+    if isinstance(fn, bytes):
+        import cloudpickle
+
+        return cloudpickle.loads(fn)
+    return fn
+
+
+def inprocess_rank(job: dict, rank: int, worker_id: str, fn: bytes | Callable, args: tuple, kwargs: dict,
                    local: list | None, build_timeout: float | None = None) -> Any:
     """An in-process rank: the worker process itself, in this task's thread."""
     from distributed import secede
@@ -52,6 +61,7 @@ def inprocess_rank(job: dict, rank: int, worker_id: str, fn: Callable, args: tup
     from .inprocess import run_member
 
     secede()
+    fn = _function(fn)
     if local is not None:
         kwargs = {**kwargs, "local": local}
     return run_member(job=job, rank=rank, worker=worker_id, fn=fn, args=args, kwargs=kwargs,
@@ -59,7 +69,7 @@ def inprocess_rank(job: dict, rank: int, worker_id: str, fn: Callable, args: tup
                       build_timeout=build_timeout)
 
 
-def fork_rank(job_id: str, rank: int, worker_id: str, env: dict, impl: str, fn: Callable, args: tuple,
+def fork_rank(job_id: str, rank: int, worker_id: str, env: dict, impl: str, fn: bytes | Callable, args: tuple,
               kwargs: dict, timeout: float | None, local: list | None, mode_reason: str = "") -> Any:
     """A fork-mode rank: a child of the worker joins the job as a new process."""
     from distributed import get_worker, secede
@@ -67,6 +77,7 @@ def fork_rank(job_id: str, rank: int, worker_id: str, env: dict, impl: str, fn: 
     from .fork import run_rank
 
     secede()
+    fn = _function(fn)
     if local is not None:
         kwargs = {**kwargs, "local": local}
     worker = get_worker()
