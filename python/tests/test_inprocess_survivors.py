@@ -132,6 +132,7 @@ def test_survivors_of_a_member_hung_in_python_are_not_restarted_with_it():
     # Barrier messages to it wait for the TCP connection, which needs its process's progress.
     cluster, client, sidecar = start_cluster(4)
     try:
+        before: list[str] = []
         for round_ in range(2):
             workers = four_available(client, sidecar)
             hung = workers[1] if round_ == 0 else next(w for w in workers if w not in before)

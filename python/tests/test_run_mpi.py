@@ -90,6 +90,20 @@ def test_rank_uses_data_already_on_its_worker(dask_cluster, impl):
     assert client.who_has(chunks) == before  # nothing moved
 
 
+def test_local_data_still_being_computed_is_waited_for(dask_cluster, impl):
+    import dask.array as da
+
+    _, client, _ = dask_cluster
+    x = da.random.random(400_000, chunks=50_000).persist()  # not waited for: run_mpi does
+    chunks = list(futures_of(x))
+
+    def local_count(comm, *, local):
+        return comm.allreduce(sum(len(c) for c in local))
+
+    results = run_mpi(client, local_count, local=chunks, impl=impl)
+    assert results and results == [400_000] * len(results)
+
+
 def test_dask_keeps_computing_on_non_members(dask_cluster, impl, tmp_path):
     """The ranks wait inside the job until a task on the bystander has run: the job can only
     succeed if Dask computed on a non-member while the members were frozen in MPI."""

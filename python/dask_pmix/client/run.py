@@ -123,6 +123,9 @@ async def _start_job(client, fn: Callable, args: tuple = (), kwargs: dict | None
     local_by_worker = None
     if local is not None:
         local = list(local)
+        from distributed.client import _wait
+
+        await _wait(local)  # where the data is is known once it exists
         who_has = await client.scheduler.who_has(keys=[f.key for f in local])
         local_by_worker = _holders(who_has, local)
         if workers is None and pset is None and n is None:
