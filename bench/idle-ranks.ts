@@ -1,5 +1,5 @@
 // What the sidecar's ranks do while they wait for their process manager, on an oversubscribed
-// host (issue 21 item 5; ompi#2089 measured Slurm's PMIx barrier 3x slower when waiting ranks
+// host (ompi#2089 measured Slurm's PMIx barrier 3x slower when waiting ranks
 // busy-poll and starve the server).
 //
 //   node dist/bench/idle-ranks.js [--ranks 16] [--delay 1.5] [--repeats 3]

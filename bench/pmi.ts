@@ -175,7 +175,7 @@ function guardRatios(results: { ranks: number; pmi_latency: { ratio: Record<stri
   return out;
 }
 
-/** Issue 12's targets: at most 1.0x hydra's latency for a barrier, a put+barrier+get and MPI_Init (both MPICHs), at N = 2, 8, 16. */
+/** The targets: at most 1.0x hydra's latency for a barrier, a put+barrier+get and MPI_Init (both MPICHs), at N = 2, 8, 16. */
 function targetsMet(results: { ranks: number; pmi_latency: { ratio: Record<string, number> }; mpi_init?: Record<string, { ratio: Record<string, number> }> }[]) {
   const met: Record<string, { ratio: number; met: boolean }> = {};
   for (const r of results.filter((x) => [2, 8, 16].includes(x.ranks))) {

@@ -85,7 +85,7 @@ async function run(n: number, concurrency: number, op: (i: number) => Promise<vo
   return { latency: stats(lat), ops_per_s: Math.round((n / seconds) * 10) / 10, seconds: Math.round(seconds * 1000) / 1000 };
 }
 
-/** The targets of issue 12 (REST), per operation. */
+/** The REST API's targets, per operation. */
 const TARGETS = { pset_ops_per_s: 5000, pset_p99_ms: 5, job_ops_per_s: 1000 };
 
 async function main(): Promise<void> {

@@ -1,4 +1,4 @@
-// Scale on one machine (issue 12 item 4, beside the PMI engineer's 1,024 simulated PMI ranks):
+// Scale on one machine (beside bench/pmi-scale.ts's 1,024 simulated PMI ranks):
 //   memory  sidecar RSS per registered worker (1,000 and 4,000 over REST) and per job rank
 //   netns   256 real PMIx clients in one job over network-namespace hosts: init and fence times
 //   pool    the in-process pool at P = 1,024 and 4,096: registration time and RSS

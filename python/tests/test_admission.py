@@ -1,5 +1,5 @@
 """Concurrent run_mpi calls on a cluster too small to run them all at once wait in the sidecar's
-admission line and all succeed (they failed at once with 422 before: 46 of 50 from 4 threads)."""
+admission line and all succeed, instead of failing at once with 422."""
 
 from __future__ import annotations
 

@@ -210,7 +210,7 @@ with Client(sys.argv[1], set_as_default=False) as client:
 def test_an_mpi_error_in_fn_reaches_the_client_without_loading_mpi_there(pool_cluster):
     """The client never imports mpi4py (the README): a member's MPI exception travels as text, not
     as the mpi4py object in its cause or context (unpickling that initialised MPI in the client
-    process, a singleton with its own /dev/shm segment; found by the soak)."""
+    process, a singleton with its own /dev/shm segment)."""
     import subprocess
     import sys
 

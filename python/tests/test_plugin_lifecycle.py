@@ -1,6 +1,6 @@
 """The plugin's own life cycle: closing the scheduler, with workers still attached, logs nothing
-from dask-pmix (it used to log failed worker removals against the sidecar it had just stopped,
-and "cannot schedule new futures after shutdown" tracebacks)."""
+from dask-pmix (no failed worker removals against the sidecar it has just stopped, no "cannot
+schedule new futures after shutdown" tracebacks)."""
 
 from __future__ import annotations
 

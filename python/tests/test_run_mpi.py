@@ -335,7 +335,7 @@ def _maps_shm_then_dies(comm, how, listing):
 @pytest.mark.parametrize("n", [1, 2])
 def test_a_fork_rank_that_dies_leaves_no_shm_segment(dask_cluster, impl, tmp_path, n, how):
     """A rank killed or aborted never unlinks its MPI library's shared-memory segments (MPICH's
-    mpich_shm_*: 12 were left after the soak): its worker removes them. Only the files this
+    mpich_shm_*, named after the job): its worker removes them. Only the files this
     test's rank mapped are looked at."""
     _, client, sidecar = dask_cluster
     listing = tmp_path / "shm.txt"

@@ -140,7 +140,7 @@ describe('GET /v1/events', () => {
     };
     await emit(4000); // past the event history's capacity, so that it holds as much at both ends
     const before = heap();
-    await emit(30_000); // held per event before: about 10 MB
+    await emit(30_000); // a promise reaction kept per event would hold about 10 MB here
     const grown = heap() - before;
     ctl.abort();
     await reading;

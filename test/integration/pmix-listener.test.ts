@@ -1,4 +1,4 @@
-// The PMIx server's TCP port against connections that jammed it (issue 13): one that sends
+// The PMIx server's TCP port against connections that would jam it: one that sends
 // nothing, a client of another uid, connections of this uid's that bypass the gate (libpmix's own
 // listener is a UNIX socket only this uid reaches), and a libpmix wedged on purpose, which health
 // must report and SIGTERM must still end.

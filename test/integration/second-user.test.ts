@@ -1,4 +1,4 @@
-// Another local user against a running sidecar (issue 23): every TCP port the sidecar's process
+// Another local user against a running sidecar: every TCP port the sidecar's process
 // listens on (from the kernel's tables, not from what it says) gets silent connections, PMIx
 // handshakes naming a registered rank's and the pool's namespace (with the stranger's own uid and
 // lying about it), a tool's, a PMI command and an HTTP request; its UNIX sockets get a connect.
@@ -140,7 +140,7 @@ describe.skipIf(!isRoot)('a second local user against every port of the sidecar'
       expect(await joiner.exited, describeRanks([joiner])).toBe(0);
       const seen = joiner.lines.find((l) => 'state' in l) as { state: string; rank: number } | undefined;
       expect(seen, describeRanks([joiner])).toMatchObject({ state: 'ready', rank: answer.body.pool.rank });
-      // And a fork job, which the same flood used to fail in 0.4 s.
+      // And a fork job, through the same flood.
       await runJob(2);
     } finally {
       stranger.kill();

@@ -1,5 +1,5 @@
 // The gate in front of libpmix: handshakes as libpmix 5.0.11's client and tool write them, and
-// every kind of connection that used to reach libpmix's own reading of them.
+// every kind of connection that would otherwise reach libpmix's own reading of them.
 import { statSync } from 'node:fs';
 import { connect, type Socket } from 'node:net';
 import { dirname } from 'node:path';

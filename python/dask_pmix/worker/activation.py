@@ -3,9 +3,9 @@
 Open MPI 5.0.x's ob1 keeps a message for a communicator it does not know yet on a list that the
 new communicator's activation (mca_pml_ob1_add_comm) scans once, unlocked; a second thread
 progressing MPI in that gap can leave the activation's first message behind the scan, and
-MPI_Comm_create_from_group then never returns on that member. Seen here with the comm backend's
-progress thread moving Dask data while a job's communicator was built (the job failed at the
-communicator bound, 1 in about 60 jobs), as before with a cancelled job's rank still in its Barrier.
+MPI_Comm_create_from_group then never returns on that member. The comm backend's progress
+thread moving Dask data while a job's communicator is built is such a second thread, as is a
+cancelled job's rank still in its Barrier.
 
 So while a communicator is being built in this process, the threads of ours that call MPI for
 other reasons (the comm backend's engine) stay out: they run their MPI calls inside ``progress()``,
@@ -32,8 +32,8 @@ from typing import Iterator
 
 # How long progress stays held back by one communicator's construction. An activation takes
 # milliseconds; a construction still running after this is stuck for another reason (a peer that
-# never called it), and holding every other transfer of the process behind it would stall them
-# all (seen: a pair's construction hung and the worker's whole MPI traffic with it).
+# never called it), and holding every other transfer of the process behind it would stall the
+# worker's whole MPI traffic with it.
 HOLD = 2.0
 
 

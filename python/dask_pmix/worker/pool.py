@@ -365,7 +365,7 @@ def _unlink_own_segments() -> None:
     """Unlinks the shared-memory files MPI_Init mapped into this world of one (MPICH: one
     /dev/shm/mpich_shm_*). No other process attaches to them, the mapping outlives the name, and
     a worker killed at close (its nanny kills it after 4 s; a member stuck in MPI is never
-    finalized) would otherwise leave them behind: measured 6 files after a 100-job soak."""
+    finalized) would otherwise leave them behind for good."""
     try:
         with open("/proc/self/maps") as f:
             paths = {line.split()[-1] for line in f if "/dev/shm/mpich_shm_" in line}
