@@ -133,3 +133,35 @@ def test_a_construction_that_hangs_holds_progress_back_for_a_bounded_time_only()
     assert 0.15 < time.monotonic() - t0 < 3
     release.set()
     b.join(5)
+
+
+def test_an_abandoned_construction_holds_nothing_back():
+    """A construction whose peer never comes (comm/pairs.py cancels it): once abandoned, progress
+    runs and the gate is free, though its thread is still inside; the thread's later
+    constructions count again once it has forgotten the abandonment."""
+    gate, inside, leave, ran = Gate(hold=30.0), threading.Event(), threading.Event(), threading.Event()
+    idents: list[int] = []
+
+    def stuck_builder():
+        idents.append(threading.get_ident())
+        with gate.building():
+            inside.set()
+            leave.wait(10)
+        gate.forget(threading.get_ident())
+
+    t = in_thread(stuck_builder)
+    assert inside.wait(5) and gate.busy()
+    gate.abandon(idents[0])
+    assert not gate.busy()
+
+    def progress():
+        with gate.progress():
+            ran.set()
+
+    p = in_thread(progress)
+    assert ran.wait(5), "progress waited for an abandoned construction"
+    p.join(5)
+    leave.set()
+    t.join(5)
+    with gate.building():  # this thread was never abandoned
+        assert gate.busy()

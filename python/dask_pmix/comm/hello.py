@@ -7,12 +7,16 @@ which pair communicator, and with which tags?
                              "pairs": [names it holds with r], "tag": t'}
                             or {"mpi": false, "why": ..., "epoch": E' or None, "starting": bool}
     connector -> listener   {"mpi": true, "pair": name, "tag": t}  or {"mpi": false, "why": ...}
+    listener  -> connector  {"committed": true}   (after an MPI choice: it builds its side too)
 
 Both ends choose the path from the same two descriptions (paths.choose is symmetric), so a pair
 without an MPI path is answered at once and stays a plain TCP connection: no pair communicator,
 no progress engine. One round trip more than tcp:// for every connection (scheduler and clients
 included, whose connections to workers are few and pooled), one and a half between pool ranks
 with an MPI path, plus building the pair's communicator the first time two processes meet.
+The connector starts its side of that construction as it sends its choice, without waiting for
+the listener's: when the connection dies before the listener commits, the construction is
+cancelled (pairs.PairRegistry.cancel), as it is when it does not complete within the timeout.
 
 A TCP answer may only be for now: the connector was not in the pool yet but the listener is
 (epoch E'), or the listener is still joining ("starting"). The connector's comm then remembers
@@ -37,7 +41,7 @@ from ..worker.activation import GATE
 from . import stats
 from .engine import Engine
 from .link import PoolLink, current_link, pool_starting
-from .pairs import peer_index, registry_for
+from .pairs import PairCancelled, peer_index, registry_for
 from .paths import Path, choose, describe, why_not
 
 MAGIC = b"DPMX"
@@ -161,8 +165,18 @@ async def offer(stream, timeout: float, chunk_bytes: int) -> tuple[Optional[Rout
             _fallback("job")
             return None, None
         name = reg.new_name(peer)
+    ours = reg.building_new(name, peer)  # not one the listener holds already
     fut = reg.start(name, peer, reserved=reserved)
-    await _write(stream, {"mpi": True, "pair": name, "tag": tag})
+    try:
+        await _write(stream, {"mpi": True, "pair": name, "tag": tag})
+        committed = await asyncio.wait_for(_read(stream), timeout)
+        if not committed.get("committed"):
+            raise HelloError(f"the listener did not commit to the pair communicator: {committed!r}")
+    except BaseException as exc:
+        # The listener may never call the construction started here: it would wait forever.
+        if ours:
+            reg.cancel(name, peer, f"the connection ended before the listener committed to it ({exc!r})")
+        raise
     comm = await _built(reg, fut, peer, timeout)
     stats.path(path.name)
     return Route(_engine(link, chunk_bytes), comm, peer_index(link.rank, peer), int(reply["tag"]), tag, name, peer,
@@ -206,7 +220,9 @@ async def answer(stream, timeout: float, chunk_bytes: int) -> Optional[Route]:
         return None
     name = str(choice["pair"])
     # start() lets the reservation go when the communicator exists or another connection builds it.
-    comm = await _built(reg, reg.start(name, peer, reserved=reserved), peer, timeout)
+    fut = reg.start(name, peer, reserved=reserved)
+    await _write(stream, {"committed": True})
+    comm = await _built(reg, fut, peer, timeout)
     stats.path(path.name)
     return Route(_engine(link, chunk_bytes), comm, peer_index(link.rank, peer), int(choice["tag"]), tag, name, peer,
                  path, _pid(hello))
@@ -220,6 +236,11 @@ def _pid(desc: dict) -> Optional[int]:
 async def _built(reg, fut, peer: int, timeout: float):
     try:
         return await _comm_of(fut, timeout)
+    except PairCancelled as exc:  # its connection ended early: the pair itself may be fine
+        raise HelloError(f"building the MPI communicator with pool rank {peer} was cancelled: {exc}") from exc
     except Exception as exc:  # not CancelledError: a connect given up on says nothing about the pair
         reg.mark_broken(peer)
+        if isinstance(exc, asyncio.TimeoutError):
+            # Its peer is not coming (gone, or stuck): nothing here waits for it any longer.
+            reg.cancel_wait(fut, peer, f"not built within {timeout:g} s")
         raise HelloError(f"building the MPI communicator with pool rank {peer} failed: {exc!r}") from exc

@@ -13,6 +13,13 @@ Tags are chosen by the receiver: each process numbers its incoming connections p
 (communicator, peer, tag) is unique at the receiver without any agreement between the two sides,
 and a tag is never reused with that peer (stray messages of a closed connection cannot reach a
 new one).
+
+A construction is collective, so it waits for its peer; the connector starts its side before the
+listener has committed to the pair (one round trip less), and a connection that dies in between
+would leave it waiting forever. Such a build is cancelled (``cancel``): the connections waiting on
+it fail, the activation gate and the pair token are let go, and its thread, which nothing can pull
+out of the collective, is left there; should the peer call it after all, the communicator it
+returns is kept for the pair as any other.
 """
 
 from __future__ import annotations
@@ -31,6 +38,10 @@ from .link import PoolLink
 NAME_PREFIX = "dask-pmix-comm"
 
 
+class PairCancelled(ConnectionError):
+    """A pair communicator's construction was given up on (its peer may never call it)."""
+
+
 def peer_index(me: int, peer: int) -> int:
     """The peer's rank in the pair's communicator (ranks are included in pool-rank order)."""
     return 0 if peer <= me else 1
@@ -45,6 +56,9 @@ class PairRegistry:
         self._broken: set[int] = set()
         self._tags: dict[int, int] = {}
         self._seq = itertools.count()
+        # Constructions running now: name -> (thread, pair token, done when the thread is out of MPI).
+        self._running: dict[str, tuple[threading.Thread, int | None, concurrent.futures.Future]] = {}
+        self._cancelled: set[str] = set()
         self.create_seconds: list[float] = []   # one entry per communicator built, for the benchmark
 
     def names(self, peer: int) -> list[str]:
@@ -74,22 +88,60 @@ class PairRegistry:
                 GATE.pair_done(reserved)  # someone else builds it: this reservation is not needed
                 return fut
             fut = pairs[name] = concurrent.futures.Future()
-        threading.Thread(target=self._build, args=(name, peer, fut, reserved), name=f"dask-pmix-pair-{peer}",
-                         daemon=True).start()
+            thread = threading.Thread(target=self._build, args=(name, peer, fut, reserved),
+                                      name=f"dask-pmix-pair-{peer}", daemon=True)
+            self._running[name] = (thread, reserved, concurrent.futures.Future())
+            thread.start()
         return fut
+
+    def cancel(self, name: str, peer: int, why: str) -> bool:
+        """Gives up on the construction of `name` under way here: the connections waiting on it
+        fail with PairCancelled, the gate and its pair token are let go (see the module
+        docstring). False if it is not under way (built, failed, or never started here)."""
+        with self._lock:
+            running = self._running.get(name)
+            fut = self._pairs.get(peer, {}).get(name)
+            if running is None or fut is None or fut.done() or name in self._cancelled:
+                return False
+            self._cancelled.add(name)
+            thread, reserved, _ = running
+            GATE.abandon(thread.ident)  # under the lock: before the thread, once out, forgets it
+        GATE.pair_done(reserved)
+        stats.note("pair_comm_cancelled")
+        fut.set_exception(PairCancelled(why))
+        return True
+
+    def cancel_wait(self, fut: concurrent.futures.Future, peer: int, why: str) -> bool:
+        """cancel() for the construction whose connections wait on `fut`."""
+        with self._lock:
+            name = next((n for n, f in self._pairs.get(peer, {}).items() if f is fut), None)
+        return name is not None and self.cancel(name, peer, why)
 
     def _build(self, name: str, peer: int, fut: concurrent.futures.Future, reserved: Optional[int]) -> None:
         ranks = sorted({self.link.rank, peer})
         t0 = time.perf_counter()
+        comm = error = None
         try:
             comm = self.link.create_comm(ranks, name)
             comm.Set_errhandler(self.link.MPI.ERRORS_RETURN)
         except BaseException as exc:
-            stats.note("pair_comm_failures")
-            fut.set_exception(exc)
-            return
+            error = exc
         finally:
             GATE.pair_done(reserved)
+            with self._lock:
+                _, _, out = self._running.pop(name)
+                cancelled = name in self._cancelled
+                self._cancelled.discard(name)
+                if cancelled and error is None:
+                    # The peer called it after all: the pair has this communicator.
+                    fut = self._pairs.setdefault(peer, {})[name] = concurrent.futures.Future()
+            GATE.forget(threading.get_ident())
+            out.set_result(None)
+        if error is not None:
+            stats.note("pair_comm_failures")
+            if not cancelled:
+                fut.set_exception(error)
+            return
         dt = time.perf_counter() - t0
         self.create_seconds.append(dt)
         stats.note("pair_comms")
@@ -143,8 +195,12 @@ def drop_registries(wait: float = 1.0) -> int:
         regs = list(_registries.values())
         _registries.clear()
     futures = [fut for reg in regs for pairs in reg._pairs.values() for fut in pairs.values()]
-    concurrent.futures.wait(futures, timeout=wait)
-    pending = 0
+    inside = []  # cancelled constructions whose threads are still inside MPI
+    for reg in regs:
+        with reg._lock:
+            inside += [out for name, (_, _, out) in reg._running.items() if name in reg._cancelled]
+    concurrent.futures.wait(futures + inside, timeout=wait)
+    pending = sum(not out.done() for out in inside)
     for fut in futures:
         if not fut.done():
             pending += 1

@@ -19,6 +19,10 @@ So a new pair communicator is agreed on only while no job runs in the process (`
 otherwise that Dask connection stays TCP), and a job waits before its build for the pairs already
 agreed on, whose builds need nothing but their peer's (``job_begins``).
 A user function's own MPI calls are not fenced (they run in the job's thread, one job at a time).
+
+A construction whose peer will never call it (the connection that agreed on a pair died before the
+peer committed to it) cannot be interrupted: its thread stays in the collective. ``abandon`` stops
+counting it, so that nothing here waits for it (comm/pairs.py cancels such a build).
 """
 
 from __future__ import annotations
@@ -41,7 +45,8 @@ class Gate:
     def __init__(self, hold: float = HOLD) -> None:
         self._cond = threading.Condition()
         self._hold = hold
-        self._builds: dict[int, float] = {}   # communicators being built now: token -> start
+        self._builds: dict[int, tuple[float, int]] = {}  # communicators being built now: token -> (start, thread)
+        self._abandoned: set[int] = set()     # threads whose constructions no longer count (abandon)
         self._tokens = itertools.count()
         self._arriving = 0      # builders waiting for the progress sections to end
         self._progressing = 0   # progress sections running now
@@ -59,19 +64,21 @@ class Gate:
             finally:
                 self._arriving -= 1
             token = next(self._tokens)
-            self._builds[token] = time.monotonic()
+            thread = threading.get_ident()
+            if thread not in self._abandoned:
+                self._builds[token] = (time.monotonic(), thread)
             self._cond.notify_all()
         try:
             yield
         finally:
             with self._cond:
-                del self._builds[token]
+                self._builds.pop(token, None)
                 self._cond.notify_all()
 
     def _held_for(self) -> float:
         """Seconds progress is still held back by the constructions under way (0: free to go)."""
         now = time.monotonic()
-        return max((start + self._hold - now for start in self._builds.values()), default=0.0)
+        return max((start + self._hold - now for start, _ in self._builds.values()), default=0.0)
 
     @contextmanager
     def progress(self) -> Iterator[None]:
@@ -109,6 +116,21 @@ class Gate:
                     self._progressing -= 1
                     if self._progressing == 0:
                         self._cond.notify_all()
+
+    def abandon(self, thread: int) -> None:
+        """The constructions that thread ``thread`` is in, or enters before ``forget(thread)``, no
+        longer count: their peer will never call them, and nothing interrupts the collective."""
+        with self._cond:
+            self._abandoned.add(thread)
+            for token, (_, t) in list(self._builds.items()):
+                if t == thread:
+                    del self._builds[token]
+            self._cond.notify_all()
+
+    def forget(self, thread: int) -> None:
+        """Thread ``thread`` is out of MPI: its later constructions count again."""
+        with self._cond:
+            self._abandoned.discard(thread)
 
     def reserve_pair(self) -> int | None:
         """A token if a new pair communicator may be agreed on now (no job here), counted until
