@@ -248,6 +248,14 @@ function showTables(view) {
     ],
     'no workers registered',
   );
+  const notices = view.notices || [];
+  $('notices-summary').textContent = notices.length ? `${notices.length} recent` : '';
+  fill(
+    'notices',
+    notices,
+    (n) => [new Date(n.time).toLocaleTimeString(), n.what, n.worker || '', n.reason],
+    'nothing to report',
+  );
   $('psets-summary').textContent = `${view.psets.length}`;
   fill('psets', view.psets, (p) => [p.name, p.members.join(', ')], 'no process sets defined');
   const active = view.jobs.filter((j) => ['pending', 'wiring', 'running'].includes(j.state)).length;

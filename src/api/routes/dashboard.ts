@@ -4,6 +4,7 @@
 // exposing the rest of the API. PUT /v1/traffic records the bytes each worker's comm backend moved
 // per transport (the scheduler plugin reports them in one request), for the page's traffic view.
 import type { FastifyPluginAsync } from 'fastify';
+import type { RmEvent } from '../../rm/events.js';
 import type { Job } from '../../rm/types.js';
 import { REQUEST_LIMITS } from '../limits.js';
 import type { JsonSchema } from '../schemas.js';
@@ -75,12 +76,43 @@ function jobView(j: Readonly<Job>) {
 
 const trafficView = ({ tcp, mpi, at }: Traffic & { at: string }) => ({ tcp, mpi, at });
 
+/** Something an operator should see: a worker left the pool or the cluster (and why), the PMIx server stalled. */
+interface Notice {
+  time: string;
+  what: string;
+  worker?: string;
+  reason: string;
+}
+const NOTICES = 50;
+
+function noticeOf(e: RmEvent, time: number): Notice | undefined {
+  const at = new Date(time).toISOString();
+  if (e.kind === 'workerPoolChanged' && e.pool.state === 'retired') {
+    return { time: at, what: 'left the pool', worker: e.workerId, reason: redact(e.pool.reason ?? '') };
+  }
+  if (e.kind === 'workerLeft') return { time: at, what: 'left the cluster', worker: e.workerId, reason: redact(e.reason) };
+  if (e.kind === 'healthChanged') {
+    return { time: at, what: e.status === 'ok' ? 'PMIx progresses again' : 'PMIx server stalled', reason: `${e.pmixStalledSeconds.toFixed(1)} s` };
+  }
+  return undefined;
+}
+
 export const dashboardRoutes: FastifyPluginAsync<DashboardOptions> = async (app, opts) => {
   const { rm, auth } = opts;
   const maxJobs = opts.maxJobs ?? 200;
   // Bounded by the registered workers: only a registered worker's traffic is taken, and a worker
   // that is gone (or registered again since: a new process) is dropped at the next read.
   const traffic = new Map<string, Traffic & { at: string; registeredAt: string }>();
+  // The latest notices, newest last; kept apart from the event history, which a busy cluster's
+  // jobs cycle through in minutes.
+  const notices: Notice[] = [];
+  const unsubscribe = rm.events.subscribe(({ event, time }) => {
+    const n = noticeOf(event, time);
+    if (!n) return;
+    notices.push(n);
+    if (notices.length > NOTICES) notices.shift();
+  });
+  app.addHook('onClose', async () => unsubscribe());
   const tryWorker = (id: string) => {
     try {
       return rm.getWorker(id);
@@ -125,7 +157,7 @@ export const dashboardRoutes: FastifyPluginAsync<DashboardOptions> = async (app,
       schema: {
         ...(auth.security.read ? { security: auth.security.read } : {}),
         summary:
-          'What the dashboard page shows: workers, pool epochs, psets, recent jobs, traffic; no namespaces, pids or uids',
+          'What the dashboard page shows: workers, pool epochs, psets, recent jobs, traffic, notices; no namespaces, pids or uids',
         tags: ['service'],
         response: { ...errors(401) },
       },
@@ -180,6 +212,7 @@ export const dashboardRoutes: FastifyPluginAsync<DashboardOptions> = async (app,
         })),
         psets: rm.listPsets().map((p) => ({ name: p.name, members: [...p.members] })),
         jobs: jobs.map(jobView),
+        notices: [...notices].reverse(),
       };
     },
   );
