@@ -25,8 +25,11 @@ OPENMPI = IMPL == "openmpi"
 
 
 def where_am_i(comm):
-    from distributed import get_worker
+    from distributed import get_worker, worker_client
 
+    # Dask's worker context is the rank's own: it may submit work to the cluster and wait for it.
+    with worker_client() as client:
+        assert client.submit(sum, [comm.rank, 1], pure=False).result() == comm.rank + 1
     return {"rank": comm.rank, "size": comm.size, "pid": os.getpid(), "worker": get_worker().address}
 
 
