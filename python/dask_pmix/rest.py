@@ -9,7 +9,8 @@ whatever its transport's ``_call`` returns (a value, or a coroutine of it)."""
 from __future__ import annotations
 
 import contextlib
-from typing import Any, AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
 from urllib.parse import quote as _quote
 
 import httpx
@@ -40,6 +41,7 @@ def _items(key: str) -> Callable[[Any], list[dict]]:
         if isinstance(body, dict):
             return body.get(key) or body.get("items") or []
         return []
+
     return items
 
 
@@ -49,14 +51,24 @@ class _Routes:
     url: str
     timeout: float
 
-    def _call(self, method: str, path: str, body: Any = None, timeout: float | None = None,
-              post: Callable[[Any], Any] | None = None) -> Any:
+    def _call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        timeout: float | None = None,
+        post: Callable[[Any], Any] | None = None,
+    ) -> Any:
         raise NotImplementedError
 
     def _error(self, e: Exception, method: str, path: str, timeout: float | None) -> SidecarError:
         if isinstance(e, httpx.TimeoutException):
-            return SidecarError(0, f"the sidecar at {self.url} did not answer within {timeout or self.timeout:.0f} s "
-                                   f"({type(e).__name__})", method, path)
+            return SidecarError(
+                0,
+                f"the sidecar at {self.url} did not answer within {timeout or self.timeout:.0f} s ({type(e).__name__})",
+                method,
+                path,
+            )
         return SidecarError(0, f"cannot reach the sidecar at {self.url}: {e}", method, path)
 
     def _result(self, resp: httpx.Response, method: str, path: str, post: Callable[[Any], Any] | None) -> Any:
@@ -132,16 +144,20 @@ class _Routes:
         body: dict = {"waitSeconds": wait}
         if ports:
             body["ports"] = ports
-        return self._call("POST", f"/v1/jobs/{quote(job_id)}/members/{quote(worker_id)}/join", body,
-                          timeout=wait + self.timeout)
+        return self._call(
+            "POST", f"/v1/jobs/{quote(job_id)}/members/{quote(worker_id)}/join", body, timeout=wait + self.timeout
+        )
 
     def complete_job(self, job_id: str):
         """In-process jobs: every member's function returned; they all leave at once."""
         return self._call("POST", f"/v1/jobs/{quote(job_id)}/complete")
 
     def leave_job(self, job_id: str, worker_id: str, ok: bool, reason: str = "", failed_ranks: list[int] | None = None):
-        return self._call("POST", f"/v1/jobs/{quote(job_id)}/members/{quote(worker_id)}/leave",
-                          {"ok": ok, "reason": reason[:4096], "failedRanks": [int(r) for r in failed_ranks or []]})
+        return self._call(
+            "POST",
+            f"/v1/jobs/{quote(job_id)}/members/{quote(worker_id)}/leave",
+            {"ok": ok, "reason": reason[:4096], "failedRanks": [int(r) for r in failed_ranks or []]},
+        )
 
     # -- the in-process pool ----------------------------------------------------------------------
     def join_pool(self, worker_id: str, identity: dict):
@@ -200,8 +216,9 @@ class SidecarClient(_Routes):
         `resync` event when it no longer holds everything after it."""
         timeout = httpx.Timeout(self.timeout, read=read_timeout)
         try:
-            with connect_sse(self._http, "GET", "/v1/events", headers=_stream_headers(last_event_id),
-                             timeout=timeout) as source:
+            with connect_sse(
+                self._http, "GET", "/v1/events", headers=_stream_headers(last_event_id), timeout=timeout
+            ) as source:
                 if source.response.is_error:
                     source.response.read()
                     raise SidecarError(source.response.status_code, _message(source.response), "GET", "/v1/events")
@@ -226,8 +243,12 @@ class AsyncSidecarClient(_Routes):
         self.timeout = timeout
         # A job request may wait in the sidecar's admission line: one connection each, so that
         # waiting requests never queue behind each other in the pool (the sidecar bounds them).
-        self._http = httpx.AsyncClient(base_url=self.url, headers=_headers(token), timeout=timeout,
-                                       limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+        self._http = httpx.AsyncClient(
+            base_url=self.url,
+            headers=_headers(token),
+            timeout=timeout,
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+        )
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -247,20 +268,23 @@ class AsyncSidecarClient(_Routes):
         return True
 
     @contextlib.asynccontextmanager
-    async def event_stream(self, last_event_id: str | None = None,
-                           read_timeout: float = 45.0) -> AsyncIterator[EventSource]:
+    async def event_stream(
+        self, last_event_id: str | None = None, read_timeout: float = 45.0
+    ) -> AsyncIterator[EventSource]:
         """As SidecarClient.event_stream; a stream silent for `read_timeout` s raises
         SidecarError(0) (the sidecar writes a heartbeat every HEARTBEAT s)."""
         timeout = httpx.Timeout(self.timeout, read=read_timeout)
         try:
-            async with aconnect_sse(self._http, "GET", "/v1/events", headers=_stream_headers(last_event_id),
-                                    timeout=timeout) as source:
+            async with aconnect_sse(
+                self._http, "GET", "/v1/events", headers=_stream_headers(last_event_id), timeout=timeout
+            ) as source:
                 if source.response.is_error:
                     await source.response.aread()
                     raise SidecarError(source.response.status_code, _message(source.response), "GET", "/v1/events")
                 yield source
         except httpx.TimeoutException:
-            raise SidecarError(0, f"the event stream from {self.url} was silent for {read_timeout:g} s",
-                               "GET", "/v1/events") from None
+            raise SidecarError(
+                0, f"the event stream from {self.url} was silent for {read_timeout:g} s", "GET", "/v1/events"
+            ) from None
         except httpx.HTTPError as e:
             raise SidecarError(0, f"the event stream from {self.url} broke: {e}", "GET", "/v1/events") from None

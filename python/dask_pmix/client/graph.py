@@ -4,7 +4,8 @@ tasks queued there, never retried."""
 from __future__ import annotations
 
 import pickle
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 # Ranks go ahead of tasks queued on their workers: the other ranks are already waiting for them.
 RANK_PRIORITY = 1_000_000
@@ -20,18 +21,36 @@ def submit_ranks(client, ranks: list[tuple[str, str, Callable, tuple]]) -> list:
         from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
         from distributed.spans import SpanMetadata
     except ImportError:  # a Dask without these: one submit per rank
-        return [client.submit(func, *args, key=key, workers=[worker], allow_other_workers=False, pure=False,
-                              retries=0, priority=RANK_PRIORITY) for key, worker, func, args in ranks]
+        return [
+            client.submit(
+                func,
+                *args,
+                key=key,
+                workers=[worker],
+                allow_other_workers=False,
+                pure=False,
+                retries=0,
+                priority=RANK_PRIORITY,
+            )
+            for key, worker, func, args in ranks
+        ]
     # One layer per rank: annotations (here, the worker) are per layer.
-    layers = {key: MaterializedLayer({key: Task(key, func, *(parse_input(a) for a in args))},
-                                     annotations={"workers": [worker]})
-              for key, worker, func, args in ranks}
+    layers = {
+        key: MaterializedLayer(
+            {key: Task(key, func, *(parse_input(a) for a in args))}, annotations={"workers": [worker]}
+        )
+        for key, worker, func, args in ranks
+    }
     keys = [key for key, *_ in ranks]
     graph = HighLevelGraph(layers, {key: set() for key in keys})
-    futures = client._graph_to_futures(HLGExpr(dsk=graph), keys,
-                                       span_metadata=SpanMetadata(collections=[{"type": "Future"}]),
-                                       internal_priority={key: 0 for key in keys}, user_priority=RANK_PRIORITY,
-                                       fifo_timeout="100 ms")
+    futures = client._graph_to_futures(
+        HLGExpr(dsk=graph),
+        keys,
+        span_metadata=SpanMetadata(collections=[{"type": "Future"}]),
+        internal_priority={key: 0 for key in keys},
+        user_priority=RANK_PRIORITY,
+        fifo_timeout="100 ms",
+    )
     return [futures[key] for key in keys]
 
 
@@ -55,9 +74,13 @@ def unpicklable(fn: Callable, args: tuple, kwargs: dict) -> str | None:
             return f"{type(e).__name__}: {e}"
         return None
 
-    for what, value in [("the function", fn), *((f"argument {i + 1}", a) for i, a in enumerate(args)),
-                        *((f"keyword argument {k!r}", v) for k, v in kwargs.items())]:
+    for what, value in [
+        ("the function", fn),
+        *((f"argument {i + 1}", a) for i, a in enumerate(args)),
+        *((f"keyword argument {k!r}", v) for k, v in kwargs.items()),
+    ]:
         why = fails(value)
         if why:
-            return f"{what} of the MPI job (a {type(value).__module__}.{type(value).__qualname__}) cannot be pickled ({why})"
+            kind = f"{type(value).__module__}.{type(value).__qualname__}"
+            return f"{what} of the MPI job (a {kind}) cannot be pickled ({why})"
     return None

@@ -6,9 +6,10 @@ import time
 
 from ..protocol import Scheduler
 
-
-PLUGIN_MISSING = ("the scheduler has no dask-pmix plugin: start it with `dask scheduler --preload dask_pmix`, "
-                  "or call client.register_plugin(dask_pmix.SidecarPlugin()) first")
+PLUGIN_MISSING = (
+    "the scheduler has no dask-pmix plugin: start it with `dask scheduler --preload dask_pmix`, "
+    "or call client.register_plugin(dask_pmix.SidecarPlugin()) first"
+)
 
 
 def wait_for_plugin(client, timeout: float = 60.0) -> dict:

@@ -14,7 +14,8 @@ import logging
 import numbers
 import warnings
 import weakref
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from .. import config
 from ..errors import MPIFallbackWarning, MPIJobError
@@ -93,7 +94,7 @@ def _seconds(name: str, value) -> float | None:
     """A timeout argument: positive seconds, or None for no limit."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not float(value) > 0:
         raise ValueError(f"{name} must be a positive number of seconds, or None for no limit, not {value!r}")
     return float(value)
 
@@ -107,16 +108,28 @@ def _check_options(n, workers, mode) -> None:
         raise ValueError(f"mode must be 'inprocess' or 'fork' (or None for the default), not {mode!r}")
 
 
-async def _start_job(client, fn: Callable, args: tuple = (), kwargs: dict | None = None, *, n: int | None = None,
-                     workers: list[str] | None = None, pset: str | None = None, impl: str | None = None,
-                     mode: str | None = None, timeout: float | None = None, wiring_timeout: float | None = None,
-                     local: Iterable | None = None) -> MPIJob:
+async def _start_job(
+    client,
+    fn: Callable,
+    args: tuple = (),
+    kwargs: dict | None = None,
+    *,
+    n: int | None = None,
+    workers: list[str] | None = None,
+    pset: str | None = None,
+    impl: str | None = None,
+    mode: str | None = None,
+    timeout: float | None = None,
+    wiring_timeout: float | None = None,
+    local: Iterable | None = None,
+) -> MPIJob:
     _check_options(n, workers, mode)
     impl = impl or config.get("job.impl")
     asked = mode or config.get("job.mode")
     timeout = _seconds("timeout", config.seconds("timeouts.job") if timeout is None else timeout)
-    wiring_timeout = _seconds("wiring_timeout", config.seconds("timeouts.wiring") if wiring_timeout is None
-                              else wiring_timeout)
+    wiring_timeout = _seconds(
+        "wiring_timeout", config.seconds("timeouts.wiring") if wiring_timeout is None else wiring_timeout
+    )
     await _check_plugin(client)
     ends = job_ends(client)  # subscribed before the job exists: its end cannot be missed
     kwargs = dict(kwargs or {})
@@ -131,8 +144,16 @@ async def _start_job(client, fn: Callable, args: tuple = (), kwargs: dict | None
         if workers is None and pset is None and n is None:
             workers = sorted(local_by_worker)
     created = await getattr(client.scheduler, Scheduler.CREATE_JOB)(
-        workers=workers, n=n, pset=pset, impl=impl, owner=client.id, timeout=timeout, wiring_timeout=wiring_timeout,
-        mode=asked or "inprocess", strict=asked == "inprocess")
+        workers=workers,
+        n=n,
+        pset=pset,
+        impl=impl,
+        owner=client.id,
+        timeout=timeout,
+        wiring_timeout=wiring_timeout,
+        mode=asked or "inprocess",
+        strict=asked == "inprocess",
+    )
     if "error" in created:
         raise MPIJobError(created["error"])
     job = created["job"]
@@ -145,21 +166,46 @@ async def _start_job(client, fn: Callable, args: tuple = (), kwargs: dict | None
         await mpi_job._release()
         raise TypeError(unpicklable(fn, (), {}) or f"the MPI job's function cannot be pickled: {e!r}") from e
     if job.get("mode") == "fork" and job.get("modeReason") and asked != "fork":
-        mpi_job.fallback = MPIFallbackWarning(f"dask-pmix: MPI job {job['id']} runs in fork mode (each rank a child "
-                                              f"process of its worker, not the worker itself): {job['modeReason']}")
+        mpi_job.fallback = MPIFallbackWarning(
+            f"dask-pmix: MPI job {job['id']} runs in fork mode (each rank a child "
+            f"process of its worker, not the worker itself): {job['modeReason']}"
+        )
     build_timeout = config.seconds("timeouts.communicator")
-    ranks = []
+    ranks: list[tuple[str, str, Callable[..., Any], tuple[Any, ...]]] = []
     for m in mpi_job.members:
         worker_id = m["workerId"]
         mine = local_by_worker.get(worker_id, []) if local_by_worker is not None else None
         key = rank_key(job["id"], m["rank"])
         if mpi_job.mode == "inprocess":
-            ranks.append((key, worker_id, Call("dask_pmix.member.task:inprocess_rank"),
-                          (job, m["rank"], worker_id, function, args, kwargs, mine, build_timeout)))
+            ranks.append(
+                (
+                    key,
+                    worker_id,
+                    Call("dask_pmix.member.task:inprocess_rank"),
+                    (job, m["rank"], worker_id, function, args, kwargs, mine, build_timeout),
+                )
+            )
         else:
-            ranks.append((key, worker_id, Call("dask_pmix.member.task:fork_rank"),
-                          (job["id"], m["rank"], worker_id, created["envs"][worker_id], impl, function, args, kwargs,
-                           timeout, mine, job.get("modeReason") or "")))
+            ranks.append(
+                (
+                    key,
+                    worker_id,
+                    Call("dask_pmix.member.task:fork_rank"),
+                    (
+                        job["id"],
+                        m["rank"],
+                        worker_id,
+                        created["envs"][worker_id],
+                        impl,
+                        function,
+                        args,
+                        kwargs,
+                        timeout,
+                        mine,
+                        job.get("modeReason") or "",
+                    ),
+                )
+            )
     try:
         mpi_job.futures.extend(submit_ranks(client, ranks))
     except BaseException as e:
@@ -208,10 +254,20 @@ def start_job(client, fn: Callable, args: tuple = (), kwargs: dict | None = None
     return _sync(client, fallbacks, start)
 
 
-def submit_mpi(client, fn: Callable, *args, n: int | None = None, workers: list[str] | None = None,
-               pset: str | None = None, impl: str | None = None, mode: str | None = None,
-               timeout: float | None = None, wiring_timeout: float | None = None, local: Iterable | None = None,
-               **kwargs) -> list:
+def submit_mpi(
+    client,
+    fn: Callable,
+    *args,
+    n: int | None = None,
+    workers: list[str] | None = None,
+    pset: str | None = None,
+    impl: str | None = None,
+    mode: str | None = None,
+    timeout: float | None = None,
+    wiring_timeout: float | None = None,
+    local: Iterable | None = None,
+    **kwargs,
+) -> list:
     """Starts ``fn(comm, *args, **kwargs)`` as one MPI job, like run_mpi, and returns at once with
     one Dask future per rank, in rank order. Each result stays on its rank's worker, so later
     tasks that take a future as input run where it is (``client.submit(g, futures[r])``).
@@ -220,17 +276,40 @@ def submit_mpi(client, fn: Callable, *args, n: int | None = None, workers: list[
     fallbacks: list = []
 
     async def submit() -> list:
-        job = await _start_job(client, fn, args, kwargs, n=n, workers=workers, pset=pset, impl=impl, mode=mode,
-                               timeout=timeout, wiring_timeout=wiring_timeout, local=local)
+        job = await _start_job(
+            client,
+            fn,
+            args,
+            kwargs,
+            n=n,
+            workers=workers,
+            pset=pset,
+            impl=impl,
+            mode=mode,
+            timeout=timeout,
+            wiring_timeout=wiring_timeout,
+            local=local,
+        )
         _warn_soon(fallbacks, job)
         return job.futures
 
     return _sync(client, fallbacks, submit)
 
 
-def run_mpi(client, fn: Callable, *args, n: int | None = None, workers: list[str] | None = None,
-            pset: str | None = None, impl: str | None = None, mode: str | None = None, timeout: float | None = None,
-            wiring_timeout: float | None = None, local: Iterable | None = None, **kwargs) -> list:
+def run_mpi(
+    client,
+    fn: Callable,
+    *args,
+    n: int | None = None,
+    workers: list[str] | None = None,
+    pset: str | None = None,
+    impl: str | None = None,
+    mode: str | None = None,
+    timeout: float | None = None,
+    wiring_timeout: float | None = None,
+    local: Iterable | None = None,
+    **kwargs,
+) -> list:
     """Runs ``fn(comm, *args, **kwargs)`` on each chosen worker as one MPI job; results in rank order.
 
     Members are ``workers`` (addresses), the members of ``pset``, ``n`` workers chosen by the
@@ -258,8 +337,20 @@ def run_mpi(client, fn: Callable, *args, n: int | None = None, workers: list[str
     fallbacks: list = []
 
     async def run() -> list:
-        job = await _start_job(client, fn, args, kwargs, n=n, workers=workers, pset=pset, impl=impl, mode=mode,
-                               timeout=timeout, wiring_timeout=wiring_timeout, local=local)
+        job = await _start_job(
+            client,
+            fn,
+            args,
+            kwargs,
+            n=n,
+            workers=workers,
+            pset=pset,
+            impl=impl,
+            mode=mode,
+            timeout=timeout,
+            wiring_timeout=wiring_timeout,
+            local=local,
+        )
         _warn_soon(fallbacks, job)
         try:
             return await _gather(client, job, job.job.get("timeoutSeconds") or None)
@@ -326,9 +417,13 @@ async def _gather(client, job: MPIJob, timeout: float | None) -> list:
                 if not ranks.done():
                     f = next(f for f in job.futures if not f.done())
                     m = job.members[job.futures.index(f)]
-                    raise MPIJobError(f"the job {view.get('state')}, but rank {m['rank']}'s task never finished on "
-                                      f"its worker (it is still {f.status}; the worker may have gone)",
-                                      job_id=job.id, rank=m["rank"], worker=m["workerId"])
+                    raise MPIJobError(
+                        f"the job {view.get('state')}, but rank {m['rank']}'s task never finished on "
+                        f"its worker (it is still {f.status}; the worker may have gone)",
+                        job_id=job.id,
+                        rank=m["rank"],
+                        worker=m["workerId"],
+                    )
                 continue
             raise MPIJobError(f"timed out after {timeout:g} s", job_id=job.id)
     finally:
@@ -339,9 +434,11 @@ def _result_error(job: MPIJob, e: Exception) -> Exception:
     """A rank's result that could not come back, named."""
     text = str(e)
     if "serialize" in text or "pickle" in text.lower():
-        return MPIJobError(f"a rank's result could not be sent back to the client ({type(e).__name__}: {text}); "
-                           "return a value Dask can serialize, or leave it on the worker with submit_mpi",
-                           job_id=job.id)
+        return MPIJobError(
+            f"a rank's result could not be sent back to the client ({type(e).__name__}: {text}); "
+            "return a value Dask can serialize, or leave it on the worker with submit_mpi",
+            job_id=job.id,
+        )
     return e
 
 
@@ -373,18 +470,24 @@ async def _job_error(job: MPIJob, view: dict | None) -> MPIJobError:
         own = _own_error((await _exceptions([job.futures[culprit["rank"]]]))[0])
         if own is not None:
             return own
-        return MPIJobError(view.get("error") or f"the job was {view.get('state')}", job_id=job.id,
-                           rank=culprit["rank"], worker=culprit["workerId"])
+        return MPIJobError(
+            view.get("error") or f"the job was {view.get('state')}",
+            job_id=job.id,
+            rank=culprit["rank"],
+            worker=culprit["workerId"],
+        )
     excs = await _exceptions(job.futures)
-    own = [e for e in map(_own_error, excs) if e is not None]
-    if own:
-        return min(own, key=lambda e: e.rank if e.rank is not None else 1 << 30)
+    owns = [e for e in map(_own_error, excs) if e is not None]
+    if owns:
+        return min(owns, key=lambda e: e.rank if e.rank is not None else 1 << 30)
     if view.get("state") in FAILED_STATES:
         return MPIJobError(view.get("error") or f"the job was {view.get('state')}", job_id=job.id)
-    rank, exc = next(((r, e) for r, e in enumerate(excs) if e is not None), (None, None))
-    if exc is None:
+    failed = next(((r, e) for r, e in enumerate(excs) if e is not None), None)
+    if failed is None:
         return MPIJobError("the job failed", job_id=job.id)
+    rank, exc = failed
     if isinstance(exc, MPIJobError):
         return exc
-    return MPIJobError(f"{type(exc).__name__}: {exc}", job_id=job.id, rank=rank, worker=job.members[rank]["workerId"],
-                       origin="rank")
+    return MPIJobError(
+        f"{type(exc).__name__}: {exc}", job_id=job.id, rank=rank, worker=job.members[rank]["workerId"], origin="rank"
+    )

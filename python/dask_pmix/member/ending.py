@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from ..errors import MPIJobError
 from ..protocol import MEMBER_CONNECTED
-from ..worker import jobs, members as registry, pool
+from ..worker import jobs, pool
+from ..worker import members as registry
 
 logger = logging.getLogger("dask_pmix")
 
@@ -49,8 +50,10 @@ def linger(job_id: str, rank: int, bound: float = LINGER) -> None:
     Open MPI's TCP transport needs the peer's progress to finish a connection (and a rendezvous):
     a member still sending to a peer that has gone back to Dask work, with nothing progressing
     MPI there, waits in mca_pml_ob1_send for good, the revoke notwithstanding."""
-    MPI = pool.current().MPI
-    req = MPI.Grequest.Start()
+    p = pool.current()
+    if p is None:
+        return
+    req = p.MPI.Grequest.Start()
 
     def others_left(job: dict | None) -> bool:
         members = (job or {}).get("members") or []
@@ -77,7 +80,7 @@ def linger(job_id: str, rank: int, bound: float = LINGER) -> None:
 def failed_ranks(comm) -> list[int]:
     """The ranks of ``comm`` its MPI library knows to have failed (ULFM)."""
     try:
-        MPI = pool.current().MPI
+        MPI = pool.current().MPI  # type: ignore[union-attr]  # a member runs in a process of the pool
         failed = comm.Get_failed()
         try:
             ranks = MPI.Group.Translate_ranks(failed, list(range(failed.Get_size())), comm.Get_group())

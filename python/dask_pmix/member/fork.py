@@ -20,12 +20,14 @@ import struct
 import sys
 import time
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .. import pmi_connect
 from ..errors import MPIJobError
 from ..protocol import FAILED_STATES
-from ..worker import jobs, mpi as worker_mpi
+from ..worker import jobs
+from ..worker import mpi as worker_mpi
 
 _HEADER = struct.Struct("!Q")
 FAMILY = worker_mpi.FAMILY
@@ -82,8 +84,11 @@ def _send(fd: int, message: Any) -> None:
 
 
 def _describe(exc: BaseException) -> dict:
-    desc = {"type": type(exc).__name__, "message": str(exc),
-            "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))}
+    desc: dict[str, Any] = {
+        "type": type(exc).__name__,
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+    }
     # An mpi4py exception travels as its text: unpickling it would import mpi4py.MPI into the
     # worker, which initialises MPI there, and every later fork-mode rank of that worker refuses.
     if not type(exc).__module__.startswith("mpi4py"):
@@ -137,6 +142,7 @@ class _NoWorker:
 def _without_worker_context(why: str) -> None:
     """Makes Dask's worker context inside this rank's process say why it is not there: set now if
     distributed is loaded (a forked rank inherits the task's context), else as soon as it is."""
+
     def install(module) -> None:
         module._worker_cvar.set(_NoWorker(why))
 
@@ -158,6 +164,7 @@ def _without_worker_context(why: str) -> None:
                 def exec_and_install(module):
                     exec_module(module)
                     install(module)
+
                 spec.loader.exec_module = exec_and_install
             return spec
 
@@ -169,9 +176,11 @@ def _child(fd: int, env: dict, tag: str, impl: str, fn: Callable, args: tuple, k
     try:
         _die_with_parent()
         _without_worker_context(
-            "this MPI rank runs in a child process of its Dask worker (fork mode" + (f": {why}" if why else "")
+            "this MPI rank runs in a child process of its Dask worker (fork mode"
+            + (f": {why}" if why else "")
             + "), so get_worker(), get_client() and worker_client() are not available in it; run the job in-process "
-            "(mode='inprocess', Open MPI workers in the dask-pmix pool) to use the worker from the job's function")
+            "(mode='inprocess', Open MPI workers in the dask-pmix pool) to use the worker from the job's function"
+        )
         os.environ.update(env)
         # Before any connection to the sidecar: a rank of the wrong MPI must report that, not be
         # seen as a member lost when its PMI connection closes.
@@ -217,8 +226,8 @@ class _Reader:
             (n,) = _HEADER.unpack_from(self.buf)
             if len(self.buf) < _HEADER.size + n:
                 return
-            message = pickle.loads(bytes(self.buf[_HEADER.size:_HEADER.size + n]))
-            del self.buf[:_HEADER.size + n]
+            message = pickle.loads(bytes(self.buf[_HEADER.size : _HEADER.size + n]))
+            del self.buf[: _HEADER.size + n]
             if message[0] == "shm":
                 self.on_shm(message[1])
             else:
@@ -230,8 +239,11 @@ def _shm_segments(pid: int | str) -> set[str]:
     """The /dev/shm files a process has mapped (its MPI library's shared-memory segments)."""
     try:
         with open(f"/proc/{pid}/maps") as f:
-            return {line.split(None, 5)[5].strip() for line in f
-                    if len(line.split(None, 5)) == 6 and line.split(None, 5)[5].startswith("/dev/shm/")}
+            return {
+                line.split(None, 5)[5].strip()
+                for line in f
+                if len(line.split(None, 5)) == 6 and line.split(None, 5)[5].startswith("/dev/shm/")
+            }
     except OSError:
         return set()
 
@@ -288,10 +300,21 @@ def _exit_description(status: int) -> str:
     return f"the rank's process exited with status {os.WEXITSTATUS(status)} before returning a result"
 
 
-def run_rank(*, job_id: str, rank: int, worker: str, env: dict, fn: Callable, args: tuple = (), impl: str = "openmpi",
-             kwargs: dict | None = None, timeout: float | None = None,
-             report_lost: Callable[[str], None] | None = None, finalize_grace: float = 30.0,
-             mode_reason: str = "") -> Any:
+def run_rank(
+    *,
+    job_id: str,
+    rank: int,
+    worker: str,
+    env: dict,
+    fn: Callable,
+    args: tuple = (),
+    impl: str = "openmpi",
+    kwargs: dict | None = None,
+    timeout: float | None = None,
+    report_lost: Callable[[str], None] | None = None,
+    finalize_grace: float = 30.0,
+    mode_reason: str = "",
+) -> Any:
     """Runs `fn(comm, *args, **kwargs)` as `rank` of `job_id` in a child process; returns its value.
 
     When the job fails (the scheduler pushes it: dask_pmix.worker.jobs) the child is killed and
@@ -313,8 +336,9 @@ def run_rank(*, job_id: str, rank: int, worker: str, env: dict, fn: Callable, ar
             pass
 
     try:
-        return _run_rank(job_id, rank, worker, env, impl, fn, args, kwargs, timeout, finalize_grace, report_once,
-                         mode_reason)
+        return _run_rank(
+            job_id, rank, worker, env, impl, fn, args, kwargs, timeout, finalize_grace, report_once, mode_reason
+        )
     except MPIJobError as e:
         report_once(e.reason)
         raise
@@ -340,9 +364,12 @@ def _spawn(fd: int, env: dict, tag: str, impl: str, fn: Callable, args: tuple, k
     payload = pickle.dumps(list(sys.path)) + cloudpickle.dumps((env, tag, impl, fn, args, kwargs, why), protocol=5)
     r, w = os.pipe()
     try:
-        pid = os.posix_spawn(sys.executable, [sys.executable, "-m", "dask_pmix.member.fork", "3", "4", str(os.getpid())],
-                             pool.environ_before(),
-                             file_actions=[(os.POSIX_SPAWN_DUP2, fd, 3), (os.POSIX_SPAWN_DUP2, r, 4)])
+        pid = os.posix_spawn(
+            sys.executable,
+            [sys.executable, "-m", "dask_pmix.member.fork", "3", "4", str(os.getpid())],
+            pool.environ_before(),
+            file_actions=[(os.POSIX_SPAWN_DUP2, fd, 3), (os.POSIX_SPAWN_DUP2, r, 4)],
+        )
     finally:
         os.close(r)
 
@@ -350,7 +377,7 @@ def _spawn(fd: int, env: dict, tag: str, impl: str, fn: Callable, args: tuple, k
         try:
             view = memoryview(payload)
             while view:
-                view = view[os.write(w, view):]
+                view = view[os.write(w, view) :]
         except OSError:
             pass  # the rank died before reading everything: its exit is what the caller sees
         finally:
@@ -422,8 +449,9 @@ def _run_rank(job_id, rank, worker, env, impl, fn, args, kwargs, timeout, finali
             if deadline is not None and now > deadline and not reader.complete:
                 # Its own deadline: the sidecar hears the timeout before the kill, whose closed
                 # connection it would otherwise report first as the job's reason (a lost rank).
-                err = MPIJobError(f"timed out after {timeout:g} s", job_id=job_id, rank=rank, worker=worker,
-                                  origin="rank")
+                err = MPIJobError(
+                    f"timed out after {timeout:g} s", job_id=job_id, rank=rank, worker=worker, origin="rank"
+                )
                 report_lost(err.reason)
                 _kill(pid, segments)
                 raise err
@@ -432,8 +460,12 @@ def _run_rank(job_id, rank, worker, env, impl, fn, args, kwargs, timeout, finali
                 if state.get("state") in FAILED_STATES:
                     _kill(pid, segments)
                     if not reader.complete:
-                        raise MPIJobError(state.get("error") or f"the job was {state.get('state')}",
-                                          job_id=job_id, rank=rank, worker=worker)
+                        raise MPIJobError(
+                            state.get("error") or f"the job was {state.get('state')}",
+                            job_id=job_id,
+                            rank=rank,
+                            worker=worker,
+                        )
                     break
     finally:
         os.close(r)

@@ -28,10 +28,12 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..errors import MPIJobError
-from ..worker import members as registry, pool as pool_mod
+from ..worker import members as registry
+from ..worker import pool as pool_mod
 from ..worker.activation import GATE
 from . import tracking
 from .ending import describe, failed_ranks, failer, give_up, is_mpi_error, linger
@@ -54,12 +56,22 @@ def wait_alone(job_id: str, deadline: float, fail: Callable[..., MPIJobError]) -
     """Before joining: no member of an earlier job may still run in this process."""
     lingering = registry.wait_alone(job_id, max(0.0, deadline - time.monotonic()), end_earlier(job_id))
     if lingering:
-        raise fail(f"a member of an earlier job ({', '.join(lingering)}) still runs in this worker after that job "
-                   "ended (its function has not returned); a new communicator cannot be built beside it")
+        raise fail(
+            f"a member of an earlier job ({', '.join(lingering)}) still runs in this worker after that job "
+            "ended (its function has not returned); a new communicator cannot be built beside it"
+        )
 
 
-def join(calls: Calls, job_id: str, rank: int, worker: str, deadline: float, wiring_timeout: float,
-         fail: Callable[..., MPIJobError], ports: dict | None = None) -> dict:
+def join(
+    calls: Calls,
+    job_id: str,
+    rank: int,
+    worker: str,
+    deadline: float,
+    wiring_timeout: float,
+    fail: Callable[..., MPIJobError],
+    ports: dict | None = None,
+) -> dict:
     """Waits at the scheduler until every member is there; its answer."""
     while True:
         left = deadline - time.monotonic()
@@ -72,8 +84,18 @@ def join(calls: Calls, job_id: str, rank: int, worker: str, deadline: float, wir
             return answer
 
 
-def run_member(*, job: dict, rank: int, worker: str, fn: Callable, args: tuple, kwargs: dict, calls: Calls,
-               wiring_timeout: float, build_timeout: float | None = None) -> Any:
+def run_member(
+    *,
+    job: dict,
+    rank: int,
+    worker: str,
+    fn: Callable,
+    args: tuple,
+    kwargs: dict,
+    calls: Calls,
+    wiring_timeout: float,
+    build_timeout: float | None = None,
+) -> Any:
     """Runs ``fn(comm, *args, **kwargs)`` as ``rank`` of the in-process ``job`` in this thread.
     ``build_timeout``: how long building the communicator may take (None: no bound)."""
     job_id = job["id"]
@@ -87,17 +109,40 @@ def run_member(*, job: dict, rank: int, worker: str, fn: Callable, args: tuple, 
         if job.get("impl", "openmpi") != "openmpi" or isinstance(p, pool_mod.World):
             from .world import run_world_member
 
-            return run_world_member(job=job, rank=rank, worker=worker, fn=fn, args=args, kwargs=kwargs, calls=calls,
-                                    world=p, deadline=deadline, fail=fail, build_timeout=build_timeout)
-        return _run_pool_member(job, rank, worker, fn, args, kwargs, calls, p, deadline, wiring_timeout, fail,
-                                build_timeout)
+            return run_world_member(
+                job=job,
+                rank=rank,
+                worker=worker,
+                fn=fn,
+                args=args,
+                kwargs=kwargs,
+                calls=calls,
+                world=p,
+                deadline=deadline,
+                fail=fail,
+                build_timeout=build_timeout,
+            )
+        return _run_pool_member(
+            job, rank, worker, fn, args, kwargs, calls, p, deadline, wiring_timeout, fail, build_timeout
+        )
     finally:
         registry.leave(job_id)
 
 
-def _run_pool_member(job: dict, rank: int, worker: str, fn: Callable, args: tuple, kwargs: dict, calls: Calls,
-                     p, deadline: float, wiring_timeout: float, fail: Callable[..., MPIJobError],
-                     build_timeout: float | None) -> Any:
+def _run_pool_member(
+    job: dict,
+    rank: int,
+    worker: str,
+    fn: Callable,
+    args: tuple,
+    kwargs: dict,
+    calls: Calls,
+    p,
+    deadline: float,
+    wiring_timeout: float,
+    fail: Callable[..., MPIJobError],
+    build_timeout: float | None,
+) -> Any:
     job_id = job["id"]
     if p.namespace != job["namespace"]:
         raise fail(f"this worker is in pool {p.namespace}, the job in {job['namespace']}")
@@ -109,8 +154,12 @@ def _run_pool_member(job: dict, rank: int, worker: str, fn: Callable, args: tupl
     # No new pair communicator of the comm backend while this job builds and uses its own, and
     # none still being built when it starts (activation.py).
     if not GATE.job_begins(PAIRS_WAIT):
-        logger.warning("dask-pmix: job %s: a pair communicator of the comm backend was still being built "
-                       "after %.0f s; building the job's anyway", job_id, PAIRS_WAIT)
+        logger.warning(
+            "dask-pmix: job %s: a pair communicator of the comm backend was still being built "
+            "after %.0f s; building the job's anyway",
+            job_id,
+            PAIRS_WAIT,
+        )
     try:
         # Errors are raised after their except blocks: raised inside, they would carry the
         # exception being handled as their context (see ending.failer).

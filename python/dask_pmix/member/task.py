@@ -8,7 +8,8 @@ scheduler's pushes (dask_pmix.worker.jobs)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..protocol import Scheduler
 
@@ -29,14 +30,27 @@ def _calls(job_id: str, worker_id: str):
 
     def join(wait: float, ports: dict | None = None) -> dict:
         try:
-            return _scheduler_call(worker, Scheduler.JOIN_JOB, job_id=job_id, worker=worker_id, wait=wait,
-                                   **({"ports": ports} if ports is not None else {}))
+            return _scheduler_call(
+                worker,
+                Scheduler.JOIN_JOB,
+                job_id=job_id,
+                worker=worker_id,
+                wait=wait,
+                **({"ports": ports} if ports is not None else {}),
+            )
         except Exception as e:  # noqa: BLE001
             return {"error": f"the scheduler could not be asked: {e}"}
 
     def leave(ok: bool, reason: str, failed_ranks: list) -> Any:
-        return _scheduler_call(worker, Scheduler.LEAVE_JOB, job_id=job_id, worker=worker_id, ok=ok, reason=reason,
-                               failed_ranks=failed_ranks)
+        return _scheduler_call(
+            worker,
+            Scheduler.LEAVE_JOB,
+            job_id=job_id,
+            worker=worker_id,
+            ok=ok,
+            reason=reason,
+            failed_ranks=failed_ranks,
+        )
 
     def replace(reason: str) -> Any:
         return _scheduler_call(worker, Scheduler.REPLACE_WORKER, worker=worker.address, reason=reason)
@@ -53,8 +67,16 @@ def _function(fn: bytes | Callable) -> Callable:
     return fn
 
 
-def inprocess_rank(job: dict, rank: int, worker_id: str, fn: bytes | Callable, args: tuple, kwargs: dict,
-                   local: list | None, build_timeout: float | None = None) -> Any:
+def inprocess_rank(
+    job: dict,
+    rank: int,
+    worker_id: str,
+    fn: bytes | Callable,
+    args: tuple,
+    kwargs: dict,
+    local: list | None,
+    build_timeout: float | None = None,
+) -> Any:
     """An in-process rank: the worker process itself, in this task's thread."""
     from distributed import secede
 
@@ -64,13 +86,32 @@ def inprocess_rank(job: dict, rank: int, worker_id: str, fn: bytes | Callable, a
     fn = _function(fn)
     if local is not None:
         kwargs = {**kwargs, "local": local}
-    return run_member(job=job, rank=rank, worker=worker_id, fn=fn, args=args, kwargs=kwargs,
-                      calls=_calls(job["id"], worker_id), wiring_timeout=float(job["wiringTimeoutSeconds"]),
-                      build_timeout=build_timeout)
+    return run_member(
+        job=job,
+        rank=rank,
+        worker=worker_id,
+        fn=fn,
+        args=args,
+        kwargs=kwargs,
+        calls=_calls(job["id"], worker_id),
+        wiring_timeout=float(job["wiringTimeoutSeconds"]),
+        build_timeout=build_timeout,
+    )
 
 
-def fork_rank(job_id: str, rank: int, worker_id: str, env: dict, impl: str, fn: bytes | Callable, args: tuple,
-              kwargs: dict, timeout: float | None, local: list | None, mode_reason: str = "") -> Any:
+def fork_rank(
+    job_id: str,
+    rank: int,
+    worker_id: str,
+    env: dict,
+    impl: str,
+    fn: bytes | Callable,
+    args: tuple,
+    kwargs: dict,
+    timeout: float | None,
+    local: list | None,
+    mode_reason: str = "",
+) -> Any:
     """A fork-mode rank: a child of the worker joins the job as a new process."""
     from distributed import get_worker, secede
 
@@ -85,5 +126,16 @@ def fork_rank(job_id: str, rank: int, worker_id: str, env: dict, impl: str, fn: 
     def lost(reason: str) -> None:
         _scheduler_call(worker, Scheduler.MEMBER_LOST, job_id=job_id, worker=worker_id, reason=reason)
 
-    return run_rank(job_id=job_id, rank=rank, worker=worker_id, env=env, impl=impl, fn=fn, args=args, kwargs=kwargs,
-                    report_lost=lost, timeout=timeout, mode_reason=mode_reason)
+    return run_rank(
+        job_id=job_id,
+        rank=rank,
+        worker=worker_id,
+        env=env,
+        impl=impl,
+        fn=fn,
+        args=args,
+        kwargs=kwargs,
+        report_lost=lost,
+        timeout=timeout,
+        mode_reason=mode_reason,
+    )

@@ -62,12 +62,53 @@ class within:
 _classes: dict[type, type] = {}
 
 # Methods that do not enter the MPI library's progress (names, handles, attributes).
-_LOCAL = {"Get_size", "Get_rank", "Get_group", "Get_name", "Set_name", "Get_topology", "Is_inter", "Is_intra",
-          "Get_errhandler", "Set_errhandler", "Get_attr", "Set_attr", "Delete_attr", "Get_info", "Set_info",
-          "Is_revoked", "Revoke", "Get_failed", "Ack_failed", "Free", "free", "py2f", "f2py", "tomemory",
-          "fromhandle", "toint", "fromint", "Create_keyval", "Free_keyval", "Create_errhandler", "Call_errhandler",
-          "Get_parent", "Join", "Compare", "Abort", "handle", "group", "size", "rank", "info", "name", "topology",
-          "is_inter", "is_intra", "is_topo"}
+_LOCAL = {
+    "Get_size",
+    "Get_rank",
+    "Get_group",
+    "Get_name",
+    "Set_name",
+    "Get_topology",
+    "Is_inter",
+    "Is_intra",
+    "Get_errhandler",
+    "Set_errhandler",
+    "Get_attr",
+    "Set_attr",
+    "Delete_attr",
+    "Get_info",
+    "Set_info",
+    "Is_revoked",
+    "Revoke",
+    "Get_failed",
+    "Ack_failed",
+    "Free",
+    "free",
+    "py2f",
+    "f2py",
+    "tomemory",
+    "fromhandle",
+    "toint",
+    "fromint",
+    "Create_keyval",
+    "Free_keyval",
+    "Create_errhandler",
+    "Call_errhandler",
+    "Get_parent",
+    "Join",
+    "Compare",
+    "Abort",
+    "handle",
+    "group",
+    "size",
+    "rank",
+    "info",
+    "name",
+    "topology",
+    "is_inter",
+    "is_intra",
+    "is_topo",
+}
 
 
 def tracked(comm):
@@ -90,6 +131,7 @@ def _subclass(base: type) -> type:
                 return method(self, *args, **kwargs)
             finally:
                 leave()
+
         call.__name__ = name
         call.__qualname__ = f"{base.__name__}.{name}"
         call.__doc__ = getattr(method, "__doc__", None)
@@ -101,7 +143,10 @@ def _subclass(base: type) -> type:
             continue
         method = getattr(base, name, None)
         # Plain methods only: classmethods and static methods build new objects themselves.
-        if callable(method) and not isinstance(base.__dict__.get(name), (classmethod, staticmethod)) \
-                and type(method).__name__ in ("method_descriptor", "function", "cython_function_or_method"):
+        if (
+            callable(method)
+            and not isinstance(base.__dict__.get(name), (classmethod, staticmethod))
+            and type(method).__name__ in ("method_descriptor", "function", "cython_function_or_method")
+        ):
             namespace[name] = wrap(name, method)
     return type(base.__name__, (base,), namespace)

@@ -21,8 +21,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from ..worker import jobs
 from ..worker.activation import GATE
@@ -40,9 +41,10 @@ PROGRESS_EVERY = 0.2
 @dataclass
 class Calls:
     """The scheduler, as a member sees it; callable from a task thread."""
-    join: Callable[..., dict]               # wait seconds[, ports] -> {"ready", ...} or {"error"}
+
+    join: Callable[..., dict]  # wait seconds[, ports] -> {"ready", ...} or {"error"}
     leave: Callable[[bool, str, list], Any]  # ok, reason, job ranks seen failed
-    replace: Callable[[str], Any]           # reason: replace this worker (data moved, then restarted)
+    replace: Callable[[str], Any]  # reason: replace this worker (data moved, then restarted)
 
 
 @dataclass
@@ -84,10 +86,23 @@ class Watcher:
         self._watches: dict[str, Watch] = {}
         self._thread: threading.Thread | None = None
 
-    def watch(self, job_id: str, calls: Calls, *, build_timeout: float | None, job_timeout: float = 0.0,
-              revocable: bool = True) -> Watch:
-        w = Watch(job_id, calls, threading.get_ident(), revocable=revocable, build_timeout=build_timeout,
-                  job_timeout=job_timeout)
+    def watch(
+        self,
+        job_id: str,
+        calls: Calls,
+        *,
+        build_timeout: float | None,
+        job_timeout: float = 0.0,
+        revocable: bool = True,
+    ) -> Watch:
+        w = Watch(
+            job_id,
+            calls,
+            threading.get_ident(),
+            revocable=revocable,
+            build_timeout=build_timeout,
+            job_timeout=job_timeout,
+        )
         with self._lock:
             self._watches[job_id] = w
             if self._thread is None or not self._thread.is_alive():
@@ -137,12 +152,18 @@ class Watcher:
     def _check(self, w: Watch) -> float | None:
         """Acts on `w`; when it next needs looking at (None: only when something changes)."""
         now = time.monotonic()
-        if w.failed_at is None and w.phase == "build" and w.build_timeout is not None \
-                and now - w.phase_since > w.build_timeout:
+        if (
+            w.failed_at is None
+            and w.phase == "build"
+            and w.build_timeout is not None
+            and now - w.phase_since > w.build_timeout
+        ):
             w.failed_at = now
             building = "MPI_Comm_create_from_group" if w.revocable else "the merge tree of connect/accept"
-            reason = (f"building the job's communicator ({building}) did not finish within "
-                      f"{w.build_timeout:g} s (dask-pmix.timeouts.communicator)")
+            reason = (
+                f"building the job's communicator ({building}) did not finish within "
+                f"{w.build_timeout:g} s (dask-pmix.timeouts.communicator)"
+            )
             logger.warning("dask-pmix: job %s: %s", w.job_id, reason)
             try:
                 w.calls.leave(False, reason, [])
@@ -166,7 +187,9 @@ class Watcher:
             evidence = self._stuck(w, now)
             if evidence:
                 w.replaced = True
-                reason = f"its member of job {w.job_id} is stuck {evidence}, {now - w.failed_at:.0f} s after the job failed"
+                reason = (
+                    f"its member of job {w.job_id} is stuck {evidence}, {now - w.failed_at:.0f} s after the job failed"
+                )
                 logger.warning("dask-pmix: replacing this worker: %s", reason)
                 try:
                     w.calls.replace(reason)
@@ -174,8 +197,10 @@ class Watcher:
                     logger.warning("dask-pmix: could not ask for this worker's replacement: %r", exc)
             elif not w.left_alone_said:
                 w.left_alone_said = True
-                logger.info("dask-pmix: the member of failed job %s still runs its function, outside MPI; it is "
-                            "left to finish", w.job_id)
+                logger.info(
+                    "dask-pmix: the member of failed job %s still runs its function, outside MPI; it is left to finish",
+                    w.job_id,
+                )
         if w.replaced:
             return None
         nxt = w.failed_at + self.grace if now - w.failed_at <= self.grace else now + 1.0
@@ -213,8 +238,11 @@ def progress_for(job_id: str) -> None:
 
     if GATE.busy():
         return
+    p = pool.current()
+    if p is None:
+        return
     try:
-        MPI = pool.current().MPI
+        MPI = p.MPI
         with GATE.progress():
             req = MPI.Grequest.Start()
             try:

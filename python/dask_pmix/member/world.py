@@ -13,7 +13,8 @@ from __future__ import annotations
 import array
 import time
 import zlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..errors import MPIJobError
 from ..worker import pool as pool_mod
@@ -27,9 +28,20 @@ from .watcher import WATCHER, Calls, Watch
 _stale_ports: list[dict] = []
 
 
-def run_world_member(*, job: dict, rank: int, worker: str, fn: Callable, args: tuple, kwargs: dict, calls: Calls,
-                     world, deadline: float, fail: Callable[..., MPIJobError],
-                     build_timeout: float | None = None) -> Any:
+def run_world_member(
+    *,
+    job: dict,
+    rank: int,
+    worker: str,
+    fn: Callable,
+    args: tuple,
+    kwargs: dict,
+    calls: Calls,
+    world,
+    deadline: float,
+    fail: Callable[..., MPIJobError],
+    build_timeout: float | None = None,
+) -> Any:
     """The merge tree over the members' worlds, fn, a polled barrier."""
     job_id = job["id"]
     if not isinstance(world, pool_mod.World) or world.impl != job["impl"]:
@@ -45,8 +57,13 @@ def run_world_member(*, job: dict, rank: int, worker: str, fn: Callable, args: t
         peers = [m.get("ports") or {} for m in answer.get("ports") or []]
         if len(peers) != size:
             raise fail(f"the sidecar sent the ports of {len(peers)} members, not {size}")
-        w = WATCHER.watch(job_id, calls, build_timeout=build_timeout, job_timeout=float(job.get("timeoutSeconds") or 0),
-                          revocable=False)
+        w = WATCHER.watch(
+            job_id,
+            calls,
+            build_timeout=build_timeout,
+            job_timeout=float(job.get("timeoutSeconds") or 0),
+            revocable=False,
+        )
         tree = merge_tree.Tree(MPI, MPI.COMM_SELF)
         try:
             # Errors are raised after their except blocks: raised inside, they would carry the

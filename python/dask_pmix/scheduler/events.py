@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from ..errors import SidecarError
 from ..rest import HEARTBEAT, AsyncSidecarClient
@@ -23,9 +23,16 @@ RECONNECT_DELAY = 0.5
 
 
 class EventStream:
-    def __init__(self, rest: AsyncSidecarClient, *, gone_after: float,
-                 on_event: Callable[[str, dict], None], on_resync: Callable[[], Awaitable[None]],
-                 on_gone: Callable[[str], None], on_back: Callable[[], None]):
+    def __init__(
+        self,
+        rest: AsyncSidecarClient,
+        *,
+        gone_after: float,
+        on_event: Callable[[str, dict], None],
+        on_resync: Callable[[], Awaitable[None]],
+        on_gone: Callable[[str], None],
+        on_back: Callable[[], None],
+    ):
         self.rest = rest
         self.gone_after = max(gone_after, 2 * HEARTBEAT)
         self.on_event = on_event

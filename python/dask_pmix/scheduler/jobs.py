@@ -105,5 +105,5 @@ class JobMirror:
                 # directory): it is over.
                 self.fail_here(entry, "the sidecar no longer knows this job")
                 changed.append((entry, "running"))
-        self.frozen = {w["id"]: w.get("jobId") for w in workers if w.get("state") == "frozen" and w.get("jobId")}
+        self.frozen = {w["id"]: str(w["jobId"]) for w in workers if w.get("state") == "frozen" and w.get("jobId")}
         return changed

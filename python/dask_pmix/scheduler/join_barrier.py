@@ -12,7 +12,7 @@ ports it accepts on and needs everyone's: it joins at the sidecar itself, which 
 from __future__ import annotations
 
 import asyncio
-from typing import Callable
+from collections.abc import Callable
 
 from ..errors import SidecarError
 from ..rest import AsyncSidecarClient

@@ -55,8 +55,15 @@ class SidecarPlugin(SchedulerPlugin):
     name = SCHEDULER_PLUGIN
     idempotent = True
 
-    def __init__(self, url: str | None = None, token: str | None = None, *, sidecar_args: list[str] | None = None,
-                 sidecar_log: str | None = None, pool: bool = True):
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        sidecar_args: list[str] | None = None,
+        sidecar_log: str | None = None,
+        pool: bool = True,
+    ):
         # Read here (the client's settings) and again in start() (the scheduler's) when unset.
         self.url = url or config.get("sidecar.url")
         self.token = token or config.get("sidecar.token")
@@ -64,24 +71,31 @@ class SidecarPlugin(SchedulerPlugin):
         self.sidecar_args = list(sidecar_args or [])
         self.sidecar_log = sidecar_log
         self.embedded: EmbeddedSidecar | None = None
-        self.rest: AsyncSidecarClient | None = None
-        self.scheduler = None
+        self.rest: AsyncSidecarClient | None = None  # set by start()
+        self.scheduler: Any = None
         self.jobs = JobMirror()
         self.stream: EventStream | None = None
-        self.barriers = JoinBarriers(lambda: self.rest, self._members_of)
+        self.barriers = JoinBarriers(lambda: self.sidecar, self._members_of)
         self.replacer: Replacer | None = None
-        self._listening: set[str] = set()          # workers whose plugin handles Stream.JOB
+        self._listening: set[str] = set()  # workers whose plugin handles Stream.JOB
         self._registrations: dict[str, asyncio.Future] = {}
-        self._waiting: list[dict] = []             # job requests in the sidecar's admission line
+        self._waiting: list[dict] = []  # job requests in the sidecar's admission line
         self._settling: dict[str, asyncio.TimerHandle | None] = {}  # jobs whose every rank returned
         self._background: set[asyncio.Future] = set()
         self._closed = False
         self._state_dir: str | None = None
         self._traffic: dashboard.TrafficReport | None = None
         self._stalled: asyncio.TimerHandle | None = None
-        self._killed_why: str | None = None        # why this plugin killed the sidecar that exits next
+        self._killed_why: str | None = None  # why this plugin killed the sidecar that exits next
         self._sidecar_started: float | None = None  # when the sidecar the stream follows started
         self._restarting: asyncio.Future | None = None  # done once the embedded sidecar is back
+
+    @property
+    def sidecar(self) -> AsyncSidecarClient:
+        """The sidecar's REST client (once the plugin has started)."""
+        if self.rest is None:
+            raise SidecarError(0, "the dask-pmix plugin has not started")
+        return self.rest
 
     # The plugin is pickled on its way to the scheduler: send the configuration only.
     _CONFIG = ("url", "token", "sidecar_args", "sidecar_log", "pool")
@@ -90,8 +104,13 @@ class SidecarPlugin(SchedulerPlugin):
         return {k: self.__dict__[k] for k in self._CONFIG}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(**{k: state[k] for k in ("url", "token")}, sidecar_args=state["sidecar_args"],
-                      sidecar_log=state["sidecar_log"], pool=state.get("pool", True))
+        SidecarPlugin.__init__(
+            self,
+            **{k: state[k] for k in ("url", "token")},
+            sidecar_args=state["sidecar_args"],
+            sidecar_log=state["sidecar_log"],
+            pool=state.get("pool", True),
+        )
 
     # -- life cycle -------------------------------------------------------------------------------
     async def start(self, scheduler) -> None:
@@ -103,34 +122,44 @@ class SidecarPlugin(SchedulerPlugin):
             # fresh one (made here, on the scheduler, so it never travels in the pickled plugin).
             self.token = self.token or secrets.token_urlsafe(32)
             self._state_dir = tempfile.mkdtemp(prefix="dask-pmix-state-")
-            self.embedded = EmbeddedSidecar(token=self.token, extra_args=sidecar_argv(self.sidecar_args, scheduler.address),
-                                            log_path=self.sidecar_log or config.get("sidecar.log"),
-                                            state_dir=self._state_dir)
+            self.embedded = EmbeddedSidecar(
+                token=self.token,
+                extra_args=sidecar_argv(self.sidecar_args, scheduler.address),
+                log_path=self.sidecar_log or config.get("sidecar.log"),
+                state_dir=self._state_dir,
+            )
             self.url = await self.embedded.start()
             self.embedded.on_exit(self._sidecar_exited)
         self.rest = AsyncSidecarClient(self.url, self.token, timeout=config.seconds("timeouts.request") or 30.0)
         await self._check_sidecar()
         self.replacer = Replacer(scheduler, lambda: self.rest, self._register_soon)
-        scheduler.handlers.update({
-            Scheduler.INFO: self.info,
-            Scheduler.CREATE_JOB: self.create_job,
-            Scheduler.JOB: self.job,
-            Scheduler.RELEASE_JOB: self.release_job,
-            Scheduler.MEMBER_LOST: self.member_lost,
-            Scheduler.JOIN_POOL: self.join_pool,
-            Scheduler.LEAVE_POOL: self.leave_pool,
-            Scheduler.JOIN_JOB: self.join_job,
-            Scheduler.LEAVE_JOB: self.leave_job,
-            Scheduler.REPLACE_WORKER: self.replace_worker,
-        })
+        scheduler.handlers.update(
+            {
+                Scheduler.INFO: self.info,
+                Scheduler.CREATE_JOB: self.create_job,
+                Scheduler.JOB: self.job,
+                Scheduler.RELEASE_JOB: self.release_job,
+                Scheduler.MEMBER_LOST: self.member_lost,
+                Scheduler.JOIN_POOL: self.join_pool,
+                Scheduler.LEAVE_POOL: self.leave_pool,
+                Scheduler.JOIN_JOB: self.join_job,
+                Scheduler.LEAVE_JOB: self.leave_job,
+                Scheduler.REPLACE_WORKER: self.replace_worker,
+            }
+        )
         scheduler.stream_handlers[Stream.HELLO] = self._hello
         dashboard.install(scheduler)  # the dashboard page, /dask-pmix/
         if dashboard.enabled():  # the workers' comm counters, for the page's traffic view
-            self._traffic = dashboard.TrafficReport(scheduler, self.rest.report_traffic)
+            self._traffic = dashboard.TrafficReport(scheduler, self.sidecar.report_traffic)
             self._traffic.start()
-        self.stream = EventStream(self.rest, gone_after=config.seconds("timeouts.sidecar-gone") or 10.0,
-                                  on_event=self._event, on_resync=self._resync, on_gone=self._sidecar_gone,
-                                  on_back=lambda: None)
+        self.stream = EventStream(
+            self.rest,
+            gone_after=config.seconds("timeouts.sidecar-gone") or 10.0,
+            on_event=self._event,
+            on_resync=self._resync,
+            on_gone=self._sidecar_gone,
+            on_back=lambda: None,
+        )
         self.stream.start()
         for address in list(scheduler.workers):
             self._register_soon(address)
@@ -143,15 +172,21 @@ class SidecarPlugin(SchedulerPlugin):
     async def _check_sidecar(self) -> None:
         """Fails the scheduler's start with what to do when the sidecar cannot serve it."""
         try:
-            await self.rest.health(timeout=10)
+            await self.sidecar.health(timeout=10)
         except SidecarError as e:
-            raise SidecarError(0, f"cannot reach the dask-pmix sidecar at {self.url} ({e.message}): start it "
-                                  "(dask-pmix serve) or fix dask-pmix.sidecar.url, or leave that unset so that "
-                                  "the plugin starts its own") from None
-        if not await self.rest.token_accepted():
-            raise SidecarError(401, f"the dask-pmix sidecar at {self.url} refuses "
-                                    f"{'this' if self.token else 'a missing'} token: set dask-pmix.sidecar.token "
-                                    "(or DASK_DASK_PMIX__SIDECAR__TOKEN) to the token the sidecar was started with")
+            raise SidecarError(
+                0,
+                f"cannot reach the dask-pmix sidecar at {self.url} ({e.message}): start it "
+                "(dask-pmix serve) or fix dask-pmix.sidecar.url, or leave that unset so that "
+                "the plugin starts its own",
+            ) from None
+        if not await self.sidecar.token_accepted():
+            raise SidecarError(
+                401,
+                f"the dask-pmix sidecar at {self.url} refuses "
+                f"{'this' if self.token else 'a missing'} token: set dask-pmix.sidecar.token "
+                "(or DASK_DASK_PMIX__SIDECAR__TOKEN) to the token the sidecar was started with",
+            )
 
     async def close(self) -> None:
         # From here on membership changes are the scheduler's own shutdown: nothing to tell the
@@ -185,7 +220,8 @@ class SidecarPlugin(SchedulerPlugin):
         if self._closed:
             return
         why, self._killed_why = self._killed_why, None
-        self.stream.gone_now(why or f"the dask-pmix sidecar exited (status {status})")
+        if self.stream is not None:
+            self.stream.gone_now(why or f"the dask-pmix sidecar exited (status {status})")
         self._restarting = asyncio.get_running_loop().create_future()
         self._soon(self._restart_sidecar())
 
@@ -208,8 +244,11 @@ class SidecarPlugin(SchedulerPlugin):
         embedded.on_exit(self._sidecar_exited)
         for address in list(self.scheduler.workers):
             self._register_soon(address)
-        logger.warning("dask-pmix: the sidecar is back (restart %d); %d workers registered again", embedded.restarts,
-                       len(self.scheduler.workers))
+        logger.warning(
+            "dask-pmix: the sidecar is back (restart %d); %d workers registered again",
+            embedded.restarts,
+            len(self.scheduler.workers),
+        )
         await self._registered()
         await self._tell_workers_sidecar_restarted()
 
@@ -218,7 +257,7 @@ class SidecarPlugin(SchedulerPlugin):
         session is not in the new sidecar's pool leaves it and asks to be replaced (its data moved
         first)."""
         try:
-            seats = [w.get("pool") or {} for w in await self.rest.workers()]
+            seats = [w.get("pool") or {} for w in await self.sidecar.workers()]
         except SidecarError as e:
             logger.warning("dask-pmix: could not read the new sidecar's pool: %s", e)
             return
@@ -242,7 +281,9 @@ class SidecarPlugin(SchedulerPlugin):
                 self._job_changed(*self.jobs.apply(job))
         elif kind == "memberStateChanged":
             changed = body.get("memberStateChanged") or {}
-            entry = self.jobs.member_changed(changed.get("jobId", ""), changed.get("workerId", ""), changed.get("to", ""))
+            entry = self.jobs.member_changed(
+                changed.get("jobId", ""), changed.get("workerId", ""), changed.get("to", "")
+            )
             # Members that left a failed job keep MPI progressing until the others have left too.
             if entry is not None and not entry.active:
                 self._push(entry)
@@ -265,9 +306,12 @@ class SidecarPlugin(SchedulerPlugin):
         if status != "pmix-stalled" or self._closed:
             return
         bound = config.seconds("timeouts.pmix-stalled") or 30.0
-        logger.error("dask-pmix: the sidecar's PMIx server has stopped progressing; %s",
-                     f"it is restarted if it still has not in {bound:g} s" if self.embedded is not None
-                     else "an external sidecar must be restarted by whoever runs it")
+        logger.error(
+            "dask-pmix: the sidecar's PMIx server has stopped progressing; %s",
+            f"it is restarted if it still has not in {bound:g} s"
+            if self.embedded is not None
+            else "an external sidecar must be restarted by whoever runs it",
+        )
         if self.embedded is not None:
             self._stalled = asyncio.get_running_loop().call_later(bound, self._kill_stalled, stalled_for + bound)
 
@@ -275,14 +319,18 @@ class SidecarPlugin(SchedulerPlugin):
         self._stalled = None
         proc = self.embedded.proc if self.embedded is not None else None
         if proc is not None and proc.poll() is None:
-            logger.error("dask-pmix: the sidecar's PMIx server is still stalled; killing the sidecar to start a new one")
+            logger.error(
+                "dask-pmix: the sidecar's PMIx server is still stalled; killing the sidecar to start a new one"
+            )
             # The running jobs fail with this reason when the exit is seen (_sidecar_exited).
-            self._killed_why = (f"the dask-pmix sidecar's PMIx server stalled (no progress for {seconds:.0f} s); "
-                                "the sidecar was killed and a new one started in its place")
+            self._killed_why = (
+                f"the dask-pmix sidecar's PMIx server stalled (no progress for {seconds:.0f} s); "
+                "the sidecar was killed and a new one started in its place"
+            )
             proc.kill()  # a wedged libpmix never finalizes: its exit is what the plugin restarts on
 
     async def _resync(self) -> None:
-        health = await self.rest.health()
+        health = await self.sidecar.health()
         started = time.time() - float(health.get("uptimeSeconds") or 0)
         restarted = self._sidecar_started is not None and abs(started - self._sidecar_started) > 5
         self._sidecar_started = started
@@ -292,8 +340,9 @@ class SidecarPlugin(SchedulerPlugin):
             for address in list(self.scheduler.workers):
                 self._register_soon(address)
             self._soon(self._registered()).add_done_callback(
-                lambda _: self._soon(self._tell_workers_sidecar_restarted()))
-        jobs, workers = await asyncio.gather(self.rest.jobs(), self.rest.workers())
+                lambda _: self._soon(self._tell_workers_sidecar_restarted())
+            )
+        jobs, workers = await asyncio.gather(self.sidecar.jobs(), self.sidecar.workers())
         for entry, before in self.jobs.reset(jobs, workers):
             self._job_changed(entry, before)
         self.barriers.wake()
@@ -321,8 +370,9 @@ class SidecarPlugin(SchedulerPlugin):
                 except Exception:  # noqa: BLE001 - a worker going away: Dask handles that
                     pass
         if to_owner and entry.owner:
-            self.scheduler.report({"op": "event", "topic": Topic.JOB, "event": (time.time(), entry.view)},
-                                  client=entry.owner)
+            self.scheduler.report(
+                {"op": "event", "topic": Topic.JOB, "event": (time.time(), entry.view)}, client=entry.owner
+            )
 
     def _sidecar_gone(self, reason: str) -> None:
         for entry in self.jobs.active():
@@ -351,7 +401,7 @@ class SidecarPlugin(SchedulerPlugin):
             if pending is not None:
                 await asyncio.wait([pending])
             try:
-                await self.rest.remove_worker(worker)
+                await self.sidecar.remove_worker(worker)
             except SidecarError as e:
                 if e.status != 404:
                     logger.warning("dask-pmix: could not remove worker %s: %s", worker, e)
@@ -378,7 +428,7 @@ class SidecarPlugin(SchedulerPlugin):
 
         async def register() -> None:
             try:
-                await self.rest.register_worker(body)
+                await self.sidecar.register_worker(body)
             except SidecarError as e:
                 if e.status != 409:  # already known: a re-registration after a restart
                     logger.warning("dask-pmix: could not register worker %s: %s", address, e)
@@ -423,7 +473,7 @@ class SidecarPlugin(SchedulerPlugin):
     async def _complete(self, job_id: str) -> None:
         """Every rank of the in-process job returned: its members leave it, all at once."""
         try:
-            job = await self.rest.complete_job(job_id)
+            job = await self.sidecar.complete_job(job_id)
         except SidecarError as e:
             if e.status not in (404, 409):
                 logger.warning("dask-pmix: could not complete job %s: %s", job_id, e)
@@ -434,12 +484,14 @@ class SidecarPlugin(SchedulerPlugin):
         self._settling.pop(job_id, None)
         entry = self.jobs.get(job_id)
         if entry is not None and entry.active:
-            self._soon(self._end(job_id, f"every rank returned, but the job was still {entry.state} {SETTLE:g} s later"))
+            self._soon(
+                self._end(job_id, f"every rank returned, but the job was still {entry.state} {SETTLE:g} s later")
+            )
 
     async def _end(self, job_id: str, why: str) -> dict:
         """Ends the job now (aborted, its members given back)."""
         try:
-            job = await self.rest.delete_job(job_id)
+            job = await self.sidecar.delete_job(job_id)
         except SidecarError as e:
             return {"id": job_id, "error": str(e)}
         if job:
@@ -464,7 +516,7 @@ class SidecarPlugin(SchedulerPlugin):
             need = max(need, int((request.get("selector") or {}).get("count") or 0))
         allowed = [ws for ws in workers if ws.address not in keep]
         spare = len(scheduler.workers) - need
-        return allowed[:max(0, min(len(allowed), spare))]
+        return allowed[: max(0, min(len(allowed), spare))]
 
     def frozen_workers(self) -> set[str]:
         return set(self.jobs.frozen) | {w for e in self.jobs.active() for w in e.workers}
@@ -475,10 +527,20 @@ class SidecarPlugin(SchedulerPlugin):
         # anyway (run_on_scheduler), so they learn nothing they could not read from this object.
         return {"url": self.url, "token": self.token, "embedded": self.embedded is not None}
 
-    async def create_job(self, workers: list[str] | None = None, n: int | None = None, pset: str | None = None,
-                         impl: str = "openmpi", owner: str | None = None, timeout: float | None = None,
-                         wiring_timeout: float | None = None, labels: dict | None = None,
-                         placement: str | None = None, mode: str | None = None, strict: bool = False) -> dict:
+    async def create_job(
+        self,
+        workers: list[str] | None = None,
+        n: int | None = None,
+        pset: str | None = None,
+        impl: str = "openmpi",
+        owner: str | None = None,
+        timeout: float | None = None,
+        wiring_timeout: float | None = None,
+        labels: dict | None = None,
+        placement: str | None = None,
+        mode: str | None = None,
+        strict: bool = False,
+    ) -> dict:
         unusable = _membership_mistake(self.scheduler, workers, n)
         if unusable:
             return {"error": unusable, "status": 422}
@@ -511,7 +573,9 @@ class SidecarPlugin(SchedulerPlugin):
             request["labels"] = {str(k): str(v) for k, v in labels.items()}
         self._waiting.append(request)
         try:
-            job = await self._while_reachable(lambda: self.rest.create_job(request, wait=config.seconds("timeouts.admission")))
+            job = await self._while_reachable(
+                lambda: self.sidecar.create_job(request, wait=config.seconds("timeouts.admission"))
+            )
         except SidecarError as e:
             return {"error": str(e), "status": e.status}
         finally:
@@ -521,7 +585,7 @@ class SidecarPlugin(SchedulerPlugin):
             # In-process members need no environment: they are in the pool already.
             fork = job.get("mode") == "fork"
             members = [m["workerId"] for m in job.get("members", [])] if fork else []
-            answers = await asyncio.gather(*(self.rest.member_env(job["id"], m) for m in members))
+            answers = await asyncio.gather(*(self.sidecar.member_env(job["id"], m) for m in members))
             envs = {m: a["env"] for m, a in zip(members, answers)}
         except SidecarError as e:
             # Nobody will run this job: give its members back now, not after the wiring timeout.
@@ -557,7 +621,7 @@ class SidecarPlugin(SchedulerPlugin):
         if entry is not None and entry.failed_here:
             return {"id": job_id, **entry.view}
         try:
-            return await self.rest.job(job_id)
+            return await self.sidecar.job(job_id)
         except SidecarError as e:
             if e.status == 404:
                 return {"id": job_id, "state": "failed", "error": "the sidecar does not know this job"}
@@ -573,7 +637,7 @@ class SidecarPlugin(SchedulerPlugin):
     async def member_lost(self, job_id: str, worker: str, reason: str) -> dict | None:
         """A worker reports that its rank's process is gone (it killed it, or it died)."""
         try:
-            return await self.rest.member_lost(job_id, worker, reason)
+            return await self.sidecar.member_lost(job_id, worker, reason)
         except SidecarError as e:
             return {"id": job_id, "error": str(e)}
 
@@ -585,15 +649,23 @@ class SidecarPlugin(SchedulerPlugin):
             return {"error": f"job {job_id} {entry.state}: {entry.view.get('error') or ''}".rstrip(": "), "status": 409}
         return await self.barriers.join(job_id, worker, wait, ports)
 
-    async def leave_job(self, job_id: str, worker: str, ok: bool, reason: str = "",
-                        failed_ranks: list | None = None) -> dict:
+    async def leave_job(
+        self, job_id: str, worker: str, ok: bool, reason: str = "", failed_ranks: list | None = None
+    ) -> dict:
         try:
-            return await self.rest.leave_job(job_id, worker, bool(ok), reason, failed_ranks or [])
+            return await self.sidecar.leave_job(job_id, worker, bool(ok), reason, failed_ranks or [])
         except SidecarError as e:
             return {"error": str(e), "status": e.status}
 
-    async def join_pool(self, worker: str, host: str = "", pid: int = 0, uid: int | None = None,
-                        gid: int | None = None, impl: str | None = None) -> dict:
+    async def join_pool(
+        self,
+        worker: str,
+        host: str = "",
+        pid: int = 0,
+        uid: int | None = None,
+        gid: int | None = None,
+        impl: str | None = None,
+    ) -> dict:
         """A worker process joins the pool, saying who it is (its own host, pid, uid, gid) and, for
         MPICH / Intel MPI, which library it runs (it then joins as a world of its own). The first
         epoch's answer waits while the workers that start together gather into cohorts."""
@@ -610,19 +682,21 @@ class SidecarPlugin(SchedulerPlugin):
         if self._closed:
             return {"error": "the scheduler is closing", "status": 503}
         try:
-            return await self.rest.join_pool(worker, identity)
+            return await self.sidecar.join_pool(worker, identity)
         except SidecarError as e:
             return {"error": str(e), "status": e.status}
 
     async def leave_pool(self, worker: str, reason: str) -> dict:
         await self._registered([worker])
         try:
-            return await self.rest.leave_pool(worker, reason)
+            return await self.sidecar.leave_pool(worker, reason)
         except SidecarError as e:
             return {"error": str(e), "status": e.status}
 
     async def replace_worker(self, worker: str, reason: str) -> dict:
         """A worker that cannot serve MPI jobs any more asks to be replaced (dask_pmix.scheduler.replace)."""
+        if self.replacer is None:
+            return {"error": "the dask-pmix plugin has not started", "status": 503}
         return self.replacer.replace(worker, reason)
 
 
@@ -630,12 +704,16 @@ def _membership_mistake(scheduler, workers: list[str] | None, n: int | None) -> 
     """What is wrong with the members asked for, said so that the caller knows what to do."""
     have = len(scheduler.workers)
     if n is not None and n > have:
-        return (f"the job asks for {n} members but the cluster has {have} worker{'s' * (have != 1)}: ask for at most "
-                f"{have}, or add workers first (cluster.scale(...), or start more `dask worker`s)")
+        return (
+            f"the job asks for {n} members but the cluster has {have} worker{'s' * (have != 1)}: ask for at most "
+            f"{have}, or add workers first (cluster.scale(...), or start more `dask worker`s)"
+        )
     unknown = [w for w in workers or [] if w not in scheduler.workers]
     if unknown:
-        return (f"{', '.join(unknown)} {'is not a worker' if len(unknown) == 1 else 'are not workers'} of this "
-                "cluster: pass addresses from client.scheduler_info()['workers']")
+        return (
+            f"{', '.join(unknown)} {'is not a worker' if len(unknown) == 1 else 'are not workers'} of this "
+            "cluster: pass addresses from client.scheduler_info()['workers']"
+        )
     return None
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from ..errors import SidecarError
 from ..rest import AsyncSidecarClient
@@ -27,8 +27,7 @@ RESTART_WITHIN = 120.0
 
 
 class Replacer:
-    def __init__(self, scheduler, rest: Callable[[], AsyncSidecarClient | None],
-                 register: Callable[[str], None]):
+    def __init__(self, scheduler, rest: Callable[[], AsyncSidecarClient | None], register: Callable[[str], None]):
         self.scheduler = scheduler
         self.rest = rest
         self.register = register
@@ -55,8 +54,9 @@ class Replacer:
     def _record(self, worker: str, reason: str, outcome: str) -> None:
         self.replaced.append({"worker": worker, "reason": reason, "outcome": outcome, "time": time.time()})
         del self.replaced[:-256]
-        self.scheduler.log_event("dask-pmix", {"action": "replace-worker", "worker": worker, "reason": reason,
-                                               "outcome": outcome})
+        self.scheduler.log_event(
+            "dask-pmix", {"action": "replace-worker", "worker": worker, "reason": reason, "outcome": outcome}
+        )
 
     async def _replace(self, worker: str, reason: str) -> None:
         try:
@@ -75,20 +75,28 @@ class Replacer:
                 stimulus = f"dask-pmix-replace-{time.time()}"
                 try:
                     retired = await asyncio.wait_for(
-                        self.scheduler.retire_workers([worker], close_workers=False, remove=False, stimulus_id=stimulus),
-                        RETIRE_WITHIN)
+                        self.scheduler.retire_workers(
+                            [worker], close_workers=False, remove=False, stimulus_id=stimulus
+                        ),
+                        RETIRE_WITHIN,
+                    )
                 except asyncio.TimeoutError:
                     retired = {}
                 if worker not in retired:
                     if worker in self.scheduler.workers:
-                        logger.error("dask-pmix: the data of worker %s could not be moved to other workers; it is not "
-                                     "restarted and serves Dask outside the MPI pool (%s)", worker, reason)
+                        logger.error(
+                            "dask-pmix: the data of worker %s could not be moved to other workers; it is not "
+                            "restarted and serves Dask outside the MPI pool (%s)",
+                            worker,
+                            reason,
+                        )
                         self._record(worker, reason, "kept: its data could not be moved")
                         self.register(worker)
                     return
                 # Waits for the new process to be back: it is where the next replacement's data goes.
-                await self.scheduler.restart_workers([worker], timeout=RESTART_WITHIN, wait_for_workers=True,
-                                                     on_error="return", stimulus_id=stimulus)
+                await self.scheduler.restart_workers(
+                    [worker], timeout=RESTART_WITHIN, wait_for_workers=True, on_error="return", stimulus_id=stimulus
+                )
                 logger.warning("dask-pmix: worker %s was retired (its data moved) and restarted", worker)
                 self._record(worker, reason, "data moved, restarted")
         except asyncio.CancelledError:

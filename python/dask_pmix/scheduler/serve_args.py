@@ -29,7 +29,10 @@ def _serve_args_for(scheduler_address: str) -> list[str]:
     if ip is not None and not (ip.is_loopback or ip.is_unspecified or ip.version != 4):
         pmix, pmi = pmix or str(ip), pmi or str(ip)
     pool, cohort, cohort_max = config.get("pool.size"), config.seconds("pool.cohort"), config.seconds("pool.cohort-max")
-    return [*(["--pmix-if", pmix] if pmix else []), *(["--pmi-host", pmi] if pmi else []),
-            *(["--pool-size", str(int(pool))] if pool else []),
-            *(["--pool-cohort", f"{cohort:g}"] if cohort is not None else []),
-            *(["--pool-cohort-max", f"{cohort_max:g}"] if cohort_max is not None else [])]
+    return [
+        *(["--pmix-if", pmix] if pmix else []),
+        *(["--pmi-host", pmi] if pmi else []),
+        *(["--pool-size", str(int(pool))] if pool else []),
+        *(["--pool-cohort", f"{cohort:g}"] if cohort is not None else []),
+        *(["--pool-cohort-max", f"{cohort_max:g}"] if cohort_max is not None else []),
+    ]

@@ -12,7 +12,8 @@ import shlex
 import signal
 import socket
 import subprocess
-from typing import Callable
+from collections.abc import Callable
+from typing import Any
 
 from .. import config
 from ..errors import SidecarError
@@ -70,8 +71,15 @@ class EmbeddedSidecar:
     restarted sidecar finds what the previous one knew.
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int | None = None, token: str | None = None,
-                 extra_args: list[str] | None = None, log_path: str | None = None, state_dir: str | None = None):
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        token: str | None = None,
+        extra_args: list[str] | None = None,
+        log_path: str | None = None,
+        state_dir: str | None = None,
+    ):
         self.host = host
         self.port = port or free_port(host)
         self.token = token
@@ -93,18 +101,36 @@ class EmbeddedSidecar:
         timeout = timeout or config.seconds("timeouts.start") or 120.0
         state = ["--state-dir", self.state_dir] if self.state_dir else []
         ready_r, ready_w = os.pipe()
-        args, env = serve_command(["serve", "--host", self.host, "--port", str(self.port),
-                                   "--parent-pid", str(os.getpid()), "--ready-fd", str(ready_w), *state,
-                                   *self.extra_args])
+        args, env = serve_command(
+            [
+                "serve",
+                "--host",
+                self.host,
+                "--port",
+                str(self.port),
+                "--parent-pid",
+                str(os.getpid()),
+                "--ready-fd",
+                str(ready_w),
+                *state,
+                *self.extra_args,
+            ]
+        )
         env.pop("DASK_PMIX_TOKEN_FILE", None)
         if self.token:
             env["DASK_PMIX_TOKEN"] = self.token
         else:
             env.pop("DASK_PMIX_TOKEN", None)
-        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        out: Any = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         try:
-            self.proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT if self.log_path else None,
-                                         start_new_session=True, pass_fds=(ready_w,))
+            self.proc = subprocess.Popen(
+                args,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT if self.log_path else None,
+                start_new_session=True,
+                pass_fds=(ready_w,),
+            )
         finally:
             os.close(ready_w)
             if out is not subprocess.DEVNULL:
@@ -118,6 +144,7 @@ class EmbeddedSidecar:
         finally:
             os.close(ready_r)
         if b"listening on" not in line:
+            assert self._exited is not None and self.proc is not None
             await asyncio.wait([self._exited], timeout=5)
             status = self.proc.poll()
             raise SidecarError(0, f"dask-pmix serve exited with {status} during start-up")
@@ -126,6 +153,7 @@ class EmbeddedSidecar:
     def _watch_exit(self, loop: asyncio.AbstractEventLoop) -> None:
         """Settles self._exited with the exit status when the process ends (reaping it)."""
         proc, exited = self.proc, loop.create_future()
+        assert proc is not None
         self._exited = exited
 
         def reap() -> None:

@@ -30,9 +30,8 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
-
 
 # How long progress stays held back by one communicator's construction. An activation takes
 # milliseconds; a construction still running after this is stuck for another reason (a peer that
@@ -46,12 +45,12 @@ class Gate:
         self._cond = threading.Condition()
         self._hold = hold
         self._builds: dict[int, tuple[float, int]] = {}  # communicators being built now: token -> (start, thread)
-        self._abandoned: set[int] = set()     # threads whose constructions no longer count (abandon)
+        self._abandoned: set[int] = set()  # threads whose constructions no longer count (abandon)
         self._tokens = itertools.count()
-        self._arriving = 0      # builders waiting for the progress sections to end
-        self._progressing = 0   # progress sections running now
-        self._jobs = 0          # in-process jobs building or using their communicator here
-        self._pairs: dict[int, float] = {}    # pair communicators agreed on, not built: token -> when
+        self._arriving = 0  # builders waiting for the progress sections to end
+        self._progressing = 0  # progress sections running now
+        self._jobs = 0  # in-process jobs building or using their communicator here
+        self._pairs: dict[int, float] = {}  # pair communicators agreed on, not built: token -> when
 
     @contextmanager
     def building(self) -> Iterator[None]:

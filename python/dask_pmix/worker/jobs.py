@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 import os
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from ..protocol import FAILED_STATES
 

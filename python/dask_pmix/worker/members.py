@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 _cond = threading.Condition()
 _running: dict[str, int] = {}  # job id -> members of it running here now

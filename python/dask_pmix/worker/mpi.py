@@ -54,6 +54,8 @@ def load(impl: str):
         raise WorkerMPIError(f"mpi4py on this worker cannot load an MPI library ({why}): {install}") from None
     have = library_name(MPI)
     if FAMILY.get(have, have) != FAMILY.get(impl, impl):
-        raise WorkerMPIError(f"the job is for {impl}, but mpi4py on this worker loads {have}: run the job with "
-                             f"impl='{have}', or {install}")
+        raise WorkerMPIError(
+            f"the job is for {impl}, but mpi4py on this worker loads {have}: run the job with "
+            f"impl='{have}', or {install}"
+        )
     return MPI

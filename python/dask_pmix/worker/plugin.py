@@ -3,10 +3,10 @@
 
 At worker start (in the background, never on the event loop) it checks which MPI library the
 worker's mpi4py loads: from the installed wheel, or else in a subprocess (loading it in the worker
-would stop fork-mode ranks from starting cleanly if the pool cannot be used). For Open MPI it tells the sidecar, through the
-scheduler, who the worker process is (its own host, pid, uid and gid) and gets its pool rank and
-environment; then it initialises the one MPI session of the process's life (dask_pmix.pool). When
-the worker closes, the session is finalized.
+would stop fork-mode ranks from starting cleanly if the pool cannot be used). For Open MPI it tells
+the sidecar, through the scheduler, who the worker process is (its own host, pid, uid and gid) and
+gets its pool rank and environment; then it initialises the one MPI session of the process's life
+(dask_pmix.pool). When the worker closes, the session is finalized.
 
 The scheduler plugin (SidecarPlugin) installs this plugin on every worker, those that join later
 included; with ``SidecarPlugin(pool=False)`` the workers do not join the pool (``join=False``).
@@ -24,7 +24,8 @@ from distributed.comm.core import CommClosedError
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from ..protocol import WORKER_PLUGIN, Scheduler, Stream
-from . import jobs, members, mpi as worker_mpi, pool
+from . import jobs, members, pool
+from . import mpi as worker_mpi
 from .library import installed_library, pool_capable, pool_impl, probe_library
 
 logger = logging.getLogger("dask_pmix")
@@ -53,7 +54,8 @@ class PoolPlugin(WorkerPlugin):
     def setup(self, worker) -> None:
         worker.stream_handlers[Stream.JOB] = jobs.update
         worker.stream_handlers[Stream.SIDECAR_RESTARTED] = lambda namespaces=(), **_: self._sidecar_restarted(
-            worker, set(namespaces))
+            worker, set(namespaces)
+        )
         # From now on the scheduler may push this worker's jobs to it (an operation a worker has
         # no handler for would close its stream).
         worker.batched_stream.send({"op": Stream.HELLO})
@@ -131,7 +133,9 @@ class PoolPlugin(WorkerPlugin):
             reason = None
             impl = "openmpi"
             try:
-                version = installed_library() or await asyncio.to_thread(probe_library)
+                version = installed_library()
+                if version is None:
+                    version = await asyncio.to_thread(probe_library)
                 impl = pool_impl(version)
                 reason = pool_capable(version)
             except Exception as e:  # noqa: BLE001
@@ -151,8 +155,13 @@ class PoolPlugin(WorkerPlugin):
             deadline, pause = loop.time() + JOIN_RETRY_FOR, 0.5
             while True:
                 answer = await getattr(worker.scheduler, Scheduler.JOIN_POOL)(
-                    worker=worker.address, host=urlparse(worker.address).hostname or "", pid=os.getpid(),
-                    uid=os.getuid(), gid=os.getgid(), **({"impl": impl} if impl != "openmpi" else {}))
+                    worker=worker.address,
+                    host=urlparse(worker.address).hostname or "",
+                    pid=os.getpid(),
+                    uid=os.getuid(),
+                    gid=os.getgid(),
+                    **({"impl": impl} if impl != "openmpi" else {}),
+                )
                 # The sidecar restarting (unreachable, or not taking joins yet): ask again, a while.
                 if "error" not in answer or answer.get("status") not in (0, 503) or loop.time() + pause > deadline:
                     break
@@ -161,33 +170,50 @@ class PoolPlugin(WorkerPlugin):
             if "error" in answer:
                 logger.warning("dask-pmix: this worker cannot join the MPI pool: %s", answer["error"])
                 return
-            pool.start(answer["pool"], answer["env"], address=urlparse(worker.address).hostname,
-                       interfaces=getattr(self, "interfaces", None))
+            pool.start(
+                answer["pool"],
+                answer["env"],
+                address=urlparse(worker.address).hostname,
+                interfaces=getattr(self, "interfaces", None),
+            )
             await asyncio.to_thread(pool.current, self.session_timeout)
             st = pool.status()
             if st["state"] != "ready":
-                reason = st["reason"] if st["state"] == "failed" else f"the MPI session did not start within {self.session_timeout:.0f} s"
+                reason = (
+                    st["reason"]
+                    if st["state"] == "failed"
+                    else f"the MPI session did not start within {self.session_timeout:.0f} s"
+                )
                 await self._leave(worker, f"its MPI session failed: {reason}")
                 if len(answer["pool"].get("localPeers") or ()) > 1 and worker.nanny:
                     # A cohort member's session fails when a peer declared on its node never
                     # initialised (Open MPI waits 2 s for each). This process cannot initialise
                     # MPI again; a fresh one joins the pool alone, as any later worker does.
-                    logger.warning("dask-pmix: this worker's MPI session failed in its cohort; restarting it to "
-                                   "join the pool alone: %s", reason)
+                    logger.warning(
+                        "dask-pmix: this worker's MPI session failed in its cohort; restarting it to "
+                        "join the pool alone: %s",
+                        reason,
+                    )
                     await getattr(worker.scheduler, Scheduler.REPLACE_WORKER)(
-                        worker=worker.address, reason=f"its MPI session failed in its cohort: {reason}")
+                        worker=worker.address, reason=f"its MPI session failed in its cohort: {reason}"
+                    )
                 else:
                     logger.warning("dask-pmix: this worker's MPI session failed; its jobs run in fork mode: %s", reason)
             else:
                 if impl == "openmpi":
-                    logger.info("dask-pmix: this worker is rank %s of MPI pool %s", answer["pool"]["rank"],
-                                answer["pool"]["namespace"])
+                    logger.info(
+                        "dask-pmix: this worker is rank %s of MPI pool %s",
+                        answer["pool"]["rank"],
+                        answer["pool"]["namespace"],
+                    )
                 else:
                     logger.info("dask-pmix: this worker is %s world %s", impl, answer["pool"]["namespace"])
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - the worker goes on without the pool
-            if worker.status.name not in ("init", "starting", "running", "paused") or isinstance(e, (CommClosedError, OSError)):
+            if worker.status.name not in ("init", "starting", "running", "paused") or isinstance(
+                e, (CommClosedError, OSError)
+            ):
                 # The scheduler or this worker is closing: nothing to report.
                 logger.debug("dask-pmix: joining the MPI pool stopped: %r", e)
             else:

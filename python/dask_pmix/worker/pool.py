@@ -47,8 +47,9 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from .activation import GATE
 
@@ -58,12 +59,12 @@ _environ_before: dict[str, str] | None = None
 
 _cond = threading.Condition()
 _state: dict[str, Any] = {"state": "absent", "reason": "this process has not joined a pool"}
-_pool: "Pool | None" = None
+_pool: Pool | World | None = None
 # A session whose PMIx server went away: it serves no new job, but is still finalized at close.
-_orphan: "Pool | None" = None
+_orphan: Pool | World | None = None
 _lost = threading.Event()
 _on_close: list[Callable[[], Any]] = []
-_keep_open: list[str] = []   # why the session must not be finalized (see keep_session)
+_keep_open: list[str] = []  # why the session must not be finalized (see keep_session)
 
 
 @dataclass
@@ -95,20 +96,21 @@ class Pool:
 @dataclass
 class World:
     """This MPICH / Intel MPI process as an MPI world of its own, for the process's life."""
+
     impl: str
-    namespace: str                 # the world's PMI kvsname
+    namespace: str  # the world's PMI kvsname
     MPI: Any
-    init_seconds: float = 0.0      # MPI_Init_thread, once per process
+    init_seconds: float = 0.0  # MPI_Init_thread, once per process
     epoch: int = 0
     rank: int = 0
-    pmi_fd: int | None = None      # the PMI connection MPI speaks on (pmi_connect.bind)
+    pmi_fd: int | None = None  # the PMI connection MPI speaks on (pmi_connect.bind)
     # MPI_Finalize runs on the thread that called MPI_Init_thread (MPI-4.1 11.2.2: "MPI_FINALIZE
     # ... should be called by the same thread that initialized MPI"); that thread waits for this.
     _finalize: threading.Event = field(default_factory=threading.Event, repr=False)
     _finalized: threading.Event = field(default_factory=threading.Event, repr=False)
 
 
-def current(wait: float | None = None) -> "Pool | World | None":
+def current(wait: float | None = None) -> Pool | World | None:
     """This process's pool, or None. With ``wait``, waits that long for a session that is still
     being initialised (the worker plugin starts it in the background)."""
     with _cond:
@@ -151,7 +153,7 @@ def loaded() -> bool:
     return "mpi4py.MPI" in sys.modules
 
 
-def _set(state: str, reason: str = "", pool: Pool | None = None) -> None:
+def _set(state: str, reason: str = "", pool: Pool | World | None = None) -> None:
     global _pool
     with _cond:
         _state.clear()
@@ -219,8 +221,9 @@ def _resolve(host: str) -> str:
         return host
 
 
-def start(seat: dict, env: dict[str, str], address: str | None = None,
-          interfaces: str | Sequence[str] | None = None) -> threading.Thread:
+def start(
+    seat: dict, env: dict[str, str], address: str | None = None, interfaces: str | Sequence[str] | None = None
+) -> threading.Thread:
     """Sets the pool rank's environment and initialises the session in a background thread.
     Called once per process (by the worker plugin); ``current(wait=...)`` waits for it (an MPICH
     world's thread lives on after that, as MPI's main thread, until ``close()``).
@@ -274,9 +277,19 @@ def _initialise(seat: dict) -> None:
             raise RuntimeError(f"the MPI library gave thread level {level}, not MPI_THREAD_MULTIPLE")
         if _lost.is_set():
             raise RuntimeError(SERVER_LOST)
-        _set("ready", pool=Pool(epoch=int(seat.get("epoch", 0)), namespace=seat["namespace"], rank=int(seat["rank"]),
-                                MPI=MPI, session=session, world=world, init_seconds=time.perf_counter() - t0,
-                                local_peers=tuple(int(r) for r in seat.get("localPeers") or ())))
+        _set(
+            "ready",
+            pool=Pool(
+                epoch=int(seat.get("epoch", 0)),
+                namespace=seat["namespace"],
+                rank=int(seat["rank"]),
+                MPI=MPI,
+                session=session,
+                world=world,
+                init_seconds=time.perf_counter() - t0,
+                local_peers=tuple(int(r) for r in seat.get("localPeers") or ()),
+            ),
+        )
     except BaseException as exc:  # noqa: BLE001 - reported, and the worker goes on in fork mode
         _set("failed", f"{type(exc).__name__}: {exc}")
 
@@ -324,8 +337,13 @@ def _initialise_world(seat: dict) -> None:
         MPI.COMM_WORLD.Set_errhandler(MPI.ERRORS_RETURN)
         MPI.COMM_SELF.Set_errhandler(MPI.ERRORS_RETURN)
         _unlink_own_segments()
-        world = World(impl=seat["impl"], namespace=seat["namespace"], MPI=MPI, init_seconds=time.perf_counter() - t0,
-                      pmi_fd=pmi_fd)
+        world = World(
+            impl=seat["impl"],
+            namespace=seat["namespace"],
+            MPI=MPI,
+            init_seconds=time.perf_counter() - t0,
+            pmi_fd=pmi_fd,
+        )
         _set("ready", pool=world)
     except BaseException as exc:  # noqa: BLE001 - reported, and the worker goes on in fork mode
         _set("failed", f"{type(exc).__name__}: {exc}")
@@ -338,8 +356,9 @@ def _initialise_world(seat: dict) -> None:
             # sidecar has closed (it stopped before this worker closed) the PMI client indexes
             # the empty reply at [-1] and the process dies of SIGSEGV (MPICH 5.0.2, measured).
             # The process ends without it, as a worker killed at close does.
-            logging.getLogger("dask_pmix").info("dask-pmix: the sidecar has closed this world's PMI connection; "
-                                                "the MPI world is left unfinalized")
+            logging.getLogger("dask_pmix").info(
+                "dask-pmix: the sidecar has closed this world's PMI connection; the MPI world is left unfinalized"
+            )
         else:
             MPI.Finalize()
     finally:
