@@ -105,7 +105,8 @@ class PairRegistry:
                 return False
             self._cancelled.add(name)
             thread, reserved, _ = running
-            GATE.abandon(thread.ident)  # under the lock: before the thread, once out, forgets it
+            if thread.ident is not None:  # started (in start(), under this lock)
+                GATE.abandon(thread.ident)  # under the lock: before the thread, once out, forgets it
         GATE.pair_done(reserved)
         stats.note("pair_comm_cancelled")
         fut.set_exception(PairCancelled(why))

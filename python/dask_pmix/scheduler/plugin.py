@@ -80,6 +80,7 @@ class SidecarPlugin(SchedulerPlugin):
         self._listening: set[str] = set()  # workers whose plugin handles Stream.JOB
         self._registrations: dict[str, asyncio.Future] = {}
         self._waiting: list[dict] = []  # job requests in the sidecar's admission line
+        self._psets: dict[str, list[str]] = {}  # the sidecar's process sets: name -> members
         self._settling: dict[str, asyncio.TimerHandle | None] = {}  # jobs whose every rank returned
         self._background: set[asyncio.Future] = set()
         self._closed = False
@@ -290,6 +291,11 @@ class SidecarPlugin(SchedulerPlugin):
         elif kind == "workerStateChanged":
             changed = body.get("workerStateChanged") or {}
             self.jobs.worker_state(changed.get("workerId", ""), changed.get("to", ""), changed.get("jobId"))
+        elif kind == "psetDefined":
+            pset = (body.get("psetDefined") or {}).get("pset") or {}
+            self._psets[pset.get("name", "")] = list(pset.get("members") or ())
+        elif kind == "psetDeleted":
+            self._psets.pop((body.get("psetDeleted") or {}).get("name", ""), None)
         elif kind == "workerLeft":
             self.jobs.worker_state((body.get("workerLeft") or {}).get("workerId", ""), "gone", None)
         elif kind == "healthChanged":
@@ -342,7 +348,8 @@ class SidecarPlugin(SchedulerPlugin):
             self._soon(self._registered()).add_done_callback(
                 lambda _: self._soon(self._tell_workers_sidecar_restarted())
             )
-        jobs, workers = await asyncio.gather(self.sidecar.jobs(), self.sidecar.workers())
+        jobs, workers, psets = await asyncio.gather(self.sidecar.jobs(), self.sidecar.workers(), self.sidecar.psets())
+        self._psets = {p["name"]: list(p.get("members") or ()) for p in psets}
         for entry, before in self.jobs.reset(jobs, workers):
             self._job_changed(entry, before)
         self.barriers.wake()
@@ -505,14 +512,16 @@ class SidecarPlugin(SchedulerPlugin):
                 self._soon(self._end(entry.id, f"its client {client} left"))
 
     def valid_workers_downscaling(self, scheduler, workers: list) -> list:
-        """Workers the sidecar holds for a job, or that a waiting job request names, stay; so do
-        as many workers as the largest waiting request for a number of workers needs."""
+        """Workers the sidecar holds for a job, or that a waiting job request names (itself or
+        through its pset), stay; so do as many workers as the largest waiting request for a number
+        of workers needs."""
         keep = set(self.jobs.frozen)
         for entry in self.jobs.active():
             keep.update(entry.workers)
         need = 0
         for request in self._waiting:
-            keep.update(request.get("members") or ())
+            named = request.get("members") or self._psets.get(str(request.get("pset") or ""))
+            keep.update(named or ())
             need = max(need, int((request.get("selector") or {}).get("count") or 0))
         allowed = [ws for ws in workers if ws.address not in keep]
         spare = len(scheduler.workers) - need
