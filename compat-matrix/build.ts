@@ -1,6 +1,6 @@
 // Compiles the feature programs with a row's compiler wrapper (skipped when up to date).
 import { execFile } from 'node:child_process';
-import { existsSync, mkdirSync, readdirSync, statSync, writeFileSync, readFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import type { Row } from './rows.js';
@@ -20,7 +20,10 @@ export async function buildRow(root: string, row: Row): Promise<Built> {
   const programs = new Map<string, string>();
   const errors = new Map<string, string>();
   // Every program includes compat.h; the agent also the rank starter's PMI handshake.
-  const header = Math.max(statSync(join(src, 'compat.h')).mtimeMs, statSync(join(root, 'native', 'exec', 'pmi_connect.h')).mtimeMs);
+  const header = Math.max(
+    statSync(join(src, 'compat.h')).mtimeMs,
+    statSync(join(root, 'native', 'exec', 'pmi_connect.h')).mtimeMs,
+  );
   for (const file of readdirSync(src).filter((f) => f.endsWith('.c'))) {
     const name = file.slice(0, -2);
     const out = join(dir, name);

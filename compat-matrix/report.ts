@@ -13,7 +13,16 @@ export interface RowResult {
 }
 
 export const COLUMNS = [
-  'world', 'session-world', 'pset-names', 'pset-group', 'publish-lookup', 'connect-accept', 'spawn', 'abort', 'member-death', 'repeat',
+  'world',
+  'session-world',
+  'pset-names',
+  'pset-group',
+  'publish-lookup',
+  'connect-accept',
+  'spawn',
+  'abort',
+  'member-death',
+  'repeat',
 ];
 
 /** Writes a row's result; cells not run this time keep their earlier result. */
@@ -26,7 +35,7 @@ export function writeResult(dir: string, file: string, result: RowResult): void 
     features = { ...before.features, ...result.features };
   }
   const ordered = Object.fromEntries(COLUMNS.filter((c) => c in features).map((c) => [c, features[c]!]));
-  writeFileSync(path, JSON.stringify({ ...result, features: ordered }, null, 2) + '\n');
+  writeFileSync(path, `${JSON.stringify({ ...result, features: ordered }, null, 2)}\n`);
 }
 
 const MARK: Record<string, string> = { pass: 'pass', fail: '**fail**', unsupported: 'unsupported' };
@@ -36,7 +45,9 @@ export function writeMatrix(resultsDir: string, out: string): void {
     .filter((f) => f.endsWith('.json'))
     .map((f) => JSON.parse(readFileSync(join(resultsDir, f), 'utf8')) as RowResult)
     .filter((r) => r.features !== undefined) // other reports share the folder (pmix-conformance.json)
-    .sort((a, b) => `${a.impl} ${a.mode === 'fork' ? '' : a.mode}`.localeCompare(`${b.impl} ${b.mode === 'fork' ? '' : b.mode}`));
+    .sort((a, b) =>
+      `${a.impl} ${a.mode === 'fork' ? '' : a.mode}`.localeCompare(`${b.impl} ${b.mode === 'fork' ? '' : b.mode}`),
+    );
   const lines: string[] = [
     '# Compatibility matrix',
     '',
@@ -66,8 +77,11 @@ export function writeMatrix(resultsDir: string, out: string): void {
     lines.push(`| ${r.label} | ${r.mode} | ${cells.join(' | ')} |`);
   }
   lines.push('', '## Notes', '');
-  notes.forEach((n, i) => lines.push(`${i + 1}. ${n.replace(/\|/g, '\\|')}`));
-  const when = results.map((r) => r.generatedAt).sort().pop();
+  for (const [i, n] of notes.entries()) lines.push(`${i + 1}. ${n.replace(/\|/g, '\\|')}`);
+  const when = results
+    .map((r) => r.generatedAt)
+    .sort()
+    .pop();
   lines.push('', `Last run: ${when ?? 'never'}.`, '');
   writeFileSync(out, lines.join('\n'));
 }

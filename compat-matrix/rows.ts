@@ -95,7 +95,7 @@ export function rows(root: string): Row[] {
         'abort/inprocess':
           "MPICH's MPI_Abort on a communicator other than its own MPI_COMM_WORLD sends every other member an abort active message on which it exits, and calls no PMI abort (src/mpid/ch4/src/ch4_globals.c, MPID_Abort): every member's process ends, and no launcher can tell which one called it",
         'repeat/reinit':
-          "MPI_Session_init aborts with 'Internal error' when a process initialises again into a job of another size; into a job of the same size it works, with the same or other members (checked with 2-rank jobs)"
+          "MPI_Session_init aborts with 'Internal error' when a process initialises again into a job of another size; into a job of the same size it works, with the same or other members (checked with 2-rank jobs)",
       },
     },
     {
@@ -110,8 +110,10 @@ export function rows(root: string): Row[] {
       version: () => '4.0.2',
       known: {
         spawn: 'MPICH 4.0.2 ch4:ucx has no dynamic processes (ucx netmod answers **ucx_nm_notsupported before 4.3.0)',
-        'connect-accept': 'MPICH 4.0.2 ch4:ucx has no dynamic processes (ucx netmod answers **ucx_nm_notsupported before 4.3.0)',
-        'repeat/reinit': 'MPICH 4.0.2 crashes (SIGSEGV in MPI_Session_init) when a process initialises again after finalizing',
+        'connect-accept':
+          'MPICH 4.0.2 ch4:ucx has no dynamic processes (ucx netmod answers **ucx_nm_notsupported before 4.3.0)',
+        'repeat/reinit':
+          'MPICH 4.0.2 crashes (SIGSEGV in MPI_Session_init) when a process initialises again after finalizing',
       },
       lacks: ['connect-accept', 'spawn'],
     },
@@ -134,7 +136,9 @@ export function rows(root: string): Row[] {
         'repeat/inprocess':
           "measured here, not known upstream: connect/accept over libfabric's tcp provider (the only fabric whose MPI_Open_port works here) takes about 12 s a job, and a later job hangs; dask_pmix keeps Intel MPI in fork mode (python/dask_pmix/worker.py, pool_capable)",
       },
-      unavailable: existsSync(join(venvImpi, 'lib', 'libmpi.so.12')) ? undefined : 'impi-rt is not installed (.venv-impi)',
+      unavailable: existsSync(join(venvImpi, 'lib', 'libmpi.so.12'))
+        ? undefined
+        : 'impi-rt is not installed (.venv-impi)',
       version: () => '2021.19',
     },
   ];

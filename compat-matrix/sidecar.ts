@@ -1,5 +1,5 @@
 // The sidecar under test: `dask-pmix serve` as a separate process, and a small REST client.
-import { spawn, type ChildProcess } from 'node:child_process';
+import { type ChildProcess, spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { createServer } from 'node:net';
 import { join } from 'node:path';
@@ -25,10 +25,14 @@ export class Sidecar {
     const port = await freePort();
     let log = '';
     const token = randomBytes(24).toString('base64url');
-    const proc = spawn(join(root, 'bin', 'dask-pmix'), ['serve', '--port', String(port), '--log-level', 'warn', ...extraArgs], {
-      env: { ...process.env, DASK_PMIX_NO_SETUP: '1', DASK_PMIX_TOKEN: token },
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
+    const proc = spawn(
+      join(root, 'bin', 'dask-pmix'),
+      ['serve', '--port', String(port), '--log-level', 'warn', ...extraArgs],
+      {
+        env: { ...process.env, DASK_PMIX_NO_SETUP: '1', DASK_PMIX_TOKEN: token },
+        stdio: ['ignore', 'pipe', 'pipe'],
+      },
+    );
     proc.stdout!.on('data', (d: Buffer) => (log += d.toString()));
     proc.stderr!.on('data', (d: Buffer) => (log += d.toString()));
     const s = new Sidecar(proc, `http://127.0.0.1:${port}`, () => log, token);
@@ -48,7 +52,10 @@ export class Sidecar {
   async request<T = unknown>(method: string, path: string, body?: unknown): Promise<T> {
     const res = await fetch(this.url + path, {
       method,
-      headers: { authorization: `Bearer ${this.token}`, ...(body === undefined ? {} : { 'content-type': 'application/json' }) },
+      headers: {
+        authorization: `Bearer ${this.token}`,
+        ...(body === undefined ? {} : { 'content-type': 'application/json' }),
+      },
       body: body === undefined ? undefined : JSON.stringify(body),
     });
     const text = await res.text();

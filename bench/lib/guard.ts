@@ -11,7 +11,8 @@ export interface GuardSection {
   meaning: string;
 }
 
-export const GUARD_MEANING = "reference time / ours (above 1: dask-pmix faster); the perf guard fails when the geometric mean of a benchmark's ratios falls below half its record";
+export const GUARD_MEANING =
+  "reference time / ours (above 1: dask-pmix faster); the perf guard fails when the geometric mean of a benchmark's ratios falls below half its record";
 
 export function guardSection(ratios: Record<string, number>): GuardSection {
   const clean: Record<string, number> = {};

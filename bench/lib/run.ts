@@ -28,7 +28,11 @@ export const baseEnv = (): Record<string, string> => {
 };
 
 export type Line = Record<string, unknown>;
-export interface Proc { cmd: string; args: string[]; env: Record<string, string> }
+export interface Proc {
+  cmd: string;
+  args: string[];
+  env: Record<string, string>;
+}
 
 /**
  * Starts the processes and resolves with the JSON lines they print on stdout; rejects (and kills
@@ -52,7 +56,7 @@ export function collectLines(procs: Proc[], timeoutMs = 120_000): Promise<Line[]
       let err = '';
       c.stdout.setEncoding('utf8').on('data', (d: string) => {
         out += d;
-        let nl;
+        let nl: number;
         while ((nl = out.indexOf('\n')) >= 0) {
           const l = out.slice(0, nl).trim();
           out = out.slice(nl + 1);
@@ -68,7 +72,12 @@ export function collectLines(procs: Proc[], timeoutMs = 120_000): Promise<Line[]
       c.stderr.setEncoding('utf8').on('data', (d: string) => (err = (err + d).slice(-4000)));
       c.on('error', (e) => fail(e));
       c.on('close', (code, sig) => {
-        if (code !== 0 || sig) return fail(new Error(`${cmd} exited ${code ?? sig}: ${err.slice(-1500)} ${JSON.stringify(lines.filter((l) => l.ok === false))}`));
+        if (code !== 0 || sig)
+          return fail(
+            new Error(
+              `${cmd} exited ${code ?? sig}: ${err.slice(-1500)} ${JSON.stringify(lines.filter((l) => l.ok === false))}`,
+            ),
+          );
         if (--left === 0 && !failed) {
           clearTimeout(timer);
           resolve(lines);
@@ -83,9 +92,11 @@ export function collectLines(procs: Proc[], timeoutMs = 120_000): Promise<Line[]
 /** Runs `op(i)` for every i < n, with `inFlight` of them at once. */
 export async function inFlight(n: number, k: number, op: (i: number) => Promise<void>): Promise<void> {
   let next = 0;
-  await Promise.all(Array.from({ length: k }, async () => {
-    for (let i = next++; i < n; i = next++) await op(i);
-  }));
+  await Promise.all(
+    Array.from({ length: k }, async () => {
+      for (let i = next++; i < n; i = next++) await op(i);
+    }),
+  );
 }
 
 /**
@@ -105,10 +116,14 @@ export function inOwnSession(url: string, main: () => Promise<void>): void {
     void run();
     return;
   }
-  const child = spawn(process.execPath, [...process.execArgv, fileURLToPath(url), ...process.argv.slice(2), '--in-session'], {
-    detached: true,
-    stdio: 'inherit',
-  });
+  const child = spawn(
+    process.execPath,
+    [...process.execArgv, fileURLToPath(url), ...process.argv.slice(2), '--in-session'],
+    {
+      detached: true,
+      stdio: 'inherit',
+    },
+  );
   for (const sig of ['SIGINT', 'SIGTERM'] as const) process.on(sig, () => child.kill(sig));
   child.on('exit', (code, sig) => process.exit(code ?? (sig ? 1 : 0)));
 }

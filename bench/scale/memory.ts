@@ -2,17 +2,19 @@
 // after registering 1,000 and 4,000 workers over REST, then with one Open MPI (PMIx namespace and
 // clients in libpmix) and one MPICH (PMI) job over 1,000 and 4,000 of them, and after deleting
 // each job (memory that stays is a leak or a high-water mark).
-import { hostname } from 'node:os';
 import { inFlight, round3 } from '../lib/run.js';
 import { SidecarProcess } from '../lib/sidecar.js';
 
-export interface MemoryOptions { workers: number[]; jobSizes: number[]; serveArgs?: string[] }
+export interface MemoryOptions {
+  workers: number[];
+  jobSizes: number[];
+  serveArgs?: string[];
+}
 
 export async function memory({ workers, jobSizes, serveArgs = [] }: MemoryOptions) {
   const s = await SidecarProcess.start(['--max-jobs', '64', ...serveArgs]);
   try {
     const rss0 = await s.settledRssKb();
-    const host = hostname();
     const ids: string[] = [];
     const registration: { workers: number; rss_kb: number; seconds: number; per_second: number }[] = [];
     for (const target of workers) {
@@ -20,11 +22,21 @@ export async function memory({ workers, jobSizes, serveArgs = [] }: MemoryOption
       const t0 = performance.now();
       await inFlight(target - from, 8, async (i) => {
         const id = `tcp://10.0.${(from + i) >> 8}.${(from + i) & 255}:40000`;
-        await s.must('POST', '/v1/workers', { id, host: `node-${(from + i) % 64}`, pid: 1000 + from + i, uid: process.getuid!(), gid: process.getgid!() }, 201);
+        await s.must(
+          'POST',
+          '/v1/workers',
+          { id, host: `node-${(from + i) % 64}`, pid: 1000 + from + i, uid: process.getuid!(), gid: process.getgid!() },
+          201,
+        );
         ids.push(id);
       });
       const seconds = (performance.now() - t0) / 1000;
-      registration.push({ workers: target, rss_kb: await s.settledRssKb(), seconds: round3(seconds), per_second: Math.round((target - from) / seconds) });
+      registration.push({
+        workers: target,
+        rss_kb: await s.settledRssKb(),
+        seconds: round3(seconds),
+        per_second: Math.round((target - from) / seconds),
+      });
     }
     const wMax = registration.at(-1)!;
     const wMin = registration[0]!;
@@ -47,9 +59,14 @@ export async function memory({ workers, jobSizes, serveArgs = [] }: MemoryOption
         const deleteMs = performance.now() - t2;
         const after = await s.settledRssKb();
         jobs.push({
-          impl, ranks: size,
-          create_ms: round3(createMs), member_env_ms: round3(envMs), delete_ms: round3(deleteMs),
-          rss_before_kb: before, rss_with_job_kb: during, rss_after_delete_kb: after,
+          impl,
+          ranks: size,
+          create_ms: round3(createMs),
+          member_env_ms: round3(envMs),
+          delete_ms: round3(deleteMs),
+          rss_before_kb: before,
+          rss_with_job_kb: during,
+          rss_after_delete_kb: after,
           per_rank_kb: round3((during - before) / size),
         });
       }
@@ -61,7 +78,12 @@ export async function memory({ workers, jobSizes, serveArgs = [] }: MemoryOption
       per_worker_kb: round3(perWorkerKb),
       jobs,
       target: 'RSS at most 100 MB + 50 KB per registered worker, at every checkpoint (0 workers included)',
-      target_by_checkpoint: [{ workers: 0, rss_kb: rss0 }, ...registration].map((r) => ({ workers: r.workers, rss_kb: r.rss_kb, bound_kb: 100 * 1024 + 50 * r.workers, met: r.rss_kb <= 100 * 1024 + 50 * r.workers })),
+      target_by_checkpoint: [{ workers: 0, rss_kb: rss0 }, ...registration].map((r) => ({
+        workers: r.workers,
+        rss_kb: r.rss_kb,
+        bound_kb: 100 * 1024 + 50 * r.workers,
+        met: r.rss_kb <= 100 * 1024 + 50 * r.workers,
+      })),
       notes: [
         'RSS: VmRSS of the dask-pmix serve process (Node.js + libpmix), median of 5 samples over 1 s after 1 s of rest',
         'per_worker_kb: RSS growth per worker between the first and last registration checkpoint',

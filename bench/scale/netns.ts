@@ -4,9 +4,9 @@
 // reference, the same clients on the host itself under the sidecar and under prterun.
 import { execFileSync } from 'node:child_process';
 import { join } from 'node:path';
-import { makeNetwork, removeNetwork, type NetnsNetwork } from '../lib/netns.js';
+import { makeNetwork, type NetnsNetwork, removeNetwork } from '../lib/netns.js';
 import { buildPmixClient, PMIX_CLIENT, pmixFiguresOf, VENV } from '../lib/pmix-client.js';
-import { baseEnv, collectLines, median, round3, type Line } from '../lib/run.js';
+import { baseEnv, collectLines, type Line, median, round3 } from '../lib/run.js';
 import { SidecarProcess } from '../lib/sidecar.js';
 
 const TAG = `bp${process.pid % 100000}`;
@@ -16,7 +16,11 @@ function network(count: number): NetnsNetwork {
   return {
     bridge: `br-${TAG}`,
     serverIp: `${SUBNET}.1`,
-    hosts: Array.from({ length: count }, (_, i) => ({ ns: `${TAG}h${i}`, host: `node-${i}`, ip: `${SUBNET}.${i + 2}` })),
+    hosts: Array.from({ length: count }, (_, i) => ({
+      ns: `${TAG}h${i}`,
+      host: `node-${i}`,
+      ip: `${SUBNET}.${i + 2}`,
+    })),
   };
 }
 
@@ -45,12 +49,23 @@ function summary(lines: Line[], n: number, wallS: number) {
 }
 
 /** One job of `n` clients under the sidecar; `place(i)` says where rank i runs. */
-async function sidecarRun(s: SidecarProcess, n: number, iters: number, place: (i: number) => { host: string; ip: string; ns?: string }, tag: string) {
+async function sidecarRun(
+  s: SidecarProcess,
+  n: number,
+  iters: number,
+  place: (i: number) => { host: string; ip: string; ns?: string },
+  tag: string,
+) {
   const ids: string[] = [];
   for (let i = 0; i < n; i++) {
     const p = place(i);
     const id = `tcp://${p.ip}:${5000 + i}/${tag}`;
-    await s.must('POST', '/v1/workers', { id, host: p.host, pid: 1, uid: process.getuid!(), gid: process.getgid!() }, 201);
+    await s.must(
+      'POST',
+      '/v1/workers',
+      { id, host: p.host, pid: 1, uid: process.getuid!(), gid: process.getgid!() },
+      201,
+    );
     ids.push(id);
   }
   const job = await s.job('openmpi', ids);
@@ -70,15 +85,31 @@ async function sidecarRun(s: SidecarProcess, n: number, iters: number, place: (i
   // Every client makes 2 * iterations + 13 fences (10 warm-up barriers, one before each section and
   // one before finalize), and half of the timed ones carry a put and a commit.
   const fences = n * (2 * iters + 13);
-  return { ...summary(lines, n, wall), sidecar_cpu_s: round3(cpu), sidecar_cpu_us_per_rank_fence: round3((cpu * 1e6) / fences) };
+  return {
+    ...summary(lines, n, wall),
+    sidecar_cpu_s: round3(cpu),
+    sidecar_cpu_us_per_rank_fence: round3((cpu * 1e6) / fences),
+  };
 }
 
 /** Per field, the median over repeats (runs is never empty). */
 function medians<T extends Record<string, number | undefined>>(runs: T[]): T {
-  return Object.fromEntries(Object.keys(runs[0]!).map((k) => [k, round3(median(runs.map((r) => r[k] as number)))])) as T;
+  return Object.fromEntries(
+    Object.keys(runs[0]!).map((k) => [k, round3(median(runs.map((r) => r[k] as number)))]),
+  ) as T;
 }
 
-export async function netnsFence({ ranks, hosts, iterations, repeats }: { ranks: number; hosts: number; iterations: number; repeats: number }) {
+export async function netnsFence({
+  ranks,
+  hosts,
+  iterations,
+  repeats,
+}: {
+  ranks: number;
+  hosts: number;
+  iterations: number;
+  repeats: number;
+}) {
   await buildPmixClient();
   const net = network(hosts);
   removeNetwork(net);
@@ -96,11 +127,25 @@ export async function netnsFence({ ranks, hosts, iterations, repeats }: { ranks:
         across.push(await sidecarRun(s, ranks, iterations, (i) => made[i % hosts]!, `netns${r}`));
         onHost.push(await sidecarRun(s, ranks, iterations, () => ({ host: 'node-0', ip: net.serverIp }), `host${r}`));
         const t0 = performance.now();
-        const lines = await collectLines([{
-          cmd: join(VENV, 'bin', 'prterun'),
-          args: ['--allow-run-as-root', '--map-by', ':OVERSUBSCRIBE', '-n', String(ranks), PMIX_CLIENT, String(iterations), FIELDS],
-          env: baseEnv(),
-        }], 300_000);
+        const lines = await collectLines(
+          [
+            {
+              cmd: join(VENV, 'bin', 'prterun'),
+              args: [
+                '--allow-run-as-root',
+                '--map-by',
+                ':OVERSUBSCRIBE',
+                '-n',
+                String(ranks),
+                PMIX_CLIENT,
+                String(iterations),
+                FIELDS,
+              ],
+              env: baseEnv(),
+            },
+          ],
+          300_000,
+        );
         prrte.push(summary(lines, ranks, (performance.now() - t0) / 1000));
       }
     } finally {
@@ -116,7 +161,10 @@ export async function netnsFence({ ranks, hosts, iterations, repeats }: { ranks:
       sidecar_across_hosts: a,
       sidecar_one_host: medians(onHost),
       prrte_one_host: p,
-      ratio_to_prrte: { fence_us: round3(a.fence_us! / p.fence_us!), fence_data_us: round3(a.fence_data_us! / p.fence_data_us!) },
+      ratio_to_prrte: {
+        fence_us: round3(a.fence_us! / p.fence_us!),
+        fence_data_us: round3(a.fence_data_us! / p.fence_data_us!),
+      },
       runs: { sidecar_across_hosts: across, sidecar_one_host: onHost, prrte_one_host: prrte },
       notes: [
         `sidecar_across_hosts: ${ranks} clients, round-robin over ${hosts} network namespaces on a bridge, each connected to the sidecar over TCP (--pmix-if on the bridge); rank env from GET /v1/jobs/{id}/env/{worker}`,

@@ -3,7 +3,7 @@
 import { readFileSync, rmSync } from 'node:fs';
 import type { Agent, Line } from '../agents.js';
 import type { Row } from '../rows.js';
-import { sleep, type JobJson, type Sidecar } from '../sidecar.js';
+import { type JobJson, type Sidecar, sleep } from '../sidecar.js';
 
 export type Status = 'pass' | 'fail' | 'unsupported';
 
@@ -35,9 +35,13 @@ export interface Feature {
 
 /** Why this row cannot run a custom-pset feature, or undefined when it can. */
 export function psetsUnsupported(ctx: Ctx): Outcome | undefined {
-  if (!ctx.row.sessions) return { status: 'unsupported', reason: `${ctx.row.label} implements MPI 3.1: no MPI Sessions` };
+  if (!ctx.row.sessions)
+    return { status: 'unsupported', reason: `${ctx.row.label} implements MPI 3.1: no MPI Sessions` };
   if (ctx.row.impl !== 'openmpi') {
-    return { status: 'unsupported', reason: 'MPICH over PMI-1/PMI-2 knows only mpi://WORLD and mpi://SELF (custom psets need its PMIx build)' };
+    return {
+      status: 'unsupported',
+      reason: 'MPICH over PMI-1/PMI-2 knows only mpi://WORLD and mpi://SELF (custom psets need its PMIx build)',
+    };
   }
   return undefined;
 }
@@ -136,16 +140,21 @@ export function killRanks(runs: RankRun[]): void {
   for (const r of runs) {
     if (!r.pid || r.exit) continue;
     try {
-      readFileSync(`/proc/${r.pid}/maps`, 'utf8').split('\n').forEach((l) => {
-        const f = l.split(/\s+/)[5] ?? '';
-        if (f.startsWith('/dev/shm/')) segments.add(f);
-      });
+      readFileSync(`/proc/${r.pid}/maps`, 'utf8')
+        .split('\n')
+        .forEach((l) => {
+          const f = l.split(/\s+/)[5] ?? '';
+          if (f.startsWith('/dev/shm/')) segments.add(f);
+        });
       process.kill(r.pid, 'SIGKILL');
     } catch {
       /* gone */
     }
   }
-  if (segments.size) setTimeout(() => { for (const f of segments) rmSync(f, { force: true }); }, 500);
+  if (segments.size)
+    setTimeout(() => {
+      for (const f of segments) rmSync(f, { force: true });
+    }, 500);
 }
 
 export async function release(ctx: Ctx, job: JobJson): Promise<JobJson | undefined> {
@@ -154,7 +163,10 @@ export async function release(ctx: Ctx, job: JobJson): Promise<JobJson | undefin
 
 /** A library message cut to a readable, stable reason: no addresses, at most ~200 characters. */
 export function brief(text: string): string {
-  const t = text.replace(/0x[0-9a-fA-F]+/g, '0x…').replace(/\s+/g, ' ').trim();
+  const t = text
+    .replace(/0x[0-9a-fA-F]+/g, '0x…')
+    .replace(/\s+/g, ' ')
+    .trim();
   return t.length > 200 ? `${t.slice(0, 197)}...` : t;
 }
 
@@ -168,10 +180,13 @@ export function allPassed(
   ended: boolean,
   check: (line: Line, run: RankRun) => boolean = () => true,
 ): boolean {
-  return ended && runs.every((r) => {
-    const line = outputOf(r, feature).find((l) => 'ok' in l);
-    return line?.ok === true && check(line, r) && r.exit?.status === 0 && r.exit?.signal === 0;
-  });
+  return (
+    ended &&
+    runs.every((r) => {
+      const line = outputOf(r, feature).find((l) => 'ok' in l);
+      return line?.ok === true && check(line, r) && r.exit?.status === 0 && r.exit?.signal === 0;
+    })
+  );
 }
 
 /**
@@ -186,7 +201,9 @@ export function sawWholeJob(members: number): (line: Line, run: RankRun) => bool
 /** The MPI call the first failing rank named, if the library itself answered an error. */
 export function mpiErrorOf(runs: RankRun[], feature: string): string | undefined {
   for (const r of runs) {
-    const e = outputOf(r, feature).find((l) => l.ok === false && typeof l.error === 'string' && l.error.startsWith('MPI_'));
+    const e = outputOf(r, feature).find(
+      (l) => l.ok === false && typeof l.error === 'string' && l.error.startsWith('MPI_'),
+    );
     if (e) return String(e.error);
   }
   return undefined;
@@ -209,7 +226,12 @@ export function firstError(runs: RankRun[], feature: string): string | undefined
     const e = outputOf(r, feature).find((l) => l.ok === false);
     if (e) return `rank ${r.rank}: ${String(e.error ?? 'failed')}${e.message ? ` (${brief(String(e.message))})` : ''}`;
     if (r.exit && (r.exit.status !== 0 || r.exit.signal !== 0)) {
-      const stderr = r.agent.stderr.trim().split('\n').filter((l) => l.trim()).slice(-3).join(' | ');
+      const stderr = r.agent.stderr
+        .trim()
+        .split('\n')
+        .filter((l) => l.trim())
+        .slice(-3)
+        .join(' | ');
       return `rank ${r.rank} exited with status ${String(r.exit.status)} signal ${String(r.exit.signal)}${stderr ? `: ${brief(stderr)}` : ''}`;
     }
   }
@@ -228,7 +250,12 @@ export async function simpleJob(
   feature: string,
   programName: string,
   members: Agent[],
-  opts: { args?: (rank: number) => string[]; delayMs?: (rank: number) => number; timeoutMs?: number; jobExtra?: Record<string, unknown> } = {},
+  opts: {
+    args?: (rank: number) => string[];
+    delayMs?: (rank: number) => number;
+    timeoutMs?: number;
+    jobExtra?: Record<string, unknown>;
+  } = {},
 ): Promise<Outcome> {
   const program = ctx.program(programName);
   if (!program) return { status: 'unsupported', reason: ctx.buildError(programName) };

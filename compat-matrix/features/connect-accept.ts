@@ -1,6 +1,6 @@
 // connect-accept: two jobs of two ranks joined with MPI_Open_port / MPI_Comm_accept /
 // MPI_Comm_connect (the port travels through the sidecar's name service).
-import { allPassed, createJob, failed, release, startRanks, waitRanks, type Feature } from './common.js';
+import { allPassed, createJob, type Feature, failed, release, startRanks, waitRanks } from './common.js';
 
 export const connectAccept: Feature = {
   name: 'connect-accept',

@@ -4,7 +4,19 @@
 // any left are then killed by their worker (here the runner plays the worker, as dask_pmix's member
 // runner does once the sidecar marks the job), and the cell says which of the two it was.
 import { sleep } from '../sidecar.js';
-import { createJob, killRanks, outputOf, release, simpleJob, startRanks, waitRanks, type Ctx, type Feature, type Outcome, type RankRun } from './common.js';
+import {
+  type Ctx,
+  createJob,
+  type Feature,
+  killRanks,
+  type Outcome,
+  outputOf,
+  type RankRun,
+  release,
+  simpleJob,
+  startRanks,
+  waitRanks,
+} from './common.js';
 
 const LIMIT_S = 2;
 
@@ -21,7 +33,13 @@ async function failure(ctx: Ctx, feature: 'abort' | 'member-death'): Promise<Out
     const victim = runs[1]!;
     // Wait until every rank is inside the MPI program, then make rank 1 go.
     const ready = await Promise.all(
-      runs.map((r) => r.agent.waitFor((l) => l.feature === feature && (l.waiting === true || l.looping === true || l.aborting === true), 30_000, r.since)),
+      runs.map((r) =>
+        r.agent.waitFor(
+          (l) => l.feature === feature && (l.waiting === true || l.looping === true || l.aborting === true),
+          30_000,
+          r.since,
+        ),
+      ),
     );
     if (ready.some((l) => !l)) {
       killRanks(runs);
@@ -55,7 +73,11 @@ async function failure(ctx: Ctx, feature: 'abort' | 'member-death'): Promise<Out
         ? `the other ranks ended by themselves within ${slowestAlone.toFixed(2)} s`
         : `${alone.length} of ${others.length} other ranks ended by themselves within ${LIMIT_S} s; the rest were stopped by their workers (the library leaves them running)`;
     if (!expected.includes(marked.state)) {
-      return { status: 'fail', seconds, reason: `the sidecar still shows the job ${marked.state} ${markedAfter.toFixed(1)} s later` };
+      return {
+        status: 'fail',
+        seconds,
+        reason: `the sidecar still shows the job ${marked.state} ${markedAfter.toFixed(1)} s later`,
+      };
     }
     // The sidecar must keep serving: the next job, on the same workers, succeeds.
     await release(ctx, job);

@@ -17,8 +17,8 @@
 // steps, joins the job with them, and gets everyone's from the sidecar. MPICH reports no failed
 // process to the survivors of a failure: the sidecar's record of the job is what tells them.
 import type { Agent } from '../agents.js';
-import { sleep, type JobJson } from '../sidecar.js';
-import { brief, envFields, type Ctx, type Outcome } from './common.js';
+import { type JobJson, sleep } from '../sidecar.js';
+import { brief, type Ctx, envFields, type Outcome } from './common.js';
 import { subsets } from './repeat.js';
 
 const F = 'repeat';
@@ -43,8 +43,10 @@ export async function joinPool(ctx: Ctx, agents: Agent[]): Promise<Map<string, n
   const since = agents.map((a) => a.lines.length);
   for (const a of agents) {
     const res = await ctx.sidecar.request<{ pool: { rank: number }; env: Record<string, string> }>(
-      'POST', `/v1/workers/${encodeURIComponent(a.id)}/pool`,
-      { pid: a.pid, uid: process.getuid!(), gid: process.getgid!(), ...(worlds(ctx) ? { impl: ctx.row.impl } : {}) });
+      'POST',
+      `/v1/workers/${encodeURIComponent(a.id)}/pool`,
+      { pid: a.pid, uid: process.getuid!(), gid: process.getgid!(), ...(worlds(ctx) ? { impl: ctx.row.impl } : {}) },
+    );
     ranks.set(a.id, res.pool.rank);
     if (worlds(ctx)) {
       a.send(['winit', ...envFields({ ...res.env, ...ctx.row.extraEnv })]);
@@ -56,26 +58,45 @@ export async function joinPool(ctx: Ctx, agents: Agent[]): Promise<Map<string, n
   }
   const ready = await Promise.all(agents.map((a, i) => a.waitFor((l) => 'pool' in l, 60_000, since[i])));
   if (ready.some((l) => l?.pool !== 'ready')) {
-    return { status: 'fail', reason: `the agents' sessions did not start: ${JSON.stringify(ready)} ${brief(agents[0]!.stderr)}` };
+    return {
+      status: 'fail',
+      reason: `the agents' sessions did not start: ${JSON.stringify(ready)} ${brief(agents[0]!.stderr)}`,
+    };
   }
   return ranks;
 }
 
 async function create(ctx: Ctx, members: Agent[], ranks: Map<string, number>): Promise<PoolJob> {
-  const job = await ctx.sidecar.request<JobJson & { mode: string; modeReason: string; tag: string }>('POST', '/v1/jobs', {
-    impl: ctx.row.impl, mode: 'inprocess', members: members.map((a) => a.id), wiringTimeoutSeconds: 30,
-  });
+  const job = await ctx.sidecar.request<JobJson & { mode: string; modeReason: string; tag: string }>(
+    'POST',
+    '/v1/jobs',
+    {
+      impl: ctx.row.impl,
+      mode: 'inprocess',
+      members: members.map((a) => a.id),
+      wiringTimeoutSeconds: 30,
+    },
+  );
   if (job.mode !== 'inprocess') throw new Error(`the job runs in ${job.mode} mode: ${job.modeReason}`);
   return { job, members, ranks: members.map((a) => ranks.get(a.id)!).join(',') };
 }
 
 const tagOf = (j: PoolJob) => (j.job as unknown as { tag: string }).tag;
-const memberPath = (j: PoolJob, a: Agent, what: string) => `/v1/jobs/${encodeURIComponent(j.job.id)}/members/${encodeURIComponent(a.id)}/${what}`;
+const memberPath = (j: PoolJob, a: Agent, what: string) =>
+  `/v1/jobs/${encodeURIComponent(j.job.id)}/members/${encodeURIComponent(a.id)}/${what}`;
 
 /** Every member joins (the sidecar answers when all have), then the agents build the communicator. */
-async function start(ctx: Ctx, j: PoolJob, what: (a: Agent) => string | undefined = () => undefined): Promise<number[]> {
+async function start(
+  ctx: Ctx,
+  j: PoolJob,
+  what: (a: Agent) => string | undefined = () => undefined,
+): Promise<number[]> {
   if (worlds(ctx)) return startWorlds(ctx, j, what);
-  const joined = await Promise.all(j.members.map((a) => ctx.sidecar.request<{ ready: boolean }>('POST', memberPath(j, a, 'join'), { waitSeconds: 30 })));
+  const joined = await Promise.all(
+    j.members.map((a) =>
+      ctx.sidecar.request<{ ready: boolean }>('POST', memberPath(j, a, 'join'), { waitSeconds: 30 }),
+    ),
+  );
   if (joined.some((r) => !r.ready)) throw new Error('the members did not all join');
   const since = j.members.map((a) => a.lines.length);
   for (const a of j.members) {
@@ -92,12 +113,23 @@ async function startWorlds(ctx: Ctx, j: PoolJob, what: (a: Agent) => string | un
   const rankOf = new Map(j.job.members.map((m) => [m.workerId, m.rank]));
   const opening = j.members.map((a) => a.lines.length);
   for (const a of j.members) a.send(['wports', tag, String(rankOf.get(a.id)), String(size)]);
-  const opened = await Promise.all(j.members.map((a, i) => a.waitFor((l) => l.job === tag && 'ports' in l, 30_000, opening[i])));
+  const opened = await Promise.all(
+    j.members.map((a, i) => a.waitFor((l) => l.job === tag && 'ports' in l, 30_000, opening[i])),
+  );
   if (opened.some((l) => !l)) throw new Error('a member did not open its ports');
-  const joined = await Promise.all(j.members.map((a, i) => ctx.sidecar.request<{ ready: boolean; ports?: { ports?: Record<string, string> }[] }>(
-    'POST', memberPath(j, a, 'join'), { waitSeconds: 30, ports: opened[i]!.ports })));
+  const joined = await Promise.all(
+    j.members.map((a, i) =>
+      ctx.sidecar.request<{ ready: boolean; ports?: { ports?: Record<string, string> }[] }>(
+        'POST',
+        memberPath(j, a, 'join'),
+        { waitSeconds: 30, ports: opened[i]!.ports },
+      ),
+    ),
+  );
   if (joined.some((r) => !r.ready)) throw new Error('the members did not all join');
-  const ports = (joined[0]!.ports ?? []).flatMap((p, r) => Object.entries(p.ports ?? {}).map(([step, port]) => `${r}.${step}=${port}`));
+  const ports = (joined[0]!.ports ?? []).flatMap((p, r) =>
+    Object.entries(p.ports ?? {}).map(([step, port]) => `${r}.${step}=${port}`),
+  );
   const since = j.members.map((a) => a.lines.length);
   for (const a of j.members) a.send(['wjob', tag, String(rankOf.get(a.id)), String(size), what(a) ?? '-', ...ports]);
   return since;
@@ -117,7 +149,8 @@ async function runJob(ctx: Ctx, j: PoolJob): Promise<string | undefined> {
   for (const [i, a] of j.members.entries()) {
     const res = a.lines.slice(since[i]).find((l) => l.feature === F && l.job === tag && 'ok' in l);
     const ok = !!done[i] && res?.ok === true && res.size === size && res.sum === (size * (size + 1)) / 2;
-    if (!ok) err ??= `job ${j.job.id} on ${a.id}: ${res ? JSON.stringify(res) : 'no result'}${a.alive ? '' : ` (died: ${brief(a.stderr.trim().split('\n').slice(-2).join(' | '))})`}`;
+    if (!ok)
+      err ??= `job ${j.job.id} on ${a.id}: ${res ? JSON.stringify(res) : 'no result'}${a.alive ? '' : ` (died: ${brief(a.stderr.trim().split('\n').slice(-2).join(' | '))})`}`;
     await leave(ctx, j, a, ok, ok ? '' : 'wrong result');
   }
   const final = await ctx.sidecar.waitForJob(j.job.id, ['completed', 'failed', 'aborted'], 10_000);
@@ -138,8 +171,16 @@ export async function inprocessRepeat(ctx: Ctx, ranks: Map<string, number>, jobs
   const t0 = performance.now();
   for (const [i, set] of subsets(jobs, agents.length).entries()) {
     const tj = performance.now();
-    const err = await runJob(ctx, await create(ctx, set.map((k) => agents[k]!), ranks));
-    if (err) return { status: 'fail', seconds: (performance.now() - t0) / 1000, reason: `${err} (job ${i + 1} of ${jobs})` };
+    const err = await runJob(
+      ctx,
+      await create(
+        ctx,
+        set.map((k) => agents[k]!),
+        ranks,
+      ),
+    );
+    if (err)
+      return { status: 'fail', seconds: (performance.now() - t0) / 1000, reason: `${err} (job ${i + 1} of ${jobs})` };
     times.push((performance.now() - tj) / 1000);
   }
   return {
@@ -154,7 +195,11 @@ export async function inprocessRepeat(ctx: Ctx, ranks: Map<string, number>, jobs
  * mark the job within 2 s naming it, the survivors' Barrier must return an error (fault tolerance
  * is on in the pool) within 2 s, and the survivors must serve the next job.
  */
-export async function inprocessFailure(ctx: Ctx, ranks: Map<string, number>, feature: 'abort' | 'member-death'): Promise<Outcome> {
+export async function inprocessFailure(
+  ctx: Ctx,
+  ranks: Map<string, number>,
+  feature: 'abort' | 'member-death',
+): Promise<Outcome> {
   const LIMIT_S = 2;
   const t0 = performance.now();
   const j = await create(ctx, ctx.agents.slice(0, 3), ranks);
@@ -163,7 +208,9 @@ export async function inprocessFailure(ctx: Ctx, ranks: Map<string, number>, fea
   const tag = tagOf(j);
   const since = await start(ctx, j, (a) => (feature === 'abort' && a === victim ? 'abort' : 'loop=500'));
   const at = (a: Agent) => since[j.members.indexOf(a)];
-  const going = await Promise.all(j.members.map((a) => a.waitFor((l) => l.job === tag && (l.looping === true || l.aborting === true), 30_000, at(a))));
+  const going = await Promise.all(
+    j.members.map((a) => a.waitFor((l) => l.job === tag && (l.looping === true || l.aborting === true), 30_000, at(a))),
+  );
   if (going.some((l) => !l)) return { status: 'fail', reason: 'the members never reached their collective' };
   let tGone: number;
   if (feature === 'member-death') {
@@ -181,26 +228,43 @@ export async function inprocessFailure(ctx: Ctx, ranks: Map<string, number>, fea
   const returnedAfter = Date.now() / 1000 - tGone;
   for (const a of others) await leave(ctx, j, a, false, 'a peer failed');
   const seconds = (performance.now() - t0) / 1000;
-  if (!['failed', 'aborted'].includes(marked.state)) return { status: 'fail', seconds, reason: `the sidecar still shows the job ${marked.state}` };
-  if (culprit !== victim.id) return { status: 'fail', seconds, reason: `the job blames ${culprit ?? 'nobody'}, not ${victim.id}: ${marked.error ?? ''}` };
+  if (!['failed', 'aborted'].includes(marked.state))
+    return { status: 'fail', seconds, reason: `the sidecar still shows the job ${marked.state}` };
+  if (culprit !== victim.id)
+    return {
+      status: 'fail',
+      seconds,
+      reason: `the job blames ${culprit ?? 'nobody'}, not ${victim.id}: ${marked.error ?? ''}`,
+    };
   if (ended.some((l) => !l) && worlds(ctx) && ['failed', 'aborted'].includes(marked.state) && culprit === victim.id) {
     // MPICH has no fault tolerance here: the survivors' Barrier neither fails nor returns. The
     // sidecar's record is what dask_pmix's members poll; a member still inside MPI after the
     // grace has its worker restarted through its nanny (python/dask_pmix/inprocess.py).
     const detail = `job ${marked.state} after ${markedAfter.toFixed(2)} s naming the member; the survivors stayed inside their Barrier (MPICH reports no failed process: dask_pmix's members learn it from the sidecar and a member stuck in MPI is restarted)`;
-    return markedAfter > LIMIT_S ? { status: 'fail', seconds, reason: `too slow: ${detail}` } : { status: 'pass', seconds, reason: detail, note: 'sidecar tells' };
+    return markedAfter > LIMIT_S
+      ? { status: 'fail', seconds, reason: `too slow: ${detail}` }
+      : { status: 'pass', seconds, reason: detail, note: 'sidecar tells' };
   }
   if (ended.some((l) => !l)) {
-    return { status: 'fail', seconds, reason: `job ${marked.state} after ${markedAfter.toFixed(2)} s, but a survivor was still inside MPI ${returnedAfter.toFixed(1)} s after the loss (dask_pmix restarts such a worker through its nanny)` };
+    return {
+      status: 'fail',
+      seconds,
+      reason: `job ${marked.state} after ${markedAfter.toFixed(2)} s, but a survivor was still inside MPI ${returnedAfter.toFixed(1)} s after the loss (dask_pmix restarts such a worker through its nanny)`,
+    };
   }
   // compat_error lines carry the MPI error's message (they name no job: the first after its start).
-  const errors = others.map((a) => a.lines.slice(at(a)).find((l) => l.feature === F && l.ok === false && typeof l.message === 'string')?.message).filter(Boolean);
+  const errors = others
+    .map(
+      (a) =>
+        a.lines.slice(at(a)).find((l) => l.feature === F && l.ok === false && typeof l.message === 'string')?.message,
+    )
+    .filter(Boolean);
   // The survivors serve the next job.
   await sleep(300);
   const nextErr = await runJob(ctx, await create(ctx, others, ranks)).catch((e: unknown) => String(e));
   const detail = `job ${marked.state} after ${markedAfter.toFixed(2)} s naming the member; the survivors' Barrier returned ${errors.length ? `(${[...new Set(errors)].join(', ')})` : ''} within ${returnedAfter.toFixed(2)} s`;
-  if (nextErr) return { status: 'fail', seconds, reason: `${detail}; the next job on the survivors failed: ${nextErr}` };
+  if (nextErr)
+    return { status: 'fail', seconds, reason: `${detail}; the next job on the survivors failed: ${nextErr}` };
   if (markedAfter > LIMIT_S) return { status: 'fail', seconds, reason: `too slow: ${detail}` };
   return { status: 'pass', seconds, reason: `${detail}; next job OK`, note: 'by itself' };
 }
-

@@ -1,6 +1,16 @@
 // pset-group: MPI_Group_from_session_pset on custom names + MPI_Comm_create_from_group, with two
 // disjoint psets of one job building their communicators at the same time.
-import { allPassed, createJob, failed, outputOf, psetsUnsupported, release, startRanks, waitRanks, type Feature } from './common.js';
+import {
+  allPassed,
+  createJob,
+  type Feature,
+  failed,
+  outputOf,
+  psetsUnsupported,
+  release,
+  startRanks,
+  waitRanks,
+} from './common.js';
 
 export const psetGroup: Feature = {
   name: 'pset-group',

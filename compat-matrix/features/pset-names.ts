@@ -1,6 +1,16 @@
 // pset-names: MPI_Session_get_num_psets / get_nth_pset list the psets the sidecar defined for
 // the job (the job is created from a pset; a second, overlapping pset is defined as well).
-import { allPassed, createJob, failed, outputOf, psetsUnsupported, release, startRanks, waitRanks, type Feature } from './common.js';
+import {
+  allPassed,
+  createJob,
+  type Feature,
+  failed,
+  outputOf,
+  psetsUnsupported,
+  release,
+  startRanks,
+  waitRanks,
+} from './common.js';
 
 export const psetNames: Feature = {
   name: 'pset-names',
@@ -24,8 +34,14 @@ export const psetNames: Feature = {
       if (!allPassed(runs, 'pset-names', ended, (l) => l.size === members.length)) {
         return failed(runs, 'pset-names', ended, seconds, 'a rank did not report a usable session');
       }
-      const seen = runs.map((r) => outputOf(r, 'pset-names').find((l) => Array.isArray(l.names))?.names as string[] | undefined);
-      const missing = seen.map((s, rank) => (s ? names.filter((n) => !s.includes(n)).map((n) => `rank ${rank} lacks ${n}`) : [`rank ${rank} printed no names`])).flat();
+      const seen = runs.map(
+        (r) => outputOf(r, 'pset-names').find((l) => Array.isArray(l.names))?.names as string[] | undefined,
+      );
+      const missing = seen.flatMap((s, rank) =>
+        s
+          ? names.filter((n) => !s.includes(n)).map((n) => `rank ${rank} lacks ${n}`)
+          : [`rank ${rank} printed no names`],
+      );
       if (missing.length === 0) return { status: 'pass', seconds };
       return { status: 'fail', seconds, reason: `${missing.join('; ')}; saw ${JSON.stringify(seen[0] ?? [])}` };
     } finally {

@@ -1,5 +1,5 @@
 // publish-lookup: MPI_Publish_name / MPI_Lookup_name / MPI_Unpublish_name across ranks.
-import { simpleJob, type Feature } from './common.js';
+import { type Feature, simpleJob } from './common.js';
 
 export const publishLookup: Feature = {
   name: 'publish-lookup',

@@ -6,7 +6,7 @@
 //   (the in-process join mode, the agents' own sessions in the sidecar's pool, is inprocess.ts)
 import type { Agent } from '../agents.js';
 import type { RepeatMode } from '../rows.js';
-import { brief, createJob, envFields, memberEnvs, release, type Ctx, type Outcome } from './common.js';
+import { brief, type Ctx, createJob, envFields, memberEnvs, type Outcome, release } from './common.js';
 
 export function subsets(jobs: number, agents: number): number[][] {
   return Array.from({ length: jobs }, (_, i) => {
@@ -20,15 +20,23 @@ function median(xs: number[]): number {
   return s.length ? s[Math.floor(s.length / 2)]! : NaN;
 }
 
-async function oneJob(ctx: Ctx, agents: Agent[], mode: RepeatMode, tag: string, send: (a: Agent, i: number) => void, size: number): Promise<string | undefined> {
+async function oneJob(
+  _ctx: Ctx,
+  agents: Agent[],
+  mode: RepeatMode,
+  tag: string,
+  send: (a: Agent, i: number) => void,
+  size: number,
+): Promise<string | undefined> {
   const since = agents.map((a) => a.lines.length);
-  agents.forEach((a, i) => send(a, i));
+  for (const [i, a] of agents.entries()) send(a, i);
   const done = await Promise.all(agents.map((a, i) => a.waitFor((l) => l.done === tag, 60_000, since[i])));
   for (const [i, a] of agents.entries()) {
-    if (!done[i]) return `${mode}: job ${tag} hung on ${a.id}${a.alive ? '' : ' (its process died)'}: ${brief(a.stderr.trim().split('\n').slice(-2).join(' | '))}`;
+    if (!done[i])
+      return `${mode}: job ${tag} hung on ${a.id}${a.alive ? '' : ' (its process died)'}: ${brief(a.stderr.trim().split('\n').slice(-2).join(' | '))}`;
     const res = a.lines.slice(since[i]).find((l) => l.feature === 'repeat' && l.job === tag);
     const expect = (size * (size + 1)) / 2;
-    if (!res || res.ok !== true || res.size !== size || res.sum !== expect) {
+    if (res?.ok !== true || res.size !== size || res.sum !== expect) {
       return `${mode}: job ${tag} on ${a.id}: ${res ? JSON.stringify(res) : 'no result'}${a.alive ? '' : ` (process died: ${brief(a.stderr.trim().split('\n').slice(-2).join(' | '))})`}`;
     }
   }
@@ -46,8 +54,16 @@ export async function repeat(ctx: Ctx, mode: RepeatMode, jobs = 20): Promise<Out
     const job = await createJob(ctx, members);
     try {
       const envs = await memberEnvs(ctx, job);
-      const err = await oneJob(ctx, members, mode, job.id, (a) => a.send([mode, job.id, ...envFields(envs.get(a.id)!)]), members.length);
-      if (err) return { status: 'fail', seconds: (performance.now() - t0) / 1000, reason: `${err} (job ${i + 1} of ${jobs})` };
+      const err = await oneJob(
+        ctx,
+        members,
+        mode,
+        job.id,
+        (a) => a.send([mode, job.id, ...envFields(envs.get(a.id)!)]),
+        members.length,
+      );
+      if (err)
+        return { status: 'fail', seconds: (performance.now() - t0) / 1000, reason: `${err} (job ${i + 1} of ${jobs})` };
     } finally {
       await release(ctx, job);
     }

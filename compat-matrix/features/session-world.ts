@@ -1,5 +1,5 @@
 // session-world: MPI_Session_init + mpi://WORLD + MPI_Comm_create_from_group + Allreduce.
-import { simpleJob, type Feature } from './common.js';
+import { type Feature, simpleJob } from './common.js';
 
 export const sessionWorld: Feature = {
   name: 'session-world',

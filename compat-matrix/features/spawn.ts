@@ -1,7 +1,17 @@
 // spawn: MPI_Comm_spawn of two children. The sidecar has no spawn policy that starts processes
 // (it would be a launcher, which a Dask cluster already has): it answers with a clear error,
 // which the cell records as unsupported with the library's message.
-import { allPassed, brief, createJob, failed, outputOf, release, startRanks, waitRanks, type Feature } from './common.js';
+import {
+  allPassed,
+  brief,
+  createJob,
+  type Feature,
+  failed,
+  outputOf,
+  release,
+  startRanks,
+  waitRanks,
+} from './common.js';
 
 export const spawnFeature: Feature = {
   name: 'spawn',
@@ -18,7 +28,11 @@ export const spawnFeature: Feature = {
       if (allPassed(runs, 'spawn', ended)) return { status: 'pass', seconds };
       const err = lines.find((l) => l.error === 'MPI_Comm_spawn');
       if (err) {
-        return { status: 'unsupported', seconds, reason: `MPI_Comm_spawn answered an error (${brief(String(err.message ?? ''))})` };
+        return {
+          status: 'unsupported',
+          seconds,
+          reason: `MPI_Comm_spawn answered an error (${brief(String(err.message ?? ''))})`,
+        };
       }
       return failed(runs, 'spawn', ended, seconds, 'no result');
     } finally {

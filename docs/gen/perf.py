@@ -234,10 +234,12 @@ def fig_comm(plt, out: Path) -> tuple[str, str]:
         f"{wl['tcp+mpi']['array']['seconds']:.1f} s, "
         f"a P2P shuffle {wl['tcp']['shuffle']['seconds']:.1f} s vs {wl['tcp+mpi']['shuffle']['seconds']:.1f} s. "
         f"Machine: {doc['cpus']} cores; {_loads(doc['load_avg_at_start'], doc['load_avg_at_end'])}. Configuration: "
-        + ("the default one: workers of a LocalCluster in the in-process pool, which started together and so "
-           "share memory (a cohort); each ratio is the median of paired rounds. "
-           if doc["cluster"] == "pool" else
-           f"workers started by Open MPI's launcher ({doc['cluster']}), so that pairs on one host share memory. ")
+        + (
+            "the default one: workers of a LocalCluster in the in-process pool, which started together and so "
+            "share memory (a cohort); each ratio is the median of paired rounds. "
+            if doc["cluster"] == "pool"
+            else f"workers started by Open MPI's launcher ({doc['cluster']}), so that pairs on one host share memory. "
+        )
         + "Source: `bench/results/comm.json`."
     )
     return path, caption

@@ -6,52 +6,52 @@
 
 namespace dpmix {
 
-Args& Args::Add(const char* name, Make make) {
+Args &Args::Add(const char *name, Make make) {
   fields_.emplace_back(name, std::move(make));
   return *this;
 }
 
-Args& Args::Proc(const char* name, const pmix_proc_t* proc) {
+Args &Args::Proc(const char *name, const pmix_proc_t *proc) {
   if (!proc) return Add(name, [](Napi::Env env) { return env.Null(); });
   pmix_proc_t copy = *proc;
   return Add(name, [copy](Napi::Env env) { return ProcToJs(env, copy); });
 }
 
-Args& Args::Procs(const char* name, const pmix_proc_t* procs, size_t n) {
+Args &Args::Procs(const char *name, const pmix_proc_t *procs, size_t n) {
   std::vector<pmix_proc_t> copy = procs ? std::vector<pmix_proc_t>(procs, procs + n) : std::vector<pmix_proc_t>();
   return Add(name, [copy](Napi::Env env) { return ProcsToJs(env, copy.data(), copy.size()); });
 }
 
-Args& Args::Infos(const char* name, const pmix_info_t* info, size_t n) {
+Args &Args::Infos(const char *name, const pmix_info_t *info, size_t n) {
   auto copy = std::make_shared<Info>(info, n);  // std::function needs a copyable capture
   return Add(name, [copy](Napi::Env env) { return copy->ToJs(env); });
 }
 
-Args& Args::OneInfo(const char* name, const pmix_info_t* info) {
+Args &Args::OneInfo(const char *name, const pmix_info_t *info) {
   if (!info) return *this;
   auto copy = std::make_shared<Info>(info, 1);
   return Add(name, [copy](Napi::Env env) { return copy->ToJs(env).Get(uint32_t(0)); });
 }
 
-Args& Args::Strings(const char* name, char** argv) {
+Args &Args::Strings(const char *name, char **argv) {
   std::vector<std::string> copy = CopyArgv(argv);
   return Add(name, [copy](Napi::Env env) { return StringsToJs(env, copy); });
 }
 
-Args& Args::Bytes(const char* name, const char* data, size_t n) {
+Args &Args::Bytes(const char *name, const char *data, size_t n) {
   std::string copy = data ? std::string(data, n) : std::string();
   return Add(name, [copy](Napi::Env env) { return Napi::Buffer<char>::Copy(env, copy.data(), copy.size()); });
 }
 
-Args& Args::String(const char* name, std::string value) {
+Args &Args::String(const char *name, std::string value) {
   return Add(name, [value](Napi::Env env) { return Napi::String::New(env, value); });
 }
 
-Args& Args::Number(const char* name, double value) {
+Args &Args::Number(const char *name, double value) {
   return Add(name, [value](Napi::Env env) { return Napi::Number::New(env, value); });
 }
 
-Args& Args::Numbers(const char* name, const pmix_status_t* values, size_t n) {
+Args &Args::Numbers(const char *name, const pmix_status_t *values, size_t n) {
   std::vector<double> copy;
   for (size_t i = 0; values && i < n; ++i) copy.push_back(values[i]);
   return Add(name, [copy](Napi::Env env) {
@@ -61,7 +61,7 @@ Args& Args::Numbers(const char* name, const pmix_status_t* values, size_t n) {
   });
 }
 
-Args& Args::Queries(const char* name, const pmix_query_t* queries, size_t n) {
+Args &Args::Queries(const char *name, const pmix_query_t *queries, size_t n) {
   struct Query {
     std::vector<std::string> keys;
     std::shared_ptr<Info> qualifiers;
@@ -81,7 +81,7 @@ Args& Args::Queries(const char* name, const pmix_query_t* queries, size_t n) {
   });
 }
 
-Args& Args::Apps(const char* name, const pmix_app_t* apps, size_t n) {
+Args &Args::Apps(const char *name, const pmix_app_t *apps, size_t n) {
   struct App {
     std::string cmd, cwd;
     std::vector<std::string> argv, env;
@@ -111,7 +111,7 @@ Args& Args::Apps(const char* name, const pmix_app_t* apps, size_t n) {
 
 Napi::Object Args::ToJs(Napi::Env env) const {
   Napi::Object o = Napi::Object::New(env);
-  for (const auto& [name, make] : fields_) o.Set(name, make(env));
+  for (const auto &[name, make] : fields_) o.Set(name, make(env));
   return o;
 }
 

@@ -8,7 +8,7 @@ namespace bridge {
 
 namespace {
 
-void CallJs(Napi::Env env, Napi::Function, std::nullptr_t*, Task* task) {
+void CallJs(Napi::Env env, Napi::Function, std::nullptr_t *, Task *task) {
   if (env == nullptr) {
     task->Abandon();
   } else {
@@ -41,7 +41,7 @@ void Close() {
 
 bool IsOpen() { return g_open; }
 
-bool Post(Task* task) {
+bool Post(Task *task) {
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     if (g_open && g_tsfn.NonBlockingCall(task) == napi_ok) return true;

@@ -27,7 +27,7 @@ void Close();
 bool IsOpen();
 // Hands `task` to the JavaScript thread, which then owns it. Returns false when the bridge is
 // closed; the caller keeps the task.
-bool Post(Task* task);
+bool Post(Task *task);
 
 }  // namespace bridge
 }  // namespace dpmix

@@ -16,9 +16,9 @@ void InitConstants(Napi::Env env, Napi::Object exports) {
   Napi::Object constants = Napi::Object::New(env);
   constants.Set("keys", keys);
   constants.Set("ints", ints);
-  constants.Set("headerVersion", Napi::String::New(env, std::to_string(PMIX_VERSION_MAJOR) + "." +
-                                                            std::to_string(PMIX_VERSION_MINOR) + "." +
-                                                            std::to_string(PMIX_VERSION_RELEASE)));
+  constants.Set("headerVersion",
+                Napi::String::New(env, std::to_string(PMIX_VERSION_MAJOR) + "." + std::to_string(PMIX_VERSION_MINOR) +
+                                           "." + std::to_string(PMIX_VERSION_RELEASE)));
   exports.Set("constants", constants);
 }
 

@@ -22,11 +22,11 @@ void MarkFinalized();
 // False once libpmix is finalized: callbacks into it are no longer allowed.
 bool CanCallBack();
 // Whether `name` ("upcall" or "upcall.op") is answered at once and only told to JavaScript.
-bool IsImmediate(const char* name);
+bool IsImmediate(const char *name);
 
 // Hands the upcall to JavaScript; the result is what the module function returns to libpmix.
 // On failure the upcall is dropped without calling back (libpmix learns from the result).
-pmix_status_t Post(Upcall* upcall);
+pmix_status_t Post(Upcall *upcall);
 
 }  // namespace delivery
 }  // namespace dpmix

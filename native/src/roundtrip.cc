@@ -13,7 +13,7 @@ namespace dpmix {
 
 namespace {
 
-Napi::Value ValueRoundTrip(const Napi::CallbackInfo& info) {
+Napi::Value ValueRoundTrip(const Napi::CallbackInfo &info) {
   Napi::Env env = info.Env();
   bool through = info.Length() > 1 && info[1].ToBoolean().Value();
   pmix_value_t in;

@@ -27,23 +27,24 @@ pmix_server_module_t g_module;
 bool g_initialized = false;
 bool g_finalizing = false;  // PMIx_server_finalize is running on a worker
 
-Napi::Error StatusError(Napi::Env env, const std::string& what, pmix_status_t status) {
+Napi::Error StatusError(Napi::Env env, const std::string &what, pmix_status_t status) {
   Napi::Error e = Napi::Error::New(env, what + ": " + PMIx_Error_string(status) + " (" + std::to_string(status) + ")");
   e.Value().Set("status", Napi::Number::New(env, status));
   e.Value().Set("code", Napi::String::New(env, PMIx_Error_string(status)));
   return e;
 }
 
-void RequireInitialized(Napi::Env env, const char* what) {
+void RequireInitialized(Napi::Env env, const char *what) {
   if (!g_initialized) throw Napi::Error::New(env, std::string(what) + ": the PMIx server is not initialized");
 }
 
-std::string StringArg(const Napi::CallbackInfo& info, size_t i, const char* what) {
-  if (info.Length() <= i || !info[i].IsString()) throw Napi::TypeError::New(info.Env(), std::string(what) + " must be a string");
+std::string StringArg(const Napi::CallbackInfo &info, size_t i, const char *what) {
+  if (info.Length() <= i || !info[i].IsString())
+    throw Napi::TypeError::New(info.Env(), std::string(what) + " must be a string");
   return info[i].As<Napi::String>().Utf8Value();
 }
 
-void NspaceArg(const Napi::CallbackInfo& info, size_t i, pmix_nspace_t out) {
+void NspaceArg(const Napi::CallbackInfo &info, size_t i, pmix_nspace_t out) {
   std::string ns = StringArg(info, i, "nspace");
   if (ns.empty() || ns.size() > PMIX_MAX_NSLEN)
     throw Napi::TypeError::New(info.Env(), "nspace must have 1 to " + std::to_string(PMIX_MAX_NSLEN) + " characters");
@@ -57,8 +58,8 @@ class PendingOp : public Task {
   PendingOp(Napi::Env env, std::string what) : deferred_(Napi::Promise::Deferred::New(env)), what_(std::move(what)) {}
   Napi::Promise Promise() const { return deferred_.Promise(); }
 
-  static void Callback(pmix_status_t status, void* cbdata) {
-    auto* self = static_cast<PendingOp*>(cbdata);
+  static void Callback(pmix_status_t status, void *cbdata) {
+    auto *self = static_cast<PendingOp *>(cbdata);
     self->status_ = status;
     if (!bridge::Post(self)) delete self;  // nobody is left to tell
   }
@@ -91,7 +92,7 @@ class PendingOp : public Task {
 
 // Starts an operation: `start` returns libpmix's immediate status.
 template <typename Start>
-Napi::Value RunOp(Napi::Env env, PendingOp* op, Start start) {
+Napi::Value RunOp(Napi::Env env, PendingOp *op, Start start) {
   Napi::Promise p = op->Promise();
   pmix_status_t rc = start(op);
   if (rc == PMIX_SUCCESS) return p;
@@ -99,7 +100,7 @@ Napi::Value RunOp(Napi::Env env, PendingOp* op, Start start) {
 }
 
 // init({info, handler, upcalls, immediate})
-Napi::Value Init(const Napi::CallbackInfo& info) {
+Napi::Value Init(const Napi::CallbackInfo &info) {
   Napi::Env env = info.Env();
   if (g_initialized) throw Napi::Error::New(env, "the PMIx server is already initialized");
   if (g_finalizing) throw Napi::Error::New(env, "the previous PMIx server is still finalizing");
@@ -157,7 +158,7 @@ class FinalizeWorker : public Napi::AsyncWorker {
   pmix_status_t rc_ = PMIX_SUCCESS;
 };
 
-Napi::Value Finalize(const Napi::CallbackInfo& info) {
+Napi::Value Finalize(const Napi::CallbackInfo &info) {
   Napi::Env env = info.Env();
   auto deferred = Napi::Promise::Deferred::New(env);
   if (!g_initialized) {
@@ -167,47 +168,47 @@ Napi::Value Finalize(const Napi::CallbackInfo& info) {
   g_initialized = false;
   g_finalizing = true;
   upcalls::MarkFinalized();
-  auto* w = new FinalizeWorker(env);
+  auto *w = new FinalizeWorker(env);
   Napi::Promise p = w->Promise();
   w->Queue();
   return p;
 }
 
-Napi::Value IsInitialized(const Napi::CallbackInfo& info) { return Napi::Boolean::New(info.Env(), g_initialized); }
+Napi::Value IsInitialized(const Napi::CallbackInfo &info) { return Napi::Boolean::New(info.Env(), g_initialized); }
 
 // registerNspace(nspace, nlocalprocs, info)
-Napi::Value RegisterNspace(const Napi::CallbackInfo& info) {
+Napi::Value RegisterNspace(const Napi::CallbackInfo &info) {
   Napi::Env env = info.Env();
   RequireInitialized(env, "registerNspace");
   pmix_nspace_t ns;
   NspaceArg(info, 0, ns);
   if (info.Length() < 2 || !info[1].IsNumber()) throw Napi::TypeError::New(env, "nlocalprocs must be a number");
   int nlocal = info[1].As<Napi::Number>().Int32Value();
-  auto* op = new PendingOp(env, std::string("PMIx_server_register_nspace(") + ns + ")");
+  auto *op = new PendingOp(env, std::string("PMIx_server_register_nspace(") + ns + ")");
   try {
     op->info = Info::FromJs(info.Length() > 2 ? info[2] : env.Undefined());
   } catch (...) {
     delete op;
     throw;
   }
-  return RunOp(env, op, [&](PendingOp* o) {
+  return RunOp(env, op, [&](PendingOp *o) {
     return PMIx_server_register_nspace(ns, nlocal, o->info.data(), o->info.size(), PendingOp::Callback, o);
   });
 }
 
-Napi::Value DeregisterNspace(const Napi::CallbackInfo& info) {
+Napi::Value DeregisterNspace(const Napi::CallbackInfo &info) {
   Napi::Env env = info.Env();
   RequireInitialized(env, "deregisterNspace");
   pmix_nspace_t ns;
   NspaceArg(info, 0, ns);
-  auto* op = new PendingOp(env, std::string("PMIx_server_deregister_nspace(") + ns + ")");
+  auto *op = new PendingOp(env, std::string("PMIx_server_deregister_nspace(") + ns + ")");
   Napi::Promise p = op->Promise();
   PMIx_server_deregister_nspace(ns, PendingOp::Callback, op);
   return p;
 }
 
 // registerClient(proc, uid, gid)
-Napi::Value RegisterClient(const Napi::CallbackInfo& info) {
+Napi::Value RegisterClient(const Napi::CallbackInfo &info) {
   Napi::Env env = info.Env();
   RequireInitialized(env, "registerClient");
   pmix_proc_t proc = ProcFromJs(info[0]);
@@ -215,17 +216,17 @@ Napi::Value RegisterClient(const Napi::CallbackInfo& info) {
     throw Napi::TypeError::New(env, "registerClient(proc, uid, gid): uid and gid must be numbers");
   uid_t uid = info[1].As<Napi::Number>().Uint32Value();
   gid_t gid = info[2].As<Napi::Number>().Uint32Value();
-  auto* op = new PendingOp(env, "PMIx_server_register_client");
+  auto *op = new PendingOp(env, "PMIx_server_register_client");
   op->proc = proc;
-  return RunOp(env, op, [&](PendingOp* o) {
+  return RunOp(env, op, [&](PendingOp *o) {
     return PMIx_server_register_client(&o->proc, uid, gid, nullptr, PendingOp::Callback, o);
   });
 }
 
-Napi::Value DeregisterClient(const Napi::CallbackInfo& info) {
+Napi::Value DeregisterClient(const Napi::CallbackInfo &info) {
   Napi::Env env = info.Env();
   RequireInitialized(env, "deregisterClient");
-  auto* op = new PendingOp(env, "PMIx_server_deregister_client");
+  auto *op = new PendingOp(env, "PMIx_server_deregister_client");
   op->proc = ProcFromJs(info[0]);
   Napi::Promise p = op->Promise();
   PMIx_server_deregister_client(&op->proc, PendingOp::Callback, op);
@@ -233,15 +234,15 @@ Napi::Value DeregisterClient(const Napi::CallbackInfo& info) {
 }
 
 // setupFork(proc) -> {NAME: value}: the environment a client needs to connect.
-Napi::Value SetupFork(const Napi::CallbackInfo& info) {
+Napi::Value SetupFork(const Napi::CallbackInfo &info) {
   Napi::Env env = info.Env();
   RequireInitialized(env, "setupFork");
   pmix_proc_t proc = ProcFromJs(info[0]);
-  char** envp = static_cast<char**>(calloc(1, sizeof(char*)));
+  char **envp = static_cast<char **>(calloc(1, sizeof(char *)));
   pmix_status_t rc = PMIx_server_setup_fork(&proc, &envp);
   Napi::Object out = Napi::Object::New(env);
   for (size_t i = 0; envp && envp[i]; ++i) {
-    const char* eq = std::strchr(envp[i], '=');
+    const char *eq = std::strchr(envp[i], '=');
     if (eq) out.Set(std::string(envp[i], eq - envp[i]), Napi::String::New(env, eq + 1));
     free(envp[i]);
   }
@@ -255,8 +256,8 @@ class PendingModex : public Task {
   explicit PendingModex(Napi::Env env) : deferred_(Napi::Promise::Deferred::New(env)) {}
   Napi::Promise Promise() const { return deferred_.Promise(); }
   // The blob belongs to libpmix and is valid only during the call: copy it.
-  static void Callback(pmix_status_t status, char* data, size_t ndata, void* cbdata) {
-    auto* self = static_cast<PendingModex*>(cbdata);
+  static void Callback(pmix_status_t status, char *data, size_t ndata, void *cbdata) {
+    auto *self = static_cast<PendingModex *>(cbdata);
     self->status_ = status;
     if (data && ndata) self->data_.assign(data, ndata);
     if (!bridge::Post(self)) delete self;
@@ -278,10 +279,10 @@ class PendingModex : public Task {
 };
 
 // dmodexRequest(proc) -> Buffer: the modex blob libpmix holds for a local client.
-Napi::Value DmodexRequest(const Napi::CallbackInfo& info) {
+Napi::Value DmodexRequest(const Napi::CallbackInfo &info) {
   Napi::Env env = info.Env();
   RequireInitialized(env, "dmodexRequest");
-  auto* op = new PendingModex(env);
+  auto *op = new PendingModex(env);
   op->proc = ProcFromJs(info[0]);
   Napi::Promise p = op->Promise();
   pmix_status_t rc = PMIx_server_dmodex_request(&op->proc, PendingModex::Callback, op);
@@ -296,18 +297,23 @@ Napi::Value DmodexRequest(const Napi::CallbackInfo& info) {
 class PsetWorker : public Napi::AsyncWorker {
  public:
   PsetWorker(Napi::Env env, std::string name, std::vector<pmix_proc_t> members, bool define)
-      : Napi::AsyncWorker(env), deferred_(Napi::Promise::Deferred::New(env)), name_(std::move(name)),
-        members_(std::move(members)), define_(define) {}
+      : Napi::AsyncWorker(env),
+        deferred_(Napi::Promise::Deferred::New(env)),
+        name_(std::move(name)),
+        members_(std::move(members)),
+        define_(define) {}
   Napi::Promise Promise() const { return deferred_.Promise(); }
   void Execute() override {
     rc_ = define_ ? PMIx_server_define_process_set(members_.data(), members_.size(), name_.c_str())
-                  : PMIx_server_delete_process_set(const_cast<char*>(name_.c_str()));
+                  : PMIx_server_delete_process_set(const_cast<char *>(name_.c_str()));
   }
   void OnOK() override {
     if (rc_ == PMIX_SUCCESS || rc_ == PMIX_OPERATION_SUCCEEDED) {
       deferred_.Resolve(Env().Undefined());
     } else {
-      deferred_.Reject(StatusError(Env(), define_ ? "PMIx_server_define_process_set" : "PMIx_server_delete_process_set", rc_).Value());
+      deferred_.Reject(
+          StatusError(Env(), define_ ? "PMIx_server_define_process_set" : "PMIx_server_delete_process_set", rc_)
+              .Value());
     }
   }
 
@@ -319,33 +325,33 @@ class PsetWorker : public Napi::AsyncWorker {
   pmix_status_t rc_ = PMIX_SUCCESS;
 };
 
-Napi::Value DefineProcessSet(const Napi::CallbackInfo& info) {
+Napi::Value DefineProcessSet(const Napi::CallbackInfo &info) {
   Napi::Env env = info.Env();
   RequireInitialized(env, "defineProcessSet");
   std::string name = StringArg(info, 0, "pset name");
-  auto* w = new PsetWorker(env, name, ProcsFromJs(info[1]), true);
+  auto *w = new PsetWorker(env, name, ProcsFromJs(info[1]), true);
   Napi::Promise p = w->Promise();
   w->Queue();
   return p;
 }
 
-Napi::Value DeleteProcessSet(const Napi::CallbackInfo& info) {
+Napi::Value DeleteProcessSet(const Napi::CallbackInfo &info) {
   Napi::Env env = info.Env();
   RequireInitialized(env, "deleteProcessSet");
-  auto* w = new PsetWorker(env, StringArg(info, 0, "pset name"), {}, false);
+  auto *w = new PsetWorker(env, StringArg(info, 0, "pset name"), {}, false);
   Napi::Promise p = w->Promise();
   w->Queue();
   return p;
 }
 
 // notifyEvent(status, source, range, info): PMIx_Notify_event from the host to its clients.
-Napi::Value NotifyEvent(const Napi::CallbackInfo& info) {
+Napi::Value NotifyEvent(const Napi::CallbackInfo &info) {
   Napi::Env env = info.Env();
   RequireInitialized(env, "notifyEvent");
   if (info.Length() < 3 || !info[0].IsNumber() || !info[2].IsNumber())
     throw Napi::TypeError::New(env, "notifyEvent(status, source, range, info)");
   pmix_status_t status = info[0].As<Napi::Number>().Int32Value();
-  auto* op = new PendingOp(env, "PMIx_Notify_event");
+  auto *op = new PendingOp(env, "PMIx_Notify_event");
   try {
     op->proc = ProcFromJs(info[1]);
     op->info = Info::FromJs(info.Length() > 3 ? info[3] : env.Undefined());
@@ -354,13 +360,13 @@ Napi::Value NotifyEvent(const Napi::CallbackInfo& info) {
     throw;
   }
   auto range = static_cast<pmix_data_range_t>(info[2].As<Napi::Number>().Uint32Value());
-  return RunOp(env, op, [&](PendingOp* o) {
+  return RunOp(env, op, [&](PendingOp *o) {
     return PMIx_Notify_event(status, &o->proc, range, o->info.data(), o->info.size(), PendingOp::Callback, o);
   });
 }
 
 // generateRegex / generatePpn return the regex as bytes, exactly as PMIX_REGEX values carry it.
-Napi::Value RegexToBuffer(Napi::Env env, char* regex) {
+Napi::Value RegexToBuffer(Napi::Env env, char *regex) {
   pmix_value_t v;
   PMIx_Value_construct(&v);
   pmix_status_t rc = PMIx_Value_load(&v, regex, PMIX_REGEX);
@@ -371,32 +377,32 @@ Napi::Value RegexToBuffer(Napi::Env env, char* regex) {
   return out;
 }
 
-Napi::Value GenerateRegex(const Napi::CallbackInfo& info) {
+Napi::Value GenerateRegex(const Napi::CallbackInfo &info) {
   Napi::Env env = info.Env();
   std::string input = StringArg(info, 0, "regex input");
-  char* regex = nullptr;
+  char *regex = nullptr;
   pmix_status_t rc = PMIx_generate_regex(input.c_str(), &regex);
   if (rc != PMIX_SUCCESS) throw StatusError(env, "PMIx_generate_regex", rc);
   return RegexToBuffer(env, regex);
 }
 
-Napi::Value GeneratePpn(const Napi::CallbackInfo& info) {
+Napi::Value GeneratePpn(const Napi::CallbackInfo &info) {
   Napi::Env env = info.Env();
   std::string input = StringArg(info, 0, "ppn input");
-  char* regex = nullptr;
+  char *regex = nullptr;
   pmix_status_t rc = PMIx_generate_ppn(input.c_str(), &regex);
   if (rc != PMIX_SUCCESS) throw StatusError(env, "PMIx_generate_ppn", rc);
   return RegexToBuffer(env, regex);
 }
 
-Napi::Value Version(const Napi::CallbackInfo& info) { return Napi::String::New(info.Env(), PMIx_Get_version()); }
+Napi::Value Version(const Napi::CallbackInfo &info) { return Napi::String::New(info.Env(), PMIx_Get_version()); }
 
-Napi::Value ErrorString(const Napi::CallbackInfo& info) {
+Napi::Value ErrorString(const Napi::CallbackInfo &info) {
   if (info.Length() < 1 || !info[0].IsNumber()) throw Napi::TypeError::New(info.Env(), "status must be a number");
   return Napi::String::New(info.Env(), PMIx_Error_string(info[0].As<Napi::Number>().Int32Value()));
 }
 
-Napi::Value UpcallNames(const Napi::CallbackInfo& info) { return StringsToJs(info.Env(), upcalls::Names()); }
+Napi::Value UpcallNames(const Napi::CallbackInfo &info) { return StringsToJs(info.Env(), upcalls::Names()); }
 
 }  // namespace
 

@@ -10,15 +10,15 @@ namespace dpmix {
 
 namespace {
 
-void FreeRelease(void* p) { free(p); }
+void FreeRelease(void *p) { free(p); }
 
 struct InfoRelease {
-  pmix_info_t* info;
+  pmix_info_t *info;
   size_t n;
 };
 
-void ReleaseInfo(void* p) {
-  auto* r = static_cast<InfoRelease*>(p);
+void ReleaseInfo(void *p) {
+  auto *r = static_cast<InfoRelease *>(p);
   if (r->info) PMIx_Info_free(r->info, r->n);
   delete r;
 }
@@ -26,7 +26,7 @@ void ReleaseInfo(void* p) {
 }  // namespace
 
 template <>
-void OpReply::Reply(Napi::Env, pmix_status_t status, const Napi::Value&) {
+void OpReply::Reply(Napi::Env, pmix_status_t status, const Napi::Value &) {
   Fail(status);
 }
 
@@ -36,7 +36,7 @@ void OpReply::Fail(pmix_status_t status) {
 }
 
 template <>
-void ModexReply::Reply(Napi::Env, pmix_status_t status, const Napi::Value& result) {
+void ModexReply::Reply(Napi::Env, pmix_status_t status, const Napi::Value &result) {
   Bytes b = Bytes::FromJs(result);
   if (!cb_ || !delivery::CanCallBack()) return free(b.data);
   cb_(status, b.data, b.size, cbdata_, FreeRelease, b.data);  // libpmix frees it through FreeRelease
@@ -48,11 +48,11 @@ void ModexReply::Fail(pmix_status_t status) {
 }
 
 template <>
-void InfoReply::Reply(Napi::Env, pmix_status_t status, const Napi::Value& result) {
+void InfoReply::Reply(Napi::Env, pmix_status_t status, const Napi::Value &result) {
   Info info = Info::FromJs(result);
   if (!cb_ || !delivery::CanCallBack()) return;
   size_t n = info.size();
-  auto* rel = new InfoRelease{info.Release(), n};
+  auto *rel = new InfoRelease{info.Release(), n};
   cb_(status, rel->info, n, cbdata_, ReleaseInfo, rel);  // libpmix frees it through ReleaseInfo
 }
 
@@ -62,9 +62,9 @@ void InfoReply::Fail(pmix_status_t status) {
 }
 
 template <>
-void LookupReply::Reply(Napi::Env env, pmix_status_t status, const Napi::Value& result) {
+void LookupReply::Reply(Napi::Env env, pmix_status_t status, const Napi::Value &result) {
   size_t n = 0;
-  pmix_pdata_t* pdata = nullptr;
+  pmix_pdata_t *pdata = nullptr;
   if (result.IsArray()) {
     Napi::Array a = result.As<Napi::Array>();
     n = a.Length();
@@ -98,7 +98,7 @@ void LookupReply::Fail(pmix_status_t status) {
 }
 
 template <>
-void SpawnReply::Reply(Napi::Env env, pmix_status_t status, const Napi::Value& result) {
+void SpawnReply::Reply(Napi::Env env, pmix_status_t status, const Napi::Value &result) {
   pmix_nspace_t ns;
   std::memset(ns, 0, sizeof ns);
   if (result.IsString()) {
@@ -117,7 +117,7 @@ void SpawnReply::Fail(pmix_status_t status) {
 }
 
 template <>
-void ToolReply::Reply(Napi::Env, pmix_status_t status, const Napi::Value& result) {
+void ToolReply::Reply(Napi::Env, pmix_status_t status, const Napi::Value &result) {
   pmix_proc_t proc;
   PMIx_Proc_construct(&proc);
   if (result.IsObject()) proc = ProcFromJs(result);
@@ -133,7 +133,7 @@ void ToolReply::Fail(pmix_status_t status) {
 }
 
 template <>
-void CredentialReply::Reply(Napi::Env env, pmix_status_t status, const Napi::Value& result) {
+void CredentialReply::Reply(Napi::Env env, pmix_status_t status, const Napi::Value &result) {
   if (!result.IsObject()) throw Napi::TypeError::New(env, "credential result is {credential, info}");
   Napi::Object o = result.As<Napi::Object>();
   Bytes b = Bytes::FromJs(o.Get("credential"));
@@ -155,7 +155,7 @@ void CredentialReply::Fail(pmix_status_t status) {
 }
 
 template <>
-void ValidationReply::Reply(Napi::Env, pmix_status_t status, const Napi::Value& result) {
+void ValidationReply::Reply(Napi::Env, pmix_status_t status, const Napi::Value &result) {
   Info info = Info::FromJs(result);
   if (cb_ && delivery::CanCallBack()) cb_(status, info.data(), info.size(), cbdata_);
 }

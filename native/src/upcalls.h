@@ -17,13 +17,13 @@ namespace dpmix {
 namespace upcalls {
 
 // The JavaScript names of all upcalls, in pmix_server_module_t order.
-const std::vector<std::string>& Names();
+const std::vector<std::string> &Names();
 
 // Fills `module` with the upcalls named in `handled` and remembers `handler`. Upcalls named in
 // `immediate` (supported: "group.destruct") reach the handler as notifications while libpmix is
 // answered PMIX_OPERATION_SUCCEEDED at once. Throws a TypeError naming an unknown upcall.
-void Install(Napi::Env env, Napi::Function handler, const std::vector<std::string>& handled,
-             const std::vector<std::string>& immediate, pmix_server_module_t* module);
+void Install(Napi::Env env, Napi::Function handler, const std::vector<std::string> &handled,
+             const std::vector<std::string> &immediate, pmix_server_module_t *module);
 // Registers the "localEvent" handler, if JavaScript takes it, for the events libpmix raises
 // inside the server when a client is lost. Call once PMIx_server_init has succeeded.
 pmix_status_t RegisterLocalEvents();

@@ -11,7 +11,7 @@ namespace {
 
 struct TypeEntry {
   pmix_data_type_t type;
-  const char* name;
+  const char *name;
 };
 
 // The types the host exchanges with libpmix. Others are passed to JS as {type: 'unsupported'}.
@@ -59,9 +59,7 @@ const TypeEntry kTypes[] = {
     {PMIX_POINTER, "pointer"},
 };
 
-[[noreturn]] void Throw(Napi::Env env, const std::string& msg) {
-  throw Napi::TypeError::New(env, msg);
-}
+[[noreturn]] void Throw(Napi::Env env, const std::string &msg) { throw Napi::TypeError::New(env, msg); }
 
 Napi::Value Int64ToJs(Napi::Env env, int64_t v) {
   if (v > (int64_t(1) << 53) || v < -(int64_t(1) << 53)) return Napi::BigInt::New(env, v);
@@ -75,7 +73,7 @@ Napi::Value Uint64ToJs(Napi::Env env, uint64_t v) {
 
 // Reads an integer from a JS number or bigint and checks it fits [lo, hi].
 template <typename T>
-T IntFromJs(const Napi::Value& v, const char* type) {
+T IntFromJs(const Napi::Value &v, const char *type) {
   Napi::Env env = v.Env();
   if (v.IsBigInt()) {
     bool lossless = true;
@@ -94,36 +92,35 @@ T IntFromJs(const Napi::Value& v, const char* type) {
   if (!v.IsNumber()) Throw(env, std::string("expected a number for ") + type);
   double d = v.As<Napi::Number>().DoubleValue();
   if (std::isnan(d) || std::floor(d) != d) Throw(env, std::string("expected an integer for ") + type);
-  if (d < static_cast<double>(std::numeric_limits<T>::min()) ||
-      d > static_cast<double>(std::numeric_limits<T>::max()))
+  if (d < static_cast<double>(std::numeric_limits<T>::min()) || d > static_cast<double>(std::numeric_limits<T>::max()))
     Throw(env, std::string("value out of range for ") + type);
   return static_cast<T>(d);
 }
 
-std::string StringFromJs(const Napi::Value& v, const char* what) {
+std::string StringFromJs(const Napi::Value &v, const char *what) {
   if (!v.IsString()) Throw(v.Env(), std::string("expected a string for ") + what);
   return v.As<Napi::String>().Utf8Value();
 }
 
 // Copies a string into a fixed-size, NUL-terminated PMIx field (nspace, key).
 template <size_t N>
-void LoadFixed(char (&dst)[N], const std::string& src, Napi::Env env, const char* what) {
+void LoadFixed(char (&dst)[N], const std::string &src, Napi::Env env, const char *what) {
   if (src.size() >= N) Throw(env, std::string(what) + " longer than " + std::to_string(N - 1) + " characters");
   std::memset(dst, 0, N);
   std::memcpy(dst, src.data(), src.size());
 }
 
-Napi::Buffer<char> BytesToJs(Napi::Env env, const pmix_byte_object_t& bo) {
+Napi::Buffer<char> BytesToJs(Napi::Env env, const pmix_byte_object_t &bo) {
   return Napi::Buffer<char>::Copy(env, bo.bytes ? bo.bytes : "", bo.bytes ? bo.size : 0);
 }
 
-void BytesFromJs(const Napi::Value& v, pmix_byte_object_t* bo) {
+void BytesFromJs(const Napi::Value &v, pmix_byte_object_t *bo) {
   Bytes b = Bytes::FromJs(v);
   bo->bytes = b.data;
   bo->size = b.size;
 }
 
-Napi::Object ProcInfoToJs(Napi::Env env, const pmix_proc_info_t& p) {
+Napi::Object ProcInfoToJs(Napi::Env env, const pmix_proc_info_t &p) {
   Napi::Object o = Napi::Object::New(env);
   o.Set("proc", ProcToJs(env, p.proc));
   o.Set("hostname", p.hostname ? Napi::String::New(env, p.hostname) : env.Null());
@@ -134,7 +131,7 @@ Napi::Object ProcInfoToJs(Napi::Env env, const pmix_proc_info_t& p) {
   return o;
 }
 
-void ProcInfoFromJs(const Napi::Value& v, pmix_proc_info_t* out) {
+void ProcInfoFromJs(const Napi::Value &v, pmix_proc_info_t *out) {
   Napi::Env env = v.Env();
   if (!v.IsObject()) Throw(env, "expected {proc, hostname, executable, pid, exitCode, state} for proc_info");
   Napi::Object o = v.As<Napi::Object>();
@@ -151,35 +148,67 @@ void ProcInfoFromJs(const Napi::Value& v, pmix_proc_info_t* out) {
 // Storage width of one element of a data array of `type`; 0 for types handled separately.
 size_t ElementWidth(pmix_data_type_t type) {
   switch (type) {
-    case PMIX_BOOL: return sizeof(bool);
-    case PMIX_BYTE: case PMIX_UINT8: case PMIX_INT8: case PMIX_PERSIST: case PMIX_SCOPE:
-    case PMIX_DATA_RANGE: case PMIX_PROC_STATE: case PMIX_ALLOC_DIRECTIVE: case PMIX_JOB_STATE:
+    case PMIX_BOOL:
+      return sizeof(bool);
+    case PMIX_BYTE:
+    case PMIX_UINT8:
+    case PMIX_INT8:
+    case PMIX_PERSIST:
+    case PMIX_SCOPE:
+    case PMIX_DATA_RANGE:
+    case PMIX_PROC_STATE:
+    case PMIX_ALLOC_DIRECTIVE:
+    case PMIX_JOB_STATE:
     case PMIX_LINK_STATE:
       return 1;
-    case PMIX_STRING: return sizeof(char*);
-    case PMIX_SIZE: return sizeof(size_t);
-    case PMIX_PID: return sizeof(pid_t);
-    case PMIX_INT: case PMIX_UINT: return sizeof(int);
-    case PMIX_INT16: case PMIX_UINT16: case PMIX_DATA_TYPE: return 2;
-    case PMIX_INT32: case PMIX_UINT32: case PMIX_STATUS: case PMIX_PROC_RANK: case PMIX_INFO_DIRECTIVES:
+    case PMIX_STRING:
+      return sizeof(char *);
+    case PMIX_SIZE:
+      return sizeof(size_t);
+    case PMIX_PID:
+      return sizeof(pid_t);
+    case PMIX_INT:
+    case PMIX_UINT:
+      return sizeof(int);
+    case PMIX_INT16:
+    case PMIX_UINT16:
+    case PMIX_DATA_TYPE:
+      return 2;
+    case PMIX_INT32:
+    case PMIX_UINT32:
+    case PMIX_STATUS:
+    case PMIX_PROC_RANK:
+    case PMIX_INFO_DIRECTIVES:
       return 4;
-    case PMIX_INT64: case PMIX_UINT64: return 8;
-    case PMIX_FLOAT: return sizeof(float);
-    case PMIX_DOUBLE: return sizeof(double);
-    case PMIX_TIME: return sizeof(time_t);
-    case PMIX_TIMEVAL: return sizeof(struct timeval);
-    case PMIX_BYTE_OBJECT: case PMIX_COMPRESSED_STRING: case PMIX_COMPRESSED_BYTE_OBJECT: case PMIX_REGEX:
+    case PMIX_INT64:
+    case PMIX_UINT64:
+      return 8;
+    case PMIX_FLOAT:
+      return sizeof(float);
+    case PMIX_DOUBLE:
+      return sizeof(double);
+    case PMIX_TIME:
+      return sizeof(time_t);
+    case PMIX_TIMEVAL:
+      return sizeof(struct timeval);
+    case PMIX_BYTE_OBJECT:
+    case PMIX_COMPRESSED_STRING:
+    case PMIX_COMPRESSED_BYTE_OBJECT:
+    case PMIX_REGEX:
       return sizeof(pmix_byte_object_t);
-    case PMIX_ENVAR: return sizeof(pmix_envar_t);
-    default: return 0;
+    case PMIX_ENVAR:
+      return sizeof(pmix_envar_t);
+    default:
+      return 0;
   }
 }
 
 // Converts one element stored at `p` with data type `type`. Used for pmix_value_t payloads and for
 // the elements of data arrays, which share the scalar layouts.
-Napi::Value ElementToJs(Napi::Env env, pmix_data_type_t type, const void* p) {
+Napi::Value ElementToJs(Napi::Env env, pmix_data_type_t type, const void *p) {
   switch (type) {
-    case PMIX_BOOL: return Napi::Boolean::New(env, *static_cast<const bool*>(p));
+    case PMIX_BOOL:
+      return Napi::Boolean::New(env, *static_cast<const bool *>(p));
     case PMIX_BYTE:
     case PMIX_UINT8:
     case PMIX_PERSIST:
@@ -189,66 +218,84 @@ Napi::Value ElementToJs(Napi::Env env, pmix_data_type_t type, const void* p) {
     case PMIX_ALLOC_DIRECTIVE:
     case PMIX_JOB_STATE:
     case PMIX_LINK_STATE:
-      return Napi::Number::New(env, *static_cast<const uint8_t*>(p));
+      return Napi::Number::New(env, *static_cast<const uint8_t *>(p));
     case PMIX_STRING: {
-      const char* s = *static_cast<char* const*>(p);
+      const char *s = *static_cast<char *const *>(p);
       return s ? Napi::Value(Napi::String::New(env, s)) : env.Null();
     }
-    case PMIX_SIZE: return Uint64ToJs(env, *static_cast<const size_t*>(p));
-    case PMIX_PID: return Napi::Number::New(env, *static_cast<const pid_t*>(p));
-    case PMIX_INT: return Napi::Number::New(env, *static_cast<const int*>(p));
-    case PMIX_INT8: return Napi::Number::New(env, *static_cast<const int8_t*>(p));
-    case PMIX_INT16: return Napi::Number::New(env, *static_cast<const int16_t*>(p));
-    case PMIX_INT32: return Napi::Number::New(env, *static_cast<const int32_t*>(p));
-    case PMIX_INT64: return Int64ToJs(env, *static_cast<const int64_t*>(p));
-    case PMIX_UINT: return Napi::Number::New(env, *static_cast<const unsigned int*>(p));
-    case PMIX_UINT16: return Napi::Number::New(env, *static_cast<const uint16_t*>(p));
-    case PMIX_UINT32: return Napi::Number::New(env, *static_cast<const uint32_t*>(p));
-    case PMIX_UINT64: return Uint64ToJs(env, *static_cast<const uint64_t*>(p));
-    case PMIX_FLOAT: return Napi::Number::New(env, *static_cast<const float*>(p));
-    case PMIX_DOUBLE: return Napi::Number::New(env, *static_cast<const double*>(p));
-    case PMIX_TIME: return Int64ToJs(env, static_cast<int64_t>(*static_cast<const time_t*>(p)));
+    case PMIX_SIZE:
+      return Uint64ToJs(env, *static_cast<const size_t *>(p));
+    case PMIX_PID:
+      return Napi::Number::New(env, *static_cast<const pid_t *>(p));
+    case PMIX_INT:
+      return Napi::Number::New(env, *static_cast<const int *>(p));
+    case PMIX_INT8:
+      return Napi::Number::New(env, *static_cast<const int8_t *>(p));
+    case PMIX_INT16:
+      return Napi::Number::New(env, *static_cast<const int16_t *>(p));
+    case PMIX_INT32:
+      return Napi::Number::New(env, *static_cast<const int32_t *>(p));
+    case PMIX_INT64:
+      return Int64ToJs(env, *static_cast<const int64_t *>(p));
+    case PMIX_UINT:
+      return Napi::Number::New(env, *static_cast<const unsigned int *>(p));
+    case PMIX_UINT16:
+      return Napi::Number::New(env, *static_cast<const uint16_t *>(p));
+    case PMIX_UINT32:
+      return Napi::Number::New(env, *static_cast<const uint32_t *>(p));
+    case PMIX_UINT64:
+      return Uint64ToJs(env, *static_cast<const uint64_t *>(p));
+    case PMIX_FLOAT:
+      return Napi::Number::New(env, *static_cast<const float *>(p));
+    case PMIX_DOUBLE:
+      return Napi::Number::New(env, *static_cast<const double *>(p));
+    case PMIX_TIME:
+      return Int64ToJs(env, static_cast<int64_t>(*static_cast<const time_t *>(p)));
     case PMIX_TIMEVAL: {
-      const struct timeval* tv = static_cast<const struct timeval*>(p);
+      const struct timeval *tv = static_cast<const struct timeval *>(p);
       Napi::Object o = Napi::Object::New(env);
       o.Set("sec", Int64ToJs(env, tv->tv_sec));
       o.Set("usec", Int64ToJs(env, tv->tv_usec));
       return o;
     }
-    case PMIX_STATUS: return Napi::Number::New(env, *static_cast<const pmix_status_t*>(p));
-    case PMIX_PROC_RANK: return Napi::Number::New(env, *static_cast<const pmix_rank_t*>(p));
-    case PMIX_DATA_TYPE: return Napi::Number::New(env, *static_cast<const pmix_data_type_t*>(p));
+    case PMIX_STATUS:
+      return Napi::Number::New(env, *static_cast<const pmix_status_t *>(p));
+    case PMIX_PROC_RANK:
+      return Napi::Number::New(env, *static_cast<const pmix_rank_t *>(p));
+    case PMIX_DATA_TYPE:
+      return Napi::Number::New(env, *static_cast<const pmix_data_type_t *>(p));
     case PMIX_INFO_DIRECTIVES:
-      return Napi::Number::New(env, *static_cast<const pmix_info_directives_t*>(p));
+      return Napi::Number::New(env, *static_cast<const pmix_info_directives_t *>(p));
     case PMIX_BYTE_OBJECT:
     case PMIX_COMPRESSED_STRING:
     case PMIX_COMPRESSED_BYTE_OBJECT:
-      return BytesToJs(env, *static_cast<const pmix_byte_object_t*>(p));
+      return BytesToJs(env, *static_cast<const pmix_byte_object_t *>(p));
     case PMIX_REGEX: {
       // libpmix 5.0.11 unpacks a regex as a bare NUL-terminated string in bytes, size left 0.
-      pmix_byte_object_t bo = *static_cast<const pmix_byte_object_t*>(p);
+      pmix_byte_object_t bo = *static_cast<const pmix_byte_object_t *>(p);
       if (bo.size == 0 && bo.bytes) bo.size = strlen(bo.bytes) + 1;
       return BytesToJs(env, bo);
     }
     case PMIX_ENVAR: {
-      const pmix_envar_t* e = static_cast<const pmix_envar_t*>(p);
+      const pmix_envar_t *e = static_cast<const pmix_envar_t *>(p);
       Napi::Object o = Napi::Object::New(env);
       o.Set("envar", e->envar ? Napi::Value(Napi::String::New(env, e->envar)) : env.Null());
       o.Set("value", e->value ? Napi::Value(Napi::String::New(env, e->value)) : env.Null());
       o.Set("separator", Napi::String::New(env, std::string(1, e->separator ? e->separator : ':')));
       return o;
     }
-    default: return env.Undefined();
+    default:
+      return env.Undefined();
   }
 }
 
 // The inverse of ElementToJs for the same storage layouts. `p` points to zeroed storage.
-void ElementFromJs(const Napi::Value& v, pmix_data_type_t type, void* p) {
+void ElementFromJs(const Napi::Value &v, pmix_data_type_t type, void *p) {
   Napi::Env env = v.Env();
   switch (type) {
     case PMIX_BOOL:
       if (!v.IsBoolean()) Throw(env, "expected a boolean for bool");
-      *static_cast<bool*>(p) = v.As<Napi::Boolean>().Value();
+      *static_cast<bool *>(p) = v.As<Napi::Boolean>().Value();
       return;
     case PMIX_BYTE:
     case PMIX_UINT8:
@@ -259,61 +306,90 @@ void ElementFromJs(const Napi::Value& v, pmix_data_type_t type, void* p) {
     case PMIX_ALLOC_DIRECTIVE:
     case PMIX_JOB_STATE:
     case PMIX_LINK_STATE:
-      *static_cast<uint8_t*>(p) = IntFromJs<uint8_t>(v, TypeName(type));
+      *static_cast<uint8_t *>(p) = IntFromJs<uint8_t>(v, TypeName(type));
       return;
     case PMIX_STRING:
-      *static_cast<char**>(p) = strdup(StringFromJs(v, "string").c_str());
+      *static_cast<char **>(p) = strdup(StringFromJs(v, "string").c_str());
       return;
-    case PMIX_SIZE: *static_cast<size_t*>(p) = IntFromJs<size_t>(v, "size"); return;
-    case PMIX_PID: *static_cast<pid_t*>(p) = IntFromJs<pid_t>(v, "pid"); return;
-    case PMIX_INT: *static_cast<int*>(p) = IntFromJs<int>(v, "int"); return;
-    case PMIX_INT8: *static_cast<int8_t*>(p) = IntFromJs<int8_t>(v, "int8"); return;
-    case PMIX_INT16: *static_cast<int16_t*>(p) = IntFromJs<int16_t>(v, "int16"); return;
-    case PMIX_INT32: *static_cast<int32_t*>(p) = IntFromJs<int32_t>(v, "int32"); return;
-    case PMIX_INT64: *static_cast<int64_t*>(p) = IntFromJs<int64_t>(v, "int64"); return;
-    case PMIX_UINT: *static_cast<unsigned int*>(p) = IntFromJs<unsigned int>(v, "uint"); return;
-    case PMIX_UINT16: *static_cast<uint16_t*>(p) = IntFromJs<uint16_t>(v, "uint16"); return;
-    case PMIX_UINT32: *static_cast<uint32_t*>(p) = IntFromJs<uint32_t>(v, "uint32"); return;
-    case PMIX_UINT64: *static_cast<uint64_t*>(p) = IntFromJs<uint64_t>(v, "uint64"); return;
+    case PMIX_SIZE:
+      *static_cast<size_t *>(p) = IntFromJs<size_t>(v, "size");
+      return;
+    case PMIX_PID:
+      *static_cast<pid_t *>(p) = IntFromJs<pid_t>(v, "pid");
+      return;
+    case PMIX_INT:
+      *static_cast<int *>(p) = IntFromJs<int>(v, "int");
+      return;
+    case PMIX_INT8:
+      *static_cast<int8_t *>(p) = IntFromJs<int8_t>(v, "int8");
+      return;
+    case PMIX_INT16:
+      *static_cast<int16_t *>(p) = IntFromJs<int16_t>(v, "int16");
+      return;
+    case PMIX_INT32:
+      *static_cast<int32_t *>(p) = IntFromJs<int32_t>(v, "int32");
+      return;
+    case PMIX_INT64:
+      *static_cast<int64_t *>(p) = IntFromJs<int64_t>(v, "int64");
+      return;
+    case PMIX_UINT:
+      *static_cast<unsigned int *>(p) = IntFromJs<unsigned int>(v, "uint");
+      return;
+    case PMIX_UINT16:
+      *static_cast<uint16_t *>(p) = IntFromJs<uint16_t>(v, "uint16");
+      return;
+    case PMIX_UINT32:
+      *static_cast<uint32_t *>(p) = IntFromJs<uint32_t>(v, "uint32");
+      return;
+    case PMIX_UINT64:
+      *static_cast<uint64_t *>(p) = IntFromJs<uint64_t>(v, "uint64");
+      return;
     case PMIX_FLOAT:
       if (!v.IsNumber()) Throw(env, "expected a number for float");
-      *static_cast<float*>(p) = v.As<Napi::Number>().FloatValue();
+      *static_cast<float *>(p) = v.As<Napi::Number>().FloatValue();
       return;
     case PMIX_DOUBLE:
       if (!v.IsNumber()) Throw(env, "expected a number for double");
-      *static_cast<double*>(p) = v.As<Napi::Number>().DoubleValue();
+      *static_cast<double *>(p) = v.As<Napi::Number>().DoubleValue();
       return;
-    case PMIX_TIME: *static_cast<time_t*>(p) = IntFromJs<int64_t>(v, "time"); return;
+    case PMIX_TIME:
+      *static_cast<time_t *>(p) = IntFromJs<int64_t>(v, "time");
+      return;
     case PMIX_TIMEVAL: {
       if (!v.IsObject()) Throw(env, "expected {sec, usec} for timeval");
       Napi::Object o = v.As<Napi::Object>();
-      struct timeval* tv = static_cast<struct timeval*>(p);
+      struct timeval *tv = static_cast<struct timeval *>(p);
       tv->tv_sec = IntFromJs<int64_t>(o.Get("sec"), "timeval.sec");
       tv->tv_usec = IntFromJs<int64_t>(o.Get("usec"), "timeval.usec");
       return;
     }
-    case PMIX_STATUS: *static_cast<pmix_status_t*>(p) = IntFromJs<int32_t>(v, "status"); return;
-    case PMIX_PROC_RANK: *static_cast<pmix_rank_t*>(p) = IntFromJs<uint32_t>(v, "proc_rank"); return;
-    case PMIX_DATA_TYPE: *static_cast<pmix_data_type_t*>(p) = IntFromJs<uint16_t>(v, "data_type"); return;
+    case PMIX_STATUS:
+      *static_cast<pmix_status_t *>(p) = IntFromJs<int32_t>(v, "status");
+      return;
+    case PMIX_PROC_RANK:
+      *static_cast<pmix_rank_t *>(p) = IntFromJs<uint32_t>(v, "proc_rank");
+      return;
+    case PMIX_DATA_TYPE:
+      *static_cast<pmix_data_type_t *>(p) = IntFromJs<uint16_t>(v, "data_type");
+      return;
     case PMIX_INFO_DIRECTIVES:
-      *static_cast<pmix_info_directives_t*>(p) = IntFromJs<uint32_t>(v, "info_directives");
+      *static_cast<pmix_info_directives_t *>(p) = IntFromJs<uint32_t>(v, "info_directives");
       return;
     case PMIX_BYTE_OBJECT:
     case PMIX_COMPRESSED_STRING:
     case PMIX_COMPRESSED_BYTE_OBJECT:
     case PMIX_REGEX:
-      BytesFromJs(v, static_cast<pmix_byte_object_t*>(p));
+      BytesFromJs(v, static_cast<pmix_byte_object_t *>(p));
       return;
     case PMIX_ENVAR: {
       if (!v.IsObject()) Throw(env, "expected {envar, value, separator} for envar");
       Napi::Object o = v.As<Napi::Object>();
-      pmix_envar_t* e = static_cast<pmix_envar_t*>(p);
+      pmix_envar_t *e = static_cast<pmix_envar_t *>(p);
       e->envar = strdup(StringFromJs(o.Get("envar"), "envar.envar").c_str());
       e->value = strdup(StringFromJs(o.Get("value"), "envar.value").c_str());
       Napi::Value sep = o.Get("separator");
-      e->separator = sep.IsString() && !sep.As<Napi::String>().Utf8Value().empty()
-                         ? sep.As<Napi::String>().Utf8Value()[0]
-                         : ':';
+      e->separator =
+          sep.IsString() && !sep.As<Napi::String>().Utf8Value().empty() ? sep.As<Napi::String>().Utf8Value()[0] : ':';
       return;
     }
     default:
@@ -322,9 +398,9 @@ void ElementFromJs(const Napi::Value& v, pmix_data_type_t type, void* p) {
   }
 }
 
-void LoadInfo(const Napi::Value& js, pmix_info_t* out);
+void LoadInfo(const Napi::Value &js, pmix_info_t *out);
 
-Napi::Value DataArrayToJs(Napi::Env env, const pmix_data_array_t* da) {
+Napi::Value DataArrayToJs(Napi::Env env, const pmix_data_array_t *da) {
   Napi::Object o = Napi::Object::New(env);
   Napi::Array items = Napi::Array::New(env);
   if (!da) {
@@ -337,17 +413,22 @@ Napi::Value DataArrayToJs(Napi::Env env, const pmix_data_array_t* da) {
     Napi::Value item;
     switch (da->type) {
       case PMIX_INFO: {
-        Info one(static_cast<const pmix_info_t*>(da->array) + i, 1);
+        Info one(static_cast<const pmix_info_t *>(da->array) + i, 1);
         item = one.ToJs(env).Get(uint32_t(0));
         break;
       }
-      case PMIX_PROC: item = ProcToJs(env, static_cast<const pmix_proc_t*>(da->array)[i]); break;
-      case PMIX_PROC_INFO: item = ProcInfoToJs(env, static_cast<const pmix_proc_info_t*>(da->array)[i]); break;
-      case PMIX_VALUE: item = ValueToJs(env, static_cast<const pmix_value_t*>(da->array)[i]); break;
+      case PMIX_PROC:
+        item = ProcToJs(env, static_cast<const pmix_proc_t *>(da->array)[i]);
+        break;
+      case PMIX_PROC_INFO:
+        item = ProcInfoToJs(env, static_cast<const pmix_proc_info_t *>(da->array)[i]);
+        break;
+      case PMIX_VALUE:
+        item = ValueToJs(env, static_cast<const pmix_value_t *>(da->array)[i]);
+        break;
       default: {
         size_t width = ElementWidth(da->type);
-        item = width ? ElementToJs(env, da->type, static_cast<const char*>(da->array) + i * width)
-                     : env.Undefined();
+        item = width ? ElementToJs(env, da->type, static_cast<const char *>(da->array) + i * width) : env.Undefined();
       }
     }
     items.Set(static_cast<uint32_t>(i), item);
@@ -356,7 +437,7 @@ Napi::Value DataArrayToJs(Napi::Env env, const pmix_data_array_t* da) {
   return o;
 }
 
-pmix_data_array_t* DataArrayFromJs(const Napi::Value& v) {
+pmix_data_array_t *DataArrayFromJs(const Napi::Value &v) {
   Napi::Env env = v.Env();
   if (!v.IsObject()) Throw(env, "expected {type, items} for data_array");
   Napi::Object o = v.As<Napi::Object>();
@@ -367,22 +448,30 @@ pmix_data_array_t* DataArrayFromJs(const Napi::Value& v) {
   if (type == PMIX_UNDEF || type == PMIX_DATA_ARRAY || type == PMIX_POINTER)
     Throw(env, "unsupported data_array element type");
   // PMIx_Data_array_create refuses a size of 0; an empty array is still a value to hand over.
-  pmix_data_array_t* da = items.Length() > 0 ? PMIx_Data_array_create(items.Length(), type)
-                                             : static_cast<pmix_data_array_t*>(calloc(1, sizeof(pmix_data_array_t)));
+  pmix_data_array_t *da = items.Length() > 0 ? PMIx_Data_array_create(items.Length(), type)
+                                             : static_cast<pmix_data_array_t *>(calloc(1, sizeof(pmix_data_array_t)));
   if (!da) Throw(env, "cannot allocate data array");
   da->type = type;
   try {
     for (uint32_t i = 0; i < items.Length(); ++i) {
       Napi::Value item = items.Get(i);
       switch (type) {
-        case PMIX_INFO: LoadInfo(item, static_cast<pmix_info_t*>(da->array) + i); break;
-        case PMIX_PROC: static_cast<pmix_proc_t*>(da->array)[i] = ProcFromJs(item); break;
-        case PMIX_PROC_INFO: ProcInfoFromJs(item, static_cast<pmix_proc_info_t*>(da->array) + i); break;
-        case PMIX_VALUE: ValueFromJs(item, static_cast<pmix_value_t*>(da->array) + i); break;
+        case PMIX_INFO:
+          LoadInfo(item, static_cast<pmix_info_t *>(da->array) + i);
+          break;
+        case PMIX_PROC:
+          static_cast<pmix_proc_t *>(da->array)[i] = ProcFromJs(item);
+          break;
+        case PMIX_PROC_INFO:
+          ProcInfoFromJs(item, static_cast<pmix_proc_info_t *>(da->array) + i);
+          break;
+        case PMIX_VALUE:
+          ValueFromJs(item, static_cast<pmix_value_t *>(da->array) + i);
+          break;
         default: {
           size_t width = ElementWidth(type);
           if (width == 0) Throw(env, std::string("unsupported data_array element type ") + TypeName(type));
-          ElementFromJs(item, type, static_cast<char*>(da->array) + i * width);
+          ElementFromJs(item, type, static_cast<char *>(da->array) + i * width);
         }
       }
     }
@@ -393,7 +482,7 @@ pmix_data_array_t* DataArrayFromJs(const Napi::Value& v) {
   return da;
 }
 
-void LoadInfo(const Napi::Value& js, pmix_info_t* out) {
+void LoadInfo(const Napi::Value &js, pmix_info_t *out) {
   Napi::Env env = js.Env();
   if (!js.IsObject()) Throw(env, "expected an info object {key, value}");
   Napi::Object o = js.As<Napi::Object>();
@@ -406,21 +495,21 @@ void LoadInfo(const Napi::Value& js, pmix_info_t* out) {
 
 }  // namespace
 
-const char* TypeName(pmix_data_type_t type) {
-  for (const auto& e : kTypes)
+const char *TypeName(pmix_data_type_t type) {
+  for (const auto &e : kTypes)
     if (e.type == type) return e.name;
   return "";
 }
 
-pmix_data_type_t TypeFromName(const std::string& name) {
-  for (const auto& e : kTypes)
+pmix_data_type_t TypeFromName(const std::string &name) {
+  for (const auto &e : kTypes)
     if (name == e.name) return e.type;
   return PMIX_UNDEF;
 }
 
-Napi::Value ValueToJs(Napi::Env env, const pmix_value_t& value) {
+Napi::Value ValueToJs(Napi::Env env, const pmix_value_t &value) {
   Napi::Object o = Napi::Object::New(env);
-  const char* name = TypeName(value.type);
+  const char *name = TypeName(value.type);
   switch (value.type) {
     case PMIX_PROC:
       o.Set("type", name);
@@ -442,12 +531,13 @@ Napi::Value ValueToJs(Napi::Env env, const pmix_value_t& value) {
       o.Set("type", "undef");
       o.Set("value", env.Null());
       return o;
-    default: break;
+    default:
+      break;
   }
   Napi::Value v = ElementToJs(env, value.type, &value.data);
   if (v.IsUndefined()) {
     // Keep what libpmix can say about values we do not translate, instead of dropping them.
-    char* s = PMIx_Value_string(&value);
+    char *s = PMIx_Value_string(&value);
     o.Set("type", "unsupported");
     o.Set("typeId", Napi::Number::New(env, value.type));
     o.Set("value", s ? Napi::String::New(env, s) : Napi::String::New(env, ""));
@@ -459,7 +549,7 @@ Napi::Value ValueToJs(Napi::Env env, const pmix_value_t& value) {
   return o;
 }
 
-void ValueFromJs(const Napi::Value& js, pmix_value_t* out) {
+void ValueFromJs(const Napi::Value &js, pmix_value_t *out) {
   Napi::Env env = js.Env();
   if (!js.IsObject()) Throw(env, "expected a typed value {type, value}");
   Napi::Object o = js.As<Napi::Object>();
@@ -476,10 +566,12 @@ void ValueFromJs(const Napi::Value& js, pmix_value_t* out) {
       *out->data.proc = p;
       break;
     }
-    case PMIX_DATA_ARRAY: out->data.darray = DataArrayFromJs(v); break;
+    case PMIX_DATA_ARRAY:
+      out->data.darray = DataArrayFromJs(v);
+      break;
     case PMIX_PROC_NSPACE: {
       std::string ns = StringFromJs(v, "proc_nspace");
-      out->data.nspace = static_cast<pmix_nspace_t*>(calloc(1, sizeof(pmix_nspace_t)));
+      out->data.nspace = static_cast<pmix_nspace_t *>(calloc(1, sizeof(pmix_nspace_t)));
       LoadFixed(*out->data.nspace, ns, env, "nspace");
       break;
     }
@@ -496,19 +588,21 @@ void ValueFromJs(const Napi::Value& js, pmix_value_t* out) {
     case PMIX_INFO:
     case PMIX_POINTER:
       Throw(env, "data type " + typeName + " cannot be sent to libpmix as a value");
-    default: ElementFromJs(v, type, &out->data); break;
+    default:
+      ElementFromJs(v, type, &out->data);
+      break;
   }
   out->type = type;
 }
 
-Napi::Object ProcToJs(Napi::Env env, const pmix_proc_t& proc) {
+Napi::Object ProcToJs(Napi::Env env, const pmix_proc_t &proc) {
   Napi::Object o = Napi::Object::New(env);
   o.Set("nspace", Napi::String::New(env, std::string(proc.nspace, strnlen(proc.nspace, PMIX_MAX_NSLEN + 1))));
   o.Set("rank", Napi::Number::New(env, proc.rank));
   return o;
 }
 
-pmix_proc_t ProcFromJs(const Napi::Value& js) {
+pmix_proc_t ProcFromJs(const Napi::Value &js) {
   Napi::Env env = js.Env();
   if (!js.IsObject()) Throw(env, "expected a proc {nspace, rank}");
   Napi::Object o = js.As<Napi::Object>();
@@ -519,13 +613,13 @@ pmix_proc_t ProcFromJs(const Napi::Value& js) {
   return p;
 }
 
-Napi::Array ProcsToJs(Napi::Env env, const pmix_proc_t* procs, size_t n) {
+Napi::Array ProcsToJs(Napi::Env env, const pmix_proc_t *procs, size_t n) {
   Napi::Array a = Napi::Array::New(env, n);
   for (size_t i = 0; i < n; ++i) a.Set(static_cast<uint32_t>(i), ProcToJs(env, procs[i]));
   return a;
 }
 
-std::vector<pmix_proc_t> ProcsFromJs(const Napi::Value& js) {
+std::vector<pmix_proc_t> ProcsFromJs(const Napi::Value &js) {
   if (!js.IsArray()) Throw(js.Env(), "expected an array of procs");
   Napi::Array a = js.As<Napi::Array>();
   std::vector<pmix_proc_t> out;
@@ -534,7 +628,7 @@ std::vector<pmix_proc_t> ProcsFromJs(const Napi::Value& js) {
   return out;
 }
 
-Info::Info(const pmix_info_t* src, size_t n) : n_(n) {
+Info::Info(const pmix_info_t *src, size_t n) : n_(n) {
   if (n == 0) return;
   info_ = PMIx_Info_create(n);
   for (size_t i = 0; i < n; ++i) PMIx_Info_xfer(&info_[i], &src[i]);
@@ -548,12 +642,12 @@ Info::~Info() {
   if (info_) PMIx_Info_free(info_, n_);
 }
 
-Info::Info(Info&& other) noexcept : info_(other.info_), n_(other.n_) {
+Info::Info(Info &&other) noexcept : info_(other.info_), n_(other.n_) {
   other.info_ = nullptr;
   other.n_ = 0;
 }
 
-Info& Info::operator=(Info&& other) noexcept {
+Info &Info::operator=(Info &&other) noexcept {
   if (this != &other) {
     if (info_) PMIx_Info_free(info_, n_);
     info_ = other.info_;
@@ -564,14 +658,14 @@ Info& Info::operator=(Info&& other) noexcept {
   return *this;
 }
 
-pmix_info_t* Info::Release() {
-  pmix_info_t* p = info_;
+pmix_info_t *Info::Release() {
+  pmix_info_t *p = info_;
   info_ = nullptr;
   n_ = 0;
   return p;
 }
 
-Info Info::FromJs(const Napi::Value& js) {
+Info Info::FromJs(const Napi::Value &js) {
   if (js.IsUndefined() || js.IsNull()) return Info();
   if (!js.IsArray()) Throw(js.Env(), "expected an array of info {key, value}");
   Napi::Array a = js.As<Napi::Array>();
@@ -592,26 +686,26 @@ Napi::Array Info::ToJs(Napi::Env env) const {
   return a;
 }
 
-std::vector<std::string> CopyArgv(char** argv) {
+std::vector<std::string> CopyArgv(char **argv) {
   std::vector<std::string> out;
   for (size_t i = 0; argv && argv[i]; ++i) out.emplace_back(argv[i]);
   return out;
 }
 
-Napi::Array StringsToJs(Napi::Env env, const std::vector<std::string>& strings) {
+Napi::Array StringsToJs(Napi::Env env, const std::vector<std::string> &strings) {
   Napi::Array a = Napi::Array::New(env, strings.size());
   for (size_t i = 0; i < strings.size(); ++i) a.Set(static_cast<uint32_t>(i), Napi::String::New(env, strings[i]));
   return a;
 }
 
-Bytes Bytes::FromJs(const Napi::Value& js) {
+Bytes Bytes::FromJs(const Napi::Value &js) {
   Bytes b;
   if (js.IsUndefined() || js.IsNull()) return b;
   if (!js.IsTypedArray() && !js.IsBuffer()) Throw(js.Env(), "expected a Buffer");
   Napi::Uint8Array u = js.As<Napi::Uint8Array>();
   b.size = u.ByteLength();
   if (b.size > 0) {
-    b.data = static_cast<char*>(malloc(b.size));
+    b.data = static_cast<char *>(malloc(b.size));
     std::memcpy(b.data, u.Data(), b.size);
   }
   return b;

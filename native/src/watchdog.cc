@@ -32,10 +32,11 @@ std::atomic<int64_t> g_probe_rtt{0};
 std::atomic<bool> g_named{false};
 
 int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
 }
 
-void ProbeDone(pmix_status_t, void*) {
+void ProbeDone(pmix_status_t, void *) {
   if (!g_named.exchange(true)) pthread_setname_np(pthread_self(), "pmix-progress");
   g_probe_rtt = NowMs() - g_probe_since.load();
   g_probe_out = false;
@@ -43,7 +44,7 @@ void ProbeDone(pmix_status_t, void*) {
 
 // progressProbe() -> {waitingMs, lastRoundTripMs}: waitingMs is how long the probe in flight has
 // waited (0 when none was; a new one is then issued).
-Napi::Value ProgressProbe(const Napi::CallbackInfo& info) {
+Napi::Value ProgressProbe(const Napi::CallbackInfo &info) {
   Napi::Env env = info.Env();
   Napi::Object out = Napi::Object::New(env);
   bool expected = false;
@@ -61,7 +62,7 @@ Napi::Value ProgressProbe(const Napi::CallbackInfo& info) {
   return out;
 }
 
-Napi::Value ExitNow(const Napi::CallbackInfo& info) {
+Napi::Value ExitNow(const Napi::CallbackInfo &info) {
   int code = info.Length() > 0 && info[0].IsNumber() ? info[0].As<Napi::Number>().Int32Value() : 1;
   _exit(code);
 }

@@ -40,7 +40,10 @@ export function bearerCheck(token: string | undefined): Check {
     const m = /^Bearer\s+(.+)$/i.exec(header);
     const got = m ? Buffer.from(m[1]!.trim()) : undefined;
     if (!got || got.length !== want.length || !timingSafeEqual(got, want)) {
-      throw new HttpError(401, got ? 'the bearer token is not valid' : 'this route needs Authorization: Bearer <token>');
+      throw new HttpError(
+        401,
+        got ? 'the bearer token is not valid' : 'this route needs Authorization: Bearer <token>',
+      );
     }
   };
 }
@@ -53,6 +56,10 @@ export function makeAuth(opts: AuthOptions): Auth {
     write: check,
     read: opts.openReads ? open : check,
     security: { write: bearer, ...(opts.openReads ? {} : { read: bearer }) },
-    trusted: (req) => check(req).then(() => true, () => false),
+    trusted: (req) =>
+      check(req).then(
+        () => true,
+        () => false,
+      ),
   };
 }

@@ -2,8 +2,9 @@
 // violations are 400, unknown ids 404, conflicts with the current state 409, references that
 // cannot be resolved or selectors that cannot be met 422, a configured bound reached 429, a
 // stopping sidecar 503.
-import type { FastifyError, FastifyInstance } from 'fastify';
+
 import { STATUS_CODES } from 'node:http';
+import type { FastifyError, FastifyInstance } from 'fastify';
 import { RmError, type RmErrorKind } from '../rm/errors.js';
 
 const STATUS: Record<RmErrorKind, number> = {
@@ -18,7 +19,10 @@ const STATUS: Record<RmErrorKind, number> = {
 };
 
 export class HttpError extends Error {
-  constructor(readonly statusCode: number, message: string) {
+  constructor(
+    readonly statusCode: number,
+    message: string,
+  ) {
     super(message);
   }
 }
@@ -36,7 +40,12 @@ export function installErrorHandler(app: FastifyInstance): void {
     else if ('validation' in err && err.validation) {
       status = 400;
       message = `invalid request: ${err.message}`;
-    } else if ('statusCode' in err && typeof err.statusCode === 'number' && err.statusCode >= 400 && err.statusCode < 500) {
+    } else if (
+      'statusCode' in err &&
+      typeof err.statusCode === 'number' &&
+      err.statusCode >= 400 &&
+      err.statusCode < 500
+    ) {
       status = err.statusCode;
     }
     if (status >= 500) req.log.error({ err }, 'request failed');

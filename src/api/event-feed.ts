@@ -14,7 +14,12 @@ export class EventFeed {
   /** The last event handed to the reader. */
   lastSeq: number;
 
-  constructor(log: EventLog, since: number | undefined, private readonly max: number, private readonly onOverflow?: () => void) {
+  constructor(
+    log: EventLog,
+    since: number | undefined,
+    private readonly max: number,
+    private readonly onOverflow?: () => void,
+  ) {
     this.queue = since === undefined ? [] : log.since(since).slice(-max);
     this.lastSeq = since ?? log.lastSeq;
     this.unsubscribe = log.subscribe((e) => {

@@ -20,44 +20,128 @@ export class Metrics {
   constructor(rm: ResourceManager) {
     const registers = [this.registry];
     client.collectDefaultMetrics({ register: this.registry, eventLoopMonitoringPrecision: 20 });
-    this.upcalls = new client.Counter({ name: 'dask_pmix_pmix_upcalls_total', help: 'PMIx upcalls answered, by upcall and PMIx status', labelNames: ['upcall', 'status'], registers });
-    this.upcallSeconds = new client.Histogram({ name: 'dask_pmix_pmix_upcall_seconds', help: 'Time from a PMIx upcall to its answer', labelNames: ['upcall'], buckets: BUCKETS, registers });
-    this.collectiveSeconds = new client.Histogram({
-      name: 'dask_pmix_collective_seconds', help: 'Duration of collectives (fence, barrier, group construct) from first to last join',
-      labelNames: ['name', 'outcome'], buckets: BUCKETS, registers,
+    this.upcalls = new client.Counter({
+      name: 'dask_pmix_pmix_upcalls_total',
+      help: 'PMIx upcalls answered, by upcall and PMIx status',
+      labelNames: ['upcall', 'status'],
+      registers,
     });
-    this.httpRequests = new client.Counter({ name: 'dask_pmix_http_requests_total', help: 'REST requests, by method, route and status code', labelNames: ['method', 'route', 'code'], registers });
-    this.httpSeconds = new client.Histogram({ name: 'dask_pmix_http_request_seconds', help: 'REST request latency, by route', labelNames: ['route'], buckets: BUCKETS, registers });
-    this.eventSubscribers = new client.Gauge({ name: 'dask_pmix_event_subscribers', help: 'Open event streams', registers });
-    this.eventStreamsDropped = new client.Counter({ name: 'dask_pmix_event_streams_dropped_total', help: 'Event streams closed because their reader fell too far behind', registers });
+    this.upcallSeconds = new client.Histogram({
+      name: 'dask_pmix_pmix_upcall_seconds',
+      help: 'Time from a PMIx upcall to its answer',
+      labelNames: ['upcall'],
+      buckets: BUCKETS,
+      registers,
+    });
+    this.collectiveSeconds = new client.Histogram({
+      name: 'dask_pmix_collective_seconds',
+      help: 'Duration of collectives (fence, barrier, group construct) from first to last join',
+      labelNames: ['name', 'outcome'],
+      buckets: BUCKETS,
+      registers,
+    });
+    this.httpRequests = new client.Counter({
+      name: 'dask_pmix_http_requests_total',
+      help: 'REST requests, by method, route and status code',
+      labelNames: ['method', 'route', 'code'],
+      registers,
+    });
+    this.httpSeconds = new client.Histogram({
+      name: 'dask_pmix_http_request_seconds',
+      help: 'REST request latency, by route',
+      labelNames: ['route'],
+      buckets: BUCKETS,
+      registers,
+    });
+    this.eventSubscribers = new client.Gauge({
+      name: 'dask_pmix_event_subscribers',
+      help: 'Open event streams',
+      registers,
+    });
+    this.eventStreamsDropped = new client.Counter({
+      name: 'dask_pmix_event_streams_dropped_total',
+      help: 'Event streams closed because their reader fell too far behind',
+      registers,
+    });
 
     const stats = () => rm.stats();
     new client.Gauge({
-      name: 'dask_pmix_workers', help: 'Registered workers, by state', labelNames: ['state'], registers,
-      collect() { for (const [state, n] of Object.entries(stats().workers)) this.set({ state }, n); },
+      name: 'dask_pmix_workers',
+      help: 'Registered workers, by state',
+      labelNames: ['state'],
+      registers,
+      collect() {
+        for (const [state, n] of Object.entries(stats().workers)) this.set({ state }, n);
+      },
     });
-    new client.Gauge({ name: 'dask_pmix_psets', help: 'Defined process sets', registers, collect() { this.set(stats().psets); } });
     new client.Gauge({
-      name: 'dask_pmix_jobs', help: 'Known jobs, by state', labelNames: ['state'], registers,
-      collect() { for (const [state, n] of Object.entries(stats().jobs)) this.set({ state }, n); },
+      name: 'dask_pmix_psets',
+      help: 'Defined process sets',
+      registers,
+      collect() {
+        this.set(stats().psets);
+      },
     });
-    new client.Gauge({ name: 'dask_pmix_published_names', help: 'Entries in the name service', registers, collect() { this.set(stats().names); } });
     new client.Gauge({
-      name: 'dask_pmix_jobs_by_mode', help: 'Known jobs, by the mode they run in', labelNames: ['mode'], registers,
-      collect() { for (const [mode, n] of Object.entries(stats().modes)) this.set({ mode }, n); },
+      name: 'dask_pmix_jobs',
+      help: 'Known jobs, by state',
+      labelNames: ['state'],
+      registers,
+      collect() {
+        for (const [state, n] of Object.entries(stats().jobs)) this.set({ state }, n);
+      },
     });
-    new client.Gauge({ name: 'dask_pmix_pool_epochs', help: 'Open epochs (namespaces) of the in-process pool', registers, collect() { this.set(stats().pool?.epochs ?? 0); } });
     new client.Gauge({
-      name: 'dask_pmix_pool_ranks', help: 'Ranks of the open pool epochs, by state', labelNames: ['state'], registers,
-      collect() { for (const [state, n] of Object.entries(stats().pool?.ranks ?? {})) this.set({ state }, n); },
+      name: 'dask_pmix_published_names',
+      help: 'Entries in the name service',
+      registers,
+      collect() {
+        this.set(stats().names);
+      },
+    });
+    new client.Gauge({
+      name: 'dask_pmix_jobs_by_mode',
+      help: 'Known jobs, by the mode they run in',
+      labelNames: ['mode'],
+      registers,
+      collect() {
+        for (const [mode, n] of Object.entries(stats().modes)) this.set({ mode }, n);
+      },
+    });
+    new client.Gauge({
+      name: 'dask_pmix_pool_epochs',
+      help: 'Open epochs (namespaces) of the in-process pool',
+      registers,
+      collect() {
+        this.set(stats().pool?.epochs ?? 0);
+      },
+    });
+    new client.Gauge({
+      name: 'dask_pmix_pool_ranks',
+      help: 'Ranks of the open pool epochs, by state',
+      labelNames: ['state'],
+      registers,
+      collect() {
+        for (const [state, n] of Object.entries(stats().pool?.ranks ?? {})) this.set({ state }, n);
+      },
     });
     new client.Counter({
-      name: 'dask_pmix_jobs_created_total', help: 'Jobs created since start', registers,
-      collect() { this.reset(); this.inc(rm.jobsCreated); },
+      name: 'dask_pmix_jobs_created_total',
+      help: 'Jobs created since start',
+      registers,
+      collect() {
+        this.reset();
+        this.inc(rm.jobsCreated);
+      },
     });
     new client.Counter({
-      name: 'dask_pmix_context_ids_allocated_total', help: 'PMIx group context ids handed out', registers,
-      collect() { this.reset(); this.inc(rm.contextIds.allocated); },
+      name: 'dask_pmix_context_ids_allocated_total',
+      help: 'PMIx group context ids handed out',
+      registers,
+      collect() {
+        this.reset();
+        this.inc(rm.contextIds.allocated);
+      },
     });
   }
 
@@ -68,16 +152,30 @@ export class Metrics {
   watchGate(gate: () => Readonly<Record<string, number>>, lingeringNamespaces: () => number): void {
     const registers = [this.registry];
     new client.Counter({
-      name: 'dask_pmix_gate_connections_total', help: 'Connections to the PMIx gate, by what became of them', labelNames: ['outcome'], registers,
+      name: 'dask_pmix_gate_connections_total',
+      help: 'Connections to the PMIx gate, by what became of them',
+      labelNames: ['outcome'],
+      registers,
       collect() {
         this.reset();
         for (const [outcome, n] of Object.entries(gate())) if (outcome !== 'pending') this.inc({ outcome }, n);
       },
     });
-    new client.Gauge({ name: 'dask_pmix_gate_pending', help: 'Connections still sending their PMIx handshake', registers, collect() { this.set(gate().pending ?? 0); } });
     new client.Gauge({
-      name: 'dask_pmix_pmix_lingering_namespaces', help: 'Namespaces of ended jobs waiting for their clients to disconnect', registers,
-      collect() { this.set(lingeringNamespaces()); },
+      name: 'dask_pmix_gate_pending',
+      help: 'Connections still sending their PMIx handshake',
+      registers,
+      collect() {
+        this.set(gate().pending ?? 0);
+      },
+    });
+    new client.Gauge({
+      name: 'dask_pmix_pmix_lingering_namespaces',
+      help: 'Namespaces of ended jobs waiting for their clients to disconnect',
+      registers,
+      collect() {
+        this.set(lingeringNamespaces());
+      },
     });
   }
 

@@ -16,10 +16,15 @@ function protoRoot(): protobuf.Root {
 }
 
 const INT_RANGES: Record<string, [number, number]> = {
-  int32: [-(2 ** 31), 2 ** 31 - 1], sint32: [-(2 ** 31), 2 ** 31 - 1], sfixed32: [-(2 ** 31), 2 ** 31 - 1],
-  uint32: [0, 2 ** 32 - 1], fixed32: [0, 2 ** 32 - 1],
-  int64: [Number.MIN_SAFE_INTEGER, Number.MAX_SAFE_INTEGER], sint64: [Number.MIN_SAFE_INTEGER, Number.MAX_SAFE_INTEGER],
-  uint64: [0, Number.MAX_SAFE_INTEGER], fixed64: [0, Number.MAX_SAFE_INTEGER],
+  int32: [-(2 ** 31), 2 ** 31 - 1],
+  sint32: [-(2 ** 31), 2 ** 31 - 1],
+  sfixed32: [-(2 ** 31), 2 ** 31 - 1],
+  uint32: [0, 2 ** 32 - 1],
+  fixed32: [0, 2 ** 32 - 1],
+  int64: [Number.MIN_SAFE_INTEGER, Number.MAX_SAFE_INTEGER],
+  sint64: [Number.MIN_SAFE_INTEGER, Number.MAX_SAFE_INTEGER],
+  uint64: [0, Number.MAX_SAFE_INTEGER],
+  fixed64: [0, Number.MAX_SAFE_INTEGER],
 };
 
 function scalar(type: string): JsonSchema | undefined {
@@ -67,7 +72,12 @@ function messageSchema(type: protobuf.Type, opts: Options): JsonSchema {
 }
 
 /** The JSON Schema of `dask_pmix.v1.<name>`, with `refine` applied to its properties. */
-export function schemaOf(name: string, opts: Options, refine: Record<string, JsonSchema> = {}, required: string[] = []): JsonSchema {
+export function schemaOf(
+  name: string,
+  opts: Options,
+  refine: Record<string, JsonSchema> = {},
+  required: string[] = [],
+): JsonSchema {
   const type = protoRoot().lookupType(`dask_pmix.v1.${name}`);
   const s = messageSchema(type, opts);
   const props = s.properties as Record<string, JsonSchema>;
@@ -86,7 +96,13 @@ const HOST = { minLength: 1, maxLength: L.hostLength, pattern: '^[A-Za-z0-9._:%-
 const REQ = { request: true };
 const RES = { request: false };
 
-const ids = (max: number) => ({ type: 'array', items: { type: 'string', ...ID }, minItems: 1, maxItems: max, uniqueItems: true });
+const ids = (max: number) => ({
+  type: 'array',
+  items: { type: 'string', ...ID },
+  minItems: 1,
+  maxItems: max,
+  uniqueItems: true,
+});
 const tags = { maxItems: L.tags, items: { type: 'string', minLength: 1, maxLength: L.tagLength } };
 const resources = { maxProperties: L.resources, propertyNames: { minLength: 1, maxLength: L.resourceKeyLength } };
 const selectorRefine = {
@@ -99,17 +115,24 @@ const selector = () => schemaOf('Selector', REQ, selectorRefine, ['count']);
 
 /** Request body schemas. */
 export const requests = {
-  registerWorker: schemaOf('RegisterWorkerRequest', REQ, {
-    id: ID,
-    address: { maxLength: L.idLength },
-    host: HOST,
-    // The worker reports the process its ranks run as; the PMIx server admits only that user.
-    pid: { minimum: 1 },
-    tags,
-    resources,
-  }, ['id', 'host', 'pid', 'uid', 'gid']),
+  registerWorker: schemaOf(
+    'RegisterWorkerRequest',
+    REQ,
+    {
+      id: ID,
+      address: { maxLength: L.idLength },
+      host: HOST,
+      // The worker reports the process its ranks run as; the PMIx server admits only that user.
+      pid: { minimum: 1 },
+      tags,
+      resources,
+    },
+    ['id', 'host', 'pid', 'uid', 'gid'],
+  ),
   definePset: (() => {
-    const s = schemaOf('DefinePsetRequest', REQ, { name: { minLength: 1, maxLength: 128 }, members: ids(L.members) }, ['name']);
+    const s = schemaOf('DefinePsetRequest', REQ, { name: { minLength: 1, maxLength: 128 }, members: ids(L.members) }, [
+      'name',
+    ]);
     (s.properties as Record<string, JsonSchema>).selector = selector();
     return s;
   })(),
@@ -119,19 +142,24 @@ export const requests = {
     return s;
   })(),
   createJob: (() => {
-    const s = schemaOf('CreateJobRequest', REQ, {
-      pset: { maxLength: 128 },
-      members: ids(L.members),
-      wiringTimeoutSeconds: { minimum: 0, maximum: 86_400 },
-      timeoutSeconds: { minimum: 0, maximum: 31_536_000 },
-      poolJoinSeconds: { minimum: 0, maximum: 3600 },
-      owner: { maxLength: 512 },
-      labels: {
-        maxProperties: L.labels,
-        propertyNames: { minLength: 1, maxLength: L.labelKeyLength },
-        additionalProperties: { type: 'string', maxLength: L.labelValueLength },
+    const s = schemaOf(
+      'CreateJobRequest',
+      REQ,
+      {
+        pset: { maxLength: 128 },
+        members: ids(L.members),
+        wiringTimeoutSeconds: { minimum: 0, maximum: 86_400 },
+        timeoutSeconds: { minimum: 0, maximum: 31_536_000 },
+        poolJoinSeconds: { minimum: 0, maximum: 3600 },
+        owner: { maxLength: 512 },
+        labels: {
+          maxProperties: L.labels,
+          propertyNames: { minLength: 1, maxLength: L.labelKeyLength },
+          additionalProperties: { type: 'string', maxLength: L.labelValueLength },
+        },
       },
-    }, ['impl']);
+      ['impl'],
+    );
     (s.properties as Record<string, JsonSchema>).selector = selector();
     return s;
   })(),
@@ -141,9 +169,15 @@ export const requests = {
   joinJob: schemaOf('JoinJobRequest', REQ, {
     waitSeconds: { minimum: 0, maximum: 60 },
     // At most one port per merge step: 32 steps would be 4 billion members.
-    ports: { maxProperties: 32, propertyNames: { pattern: '^[0-9]{1,10}$' }, additionalProperties: { type: 'string', minLength: 1, maxLength: 1024 } },
+    ports: {
+      maxProperties: 32,
+      propertyNames: { pattern: '^[0-9]{1,10}$' },
+      additionalProperties: { type: 'string', minLength: 1, maxLength: 1024 },
+    },
   }),
-  leaveJob: schemaOf('LeaveJobRequest', REQ, { reason: { maxLength: 4096 }, failedRanks: { maxItems: 100_000 } }, ['ok']),
+  leaveJob: schemaOf('LeaveJobRequest', REQ, { reason: { maxLength: 4096 }, failedRanks: { maxItems: 100_000 } }, [
+    'ok',
+  ]),
 };
 
 /** Response schemas (for the OpenAPI document and fast serialization). */

@@ -46,14 +46,22 @@ export async function buildApi(opts: ApiOptions): Promise<Api> {
   const app = Fastify({
     // Per-request lines are info; the API logs warnings and errors only.
     ...(opts.logger
-      ? { loggerInstance: opts.logger.child({ mod: 'api' }, { level: opts.logger.levelVal > 40 ? opts.logger.level : 'warn' }) as FastifyBaseLogger }
+      ? {
+          loggerInstance: opts.logger.child(
+            { mod: 'api' },
+            { level: opts.logger.levelVal > 40 ? opts.logger.level : 'warn' },
+          ) as FastifyBaseLogger,
+        }
       : { logger: false }),
     // Unknown fields are an error (400), not silently dropped.
     ajv: { customOptions: { removeAdditional: false, coerceTypes: 'array', allErrors: false } },
     bodyLimit: REQUEST_LIMITS.bodyBytes,
   });
   const metrics = opts.metrics ?? new Metrics(opts.rm);
-  const auth = makeAuth({ ...(opts.token ? { token: opts.token } : {}), ...(opts.openReads ? { openReads: true } : {}) });
+  const auth = makeAuth({
+    ...(opts.token ? { token: opts.token } : {}),
+    ...(opts.openReads ? { openReads: true } : {}),
+  });
   installErrorHandler(app);
   installJsonBody(app);
 
@@ -63,7 +71,8 @@ export async function buildApi(opts: ApiOptions): Promise<Api> {
       info: {
         title: 'dask-pmix sidecar',
         version: opts.version,
-        description: 'Turns running Dask workers into MPI jobs: workers, process sets, jobs, member environments, events. ' +
+        description:
+          'Turns running Dask workers into MPI jobs: workers, process sets, jobs, member environments, events. ' +
           'JSON bodies are the protobuf JSON mapping of proto/dask_pmix.proto.',
       },
       components: { securitySchemes: { bearer: { type: 'http', scheme: 'bearer' } } },
@@ -84,15 +93,40 @@ export async function buildApi(opts: ApiOptions): Promise<Api> {
 
   const streams = new Set<() => void>();
   const common = { rm: opts.rm, auth };
-  await app.register(async (v1) => {
-    await v1.register(healthRoutes, { ...common, version: opts.version, pmixVersion: opts.pmixVersion, startedAt: Date.now(), ...(opts.pmixProgress ? { pmixProgress: opts.pmixProgress } : {}) });
-    await v1.register(workerRoutes, common);
-    await v1.register(psetRoutes, common);
-    await v1.register(jobRoutes, common);
-    await v1.register(eventRoutes, { ...common, metrics, open: streams, limits: { ...DEFAULT_STREAM_LIMITS, ...opts.streams } });
-    await v1.register(dashboardRoutes, { ...common, version: opts.version, pmixVersion: opts.pmixVersion, ...(opts.pmixProgress ? { pmixProgress: opts.pmixProgress } : {}) });
-  }, { prefix: '/v1' });
+  await app.register(
+    async (v1) => {
+      await v1.register(healthRoutes, {
+        ...common,
+        version: opts.version,
+        pmixVersion: opts.pmixVersion,
+        startedAt: Date.now(),
+        ...(opts.pmixProgress ? { pmixProgress: opts.pmixProgress } : {}),
+      });
+      await v1.register(workerRoutes, common);
+      await v1.register(psetRoutes, common);
+      await v1.register(jobRoutes, common);
+      await v1.register(eventRoutes, {
+        ...common,
+        metrics,
+        open: streams,
+        limits: { ...DEFAULT_STREAM_LIMITS, ...opts.streams },
+      });
+      await v1.register(dashboardRoutes, {
+        ...common,
+        version: opts.version,
+        pmixVersion: opts.pmixVersion,
+        ...(opts.pmixProgress ? { pmixProgress: opts.pmixProgress } : {}),
+      });
+    },
+    { prefix: '/v1' },
+  );
   dashboardRoute(app);
   await app.ready();
-  return { app, metrics, closeStreams: () => { for (const c of [...streams]) c(); } };
+  return {
+    app,
+    metrics,
+    closeStreams: () => {
+      for (const c of [...streams]) c();
+    },
+  };
 }

@@ -2,9 +2,23 @@
 // are protobuf messages turned into their JSON mapping (or encoded, for binary event frames),
 // so the REST JSON is exactly what the .proto says.
 import { dask_pmix } from '../proto/dask_pmix.js';
-import type { SequencedEvent } from '../rm/events.js';
 import { isoTime } from '../rm/clock.js';
-import type { Impl, Job, JobMode, JobSpec, JobState, MemberState, PoolSeat, ProcessSet, PsetSpec, Selector, Worker, WorkerSpec, WorkerState } from '../rm/types.js';
+import type { SequencedEvent } from '../rm/events.js';
+import type {
+  Impl,
+  Job,
+  JobMode,
+  JobSpec,
+  JobState,
+  MemberState,
+  PoolSeat,
+  ProcessSet,
+  PsetSpec,
+  Selector,
+  Worker,
+  WorkerSpec,
+  WorkerState,
+} from '../rm/types.js';
 
 export const pb = dask_pmix.v1;
 
@@ -15,8 +29,10 @@ const EVENT_OPTIONS = { ...JSON_OPTIONS, oneofs: true } as const;
 
 type Json = Record<string, unknown>;
 
-const enumValue = <E extends Record<string, string | number>>(e: E, name: string | undefined): E[keyof E] | undefined =>
-  name === undefined ? undefined : (e[name as keyof E] as E[keyof E]);
+const enumValue = <E extends Record<string, string | number>>(
+  e: E,
+  name: string | undefined,
+): E[keyof E] | undefined => (name === undefined ? undefined : (e[name as keyof E] as E[keyof E]));
 
 function selectorMsg(s: Selector): dask_pmix.v1.Selector {
   return pb.Selector.create({
@@ -59,7 +75,13 @@ export function workerMsg(w: Readonly<Worker>): dask_pmix.v1.Worker {
 }
 
 export function psetMsg(p: Readonly<ProcessSet>): dask_pmix.v1.ProcessSet {
-  const m = pb.ProcessSet.create({ name: p.name, members: [...p.members], createdAt: p.createdAt, jobId: p.jobId ?? '', gone: [...(p.gone ?? [])] });
+  const m = pb.ProcessSet.create({
+    name: p.name,
+    members: [...p.members],
+    createdAt: p.createdAt,
+    jobId: p.jobId ?? '',
+    gone: [...(p.gone ?? [])],
+  });
   if (p.selector) m.selector = selectorMsg(p.selector);
   return m;
 }
@@ -113,7 +135,10 @@ export function eventMsg(e: SequencedEvent): dask_pmix.v1.Event {
     case 'workerLeft':
       return pb.Event.create({ ...base, workerLeft: { workerId: ev.workerId, reason: ev.reason } });
     case 'workerStateChanged':
-      return pb.Event.create({ ...base, workerStateChanged: { workerId: ev.workerId, from: ws(ev.from), to: ws(ev.to), jobId: ev.jobId ?? '' } });
+      return pb.Event.create({
+        ...base,
+        workerStateChanged: { workerId: ev.workerId, from: ws(ev.from), to: ws(ev.to), jobId: ev.jobId ?? '' },
+      });
     case 'psetDefined':
       return pb.Event.create({ ...base, psetDefined: { pset: psetMsg(ev.pset) } });
     case 'psetDeleted':
@@ -121,17 +146,33 @@ export function eventMsg(e: SequencedEvent): dask_pmix.v1.Event {
     case 'jobStateChanged':
       return pb.Event.create({
         ...base,
-        jobStateChanged: { jobId: ev.jobId, from: js(ev.from), to: js(ev.to), reason: ev.reason ?? '', job: jobMsg(ev.job) },
+        jobStateChanged: {
+          jobId: ev.jobId,
+          from: js(ev.from),
+          to: js(ev.to),
+          reason: ev.reason ?? '',
+          job: jobMsg(ev.job),
+        },
       });
     case 'workerPoolChanged':
       return pb.Event.create({ ...base, workerPoolChanged: { workerId: ev.workerId, pool: poolSeatMsg(ev.pool) } });
     case 'memberStateChanged':
       return pb.Event.create({
         ...base,
-        memberStateChanged: { jobId: ev.jobId, workerId: ev.workerId, rank: ev.rank, from: ms(ev.from), to: ms(ev.to), reason: ev.reason ?? '' },
+        memberStateChanged: {
+          jobId: ev.jobId,
+          workerId: ev.workerId,
+          rank: ev.rank,
+          from: ms(ev.from),
+          to: ms(ev.to),
+          reason: ev.reason ?? '',
+        },
       });
     case 'healthChanged':
-      return pb.Event.create({ ...base, healthChanged: { status: ev.status, pmixStalledSeconds: ev.pmixStalledSeconds } });
+      return pb.Event.create({
+        ...base,
+        healthChanged: { status: ev.status, pmixStalledSeconds: ev.pmixStalledSeconds },
+      });
   }
 }
 
@@ -143,12 +184,30 @@ export const toJson = {
   poolEnv: (workerId: string, seat: Readonly<PoolSeat>, env: Record<string, string>): Json =>
     pb.PoolEnv.toObject(pb.PoolEnv.create({ workerId, pool: poolSeatMsg(seat), env }), JSON_OPTIONS),
   joinJob: (r: { ready: boolean; job: Readonly<Job>; ports?: Record<string, string>[] }): Json =>
-    pb.JoinJobResponse.toObject(pb.JoinJobResponse.create({
-      ready: r.ready, job: jobMsg(r.job), ...(r.ports ? { ports: r.ports.map((ports) => ({ ports })) } : {}),
-    }), JSON_OPTIONS),
-  memberEnv: (m: { jobId: string; workerId: string; rank: number; size: number; impl: Impl; env: Record<string, string> }): Json =>
-    pb.MemberEnv.toObject(pb.MemberEnv.create({ ...m, impl: enumValue(pb.Impl, m.impl)! }), JSON_OPTIONS),
-  health: (h: { status: string; version: string; pmixVersion: string; uptimeSeconds: number; impls: Impl[]; pmixStalledSeconds?: number }): Json =>
+    pb.JoinJobResponse.toObject(
+      pb.JoinJobResponse.create({
+        ready: r.ready,
+        job: jobMsg(r.job),
+        ...(r.ports ? { ports: r.ports.map((ports) => ({ ports })) } : {}),
+      }),
+      JSON_OPTIONS,
+    ),
+  memberEnv: (m: {
+    jobId: string;
+    workerId: string;
+    rank: number;
+    size: number;
+    impl: Impl;
+    env: Record<string, string>;
+  }): Json => pb.MemberEnv.toObject(pb.MemberEnv.create({ ...m, impl: enumValue(pb.Impl, m.impl)! }), JSON_OPTIONS),
+  health: (h: {
+    status: string;
+    version: string;
+    pmixVersion: string;
+    uptimeSeconds: number;
+    impls: Impl[];
+    pmixStalledSeconds?: number;
+  }): Json =>
     pb.Health.toObject(pb.Health.create({ ...h, impls: h.impls.map((i) => enumValue(pb.Impl, i)!) }), JSON_OPTIONS),
 };
 
@@ -171,7 +230,13 @@ export function eventWithoutNamespace(e: SequencedEvent): Json {
 
 // ---- requests: validated JSON (the schemas come from the same .proto) to the core's specs --
 
-type SelectorJson = { count: number; placement?: string; tags?: string[]; resources?: Record<string, number>; hosts?: string[] };
+type SelectorJson = {
+  count: number;
+  placement?: string;
+  tags?: string[];
+  resources?: Record<string, number>;
+  hosts?: string[];
+};
 
 function selectorSpec(s: SelectorJson): Selector {
   const out: Selector = { count: s.count };
@@ -182,7 +247,16 @@ function selectorSpec(s: SelectorJson): Selector {
   return out;
 }
 
-export function workerSpec(b: { id: string; host: string; address?: string; pid?: number; uid?: number; gid?: number; resources?: Record<string, number>; tags?: string[] }): WorkerSpec {
+export function workerSpec(b: {
+  id: string;
+  host: string;
+  address?: string;
+  pid?: number;
+  uid?: number;
+  gid?: number;
+  resources?: Record<string, number>;
+  tags?: string[];
+}): WorkerSpec {
   const s: WorkerSpec = { id: b.id, host: b.host };
   if (b.address) s.address = b.address;
   if (b.pid !== undefined) s.pid = b.pid;
@@ -201,9 +275,17 @@ export function psetSpec(name: string, b: { members?: string[]; selector?: Selec
 }
 
 export function jobSpec(b: {
-  impl: string; mode?: string; pset?: string; members?: string[]; selector?: SelectorJson; owner?: string;
-  wiringTimeoutSeconds?: number; timeoutSeconds?: number; labels?: Record<string, string>;
-  strictMode?: boolean; poolJoinSeconds?: number;
+  impl: string;
+  mode?: string;
+  pset?: string;
+  members?: string[];
+  selector?: SelectorJson;
+  owner?: string;
+  wiringTimeoutSeconds?: number;
+  timeoutSeconds?: number;
+  labels?: Record<string, string>;
+  strictMode?: boolean;
+  poolJoinSeconds?: number;
 }): JobSpec {
   const s: JobSpec = { impl: b.impl as Impl };
   if (b.mode) s.mode = b.mode as JobMode;

@@ -55,7 +55,7 @@ main(process.argv.slice(2)).then(
     process.exitCode = code;
   },
   (err: unknown) => {
-    process.stderr.write(`dask-pmix: ${err instanceof Error ? err.stack ?? err.message : String(err)}\n`);
+    process.stderr.write(`dask-pmix: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
     process.exitCode = 1;
   },
 );

@@ -78,7 +78,13 @@ export function interfaceFor(choice: string): string {
  * The token: given on the command line, in a file, or in the environment; otherwise generated
  * and written to `dir`/token (mode 0600), where the operator (and nobody else) can read it.
  */
-function resolveToken(arg: string | undefined, file: string | undefined, fromEnv: string | undefined, dir: string, log: pino.Logger): string {
+function resolveToken(
+  arg: string | undefined,
+  file: string | undefined,
+  fromEnv: string | undefined,
+  dir: string,
+  log: pino.Logger,
+): string {
   if (arg) return arg;
   if (file) {
     const t = readFileSync(file, 'utf8').split('\n')[0]!.trim();
@@ -140,7 +146,10 @@ export async function serve(argv: string[]): Promise<number> {
   }
   const env = process.env;
   // Synchronous, so that nothing logged is lost when a wedged libpmix forces an immediate exit.
-  const log = pino({ level: values['log-level'] ?? env.DASK_PMIX_LOG_LEVEL ?? 'info', base: { svc: 'dask-pmix' } }, pino.destination({ dest: 1, sync: true }));
+  const log = pino(
+    { level: values['log-level'] ?? env.DASK_PMIX_LOG_LEVEL ?? 'info', base: { svc: 'dask-pmix' } },
+    pino.destination({ dest: 1, sync: true }),
+  );
   let ompiEnv: Record<string, string> | undefined;
   if (values['ompi-env']) {
     ompiEnv = {};
@@ -152,7 +161,8 @@ export async function serve(argv: string[]): Promise<number> {
   }
   const pmixPort = num('pmix-port', values['pmix-port']);
   const tools = values['pmix-tools'];
-  if (tools !== undefined && tools !== 'same-uid' && tools !== 'refuse') throw new Error(`--pmix-tools must be same-uid or refuse, not '${tools}'`);
+  if (tools !== undefined && tools !== 'same-uid' && tools !== 'refuse')
+    throw new Error(`--pmix-tools must be same-uid or refuse, not '${tools}'`);
   const wiring = num('wiring-timeout', values['wiring-timeout']);
   const maxJobs = num('max-jobs', values['max-jobs']);
   const grace = num('release-grace', values['release-grace']);
@@ -165,9 +175,19 @@ export async function serve(argv: string[]): Promise<number> {
 
   const given = values['pmix-tmpdir'] ?? env.DASK_PMIX_TMPDIR;
   const pmixTmpdir = given ?? mkdtempSync(join(tmpdir(), 'dask-pmix-'));
-  const token = values['no-auth'] ? undefined : resolveToken(values.token, values['token-file'] ?? env.DASK_PMIX_TOKEN_FILE, env.DASK_PMIX_TOKEN, stateDir ?? pmixTmpdir, log);
+  const token = values['no-auth']
+    ? undefined
+    : resolveToken(
+        values.token,
+        values['token-file'] ?? env.DASK_PMIX_TOKEN_FILE,
+        env.DASK_PMIX_TOKEN,
+        stateDir ?? pmixTmpdir,
+        log,
+      );
   // A directory we made is ours to remove; one we were given is not.
-  const cleanup = () => { if (!given) rmSync(pmixTmpdir, { recursive: true, force: true }); };
+  const cleanup = () => {
+    if (!given) rmSync(pmixTmpdir, { recursive: true, force: true });
+  };
   const { Sidecar } = await import('../service/sidecar.js');
   let sidecar: Awaited<ReturnType<typeof Sidecar.start>>;
   try {
@@ -178,8 +198,17 @@ export async function serve(argv: string[]): Promise<number> {
       logger: log,
       version: projectVersion(),
       ...(token ? { token } : {}),
-      limits: Object.fromEntries(([['workers', 'max-workers'], ['psets', 'max-psets'], ['names', 'max-names']] as const)
-        .filter(([, flag]) => values[flag] !== undefined).map(([k, flag]) => [k, num(flag, values[flag])!])),
+      limits: Object.fromEntries(
+        (
+          [
+            ['workers', 'max-workers'],
+            ['psets', 'max-psets'],
+            ['names', 'max-names'],
+          ] as const
+        )
+          .filter(([, flag]) => values[flag] !== undefined)
+          .map(([k, flag]) => [k, num(flag, values[flag])!]),
+      ),
       ...(values['open-reads'] ? { openReads: true } : {}),
       ...(stateDir ? { stateDir } : {}),
       ...(wiring !== undefined ? { wiringTimeoutSeconds: wiring } : {}),
@@ -224,27 +253,40 @@ export async function serve(argv: string[]): Promise<number> {
       process.off('SIGTERM', stop);
       process.off('SIGINT', stop);
       if (orphanWatch) clearInterval(orphanWatch);
-      sidecar.stop(signal === 'its parent exited' ? 'the process that started the sidecar exited' : `the sidecar received ${signal}`).then(
-        (outcome) => {
-          cleanup();
-          if (outcome === 'timed-out') {
-            // libpmix's progress thread is wedged: its finalize never returns and its threads keep
-            // the process alive, so end it here.
-            log.error({ pmix: sidecar.pmix.progress() }, 'stopping did not finish in time; exiting without finalizing PMIx');
-            sidecar.exitNow(1);
-          }
-          resolve(0);
-        },
-        (err: unknown) => {
-          log.error({ err }, 'stopping failed');
-          resolve(1);
-        },
-      );
+      sidecar
+        .stop(
+          signal === 'its parent exited'
+            ? 'the process that started the sidecar exited'
+            : `the sidecar received ${signal}`,
+        )
+        .then(
+          (outcome) => {
+            cleanup();
+            if (outcome === 'timed-out') {
+              // libpmix's progress thread is wedged: its finalize never returns and its threads keep
+              // the process alive, so end it here.
+              log.error(
+                { pmix: sidecar.pmix.progress() },
+                'stopping did not finish in time; exiting without finalizing PMIx',
+              );
+              sidecar.exitNow(1);
+            }
+            resolve(0);
+          },
+          (err: unknown) => {
+            log.error({ err }, 'stopping failed');
+            resolve(1);
+          },
+        );
     };
     process.on('SIGTERM', stop);
     process.on('SIGINT', stop);
     // A scheduler killed outright cannot stop its sidecar; the sidecar notices it is gone.
-    const parent = values['parent-pid'] ? num('parent-pid', values['parent-pid'])! : values['exit-with-parent'] ? STARTED_BY : 0;
+    const parent = values['parent-pid']
+      ? num('parent-pid', values['parent-pid'])!
+      : values['exit-with-parent']
+        ? STARTED_BY
+        : 0;
     if (parent > 1) {
       orphanWatch = setInterval(() => {
         try {

@@ -1,12 +1,11 @@
 // What one client connection knows, shared by its PMI-1 and PMI-2 command handlers (a PMI-2
 // client speaks one PMI-1 line before switching), plus the checks both protocols make.
 import { checkPmiId } from './credential.js';
-import { PmiError, errorMessage } from './errors.js';
+import { errorMessage, PmiError } from './errors.js';
 import type { PmiConnectionInfo, PmiJobCore, PmiMember } from './job-core.js';
 import { LIMITS } from './limits.js';
 import { clip } from './pmi1-codec.js';
 import { processMapping } from './process-mapping.js';
-
 
 /** Keys the process manager answers itself; clients may not put them (as hydra). */
 export const RESERVED_KEY_PREFIX = 'PMI_';
@@ -61,7 +60,8 @@ export class ConnectionState {
   }
 
   bind(pmiId: string | undefined): PmiMember {
-    if (this.phase !== 'new') throw new PmiError(`already ${this.phase === 'bound' ? 'initialized' : this.phase} on this connection`);
+    if (this.phase !== 'new')
+      throw new PmiError(`already ${this.phase === 'bound' ? 'initialized' : this.phase} on this connection`);
     let member: PmiMember;
     try {
       member = this.core.attach(checkPmiId(pmiId), this.conn);
@@ -107,6 +107,7 @@ export function checkKey(key: string | undefined, forPut: boolean): string {
   if (key === undefined || key === '') throw new PmiError('missing key=');
   // Control characters never occur in MPICH's keys; refusing them keeps keys printable and
   // leaves the core free to build its own internal keys with them.
+  // biome-ignore lint/suspicious/noControlCharactersInRegex: control characters are what it refuses
   if (/[\x00-\x1f\x7f]/.test(key)) throw new PmiError('key contains control characters');
   if (key.length > LIMITS.keyMax) throw new PmiError(`key longer than ${LIMITS.keyMax} characters`);
   if (forPut && key.startsWith(RESERVED_KEY_PREFIX)) {

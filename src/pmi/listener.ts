@@ -108,7 +108,9 @@ export class PmiListener {
 
   /** Stops accepting, hangs up every connection (unfinalized members are reported lost). */
   async close(): Promise<void> {
-    const closed = [this.server, this.local?.server].map((s) => s && new Promise<void>((resolve) => s.close(() => resolve())));
+    const closed = [this.server, this.local?.server].map(
+      (s) => s && new Promise<void>((resolve) => s.close(() => resolve())),
+    );
     const conns = [...this.connections];
     for (const c of conns) c.destroy();
     await Promise.all(conns.map((c) => c.done));
@@ -125,7 +127,15 @@ export class PmiListener {
         opts.onError?.('onTcpConnection', err);
       }
     }
-    const conn = new PmiConnection(this.nextId++, socket, opts.core, this.engine, opts.trace, opts.onError, opts.bindTimeoutMs ?? BIND_TIMEOUT_MS);
+    const conn = new PmiConnection(
+      this.nextId++,
+      socket,
+      opts.core,
+      this.engine,
+      opts.trace,
+      opts.onError,
+      opts.bindTimeoutMs ?? BIND_TIMEOUT_MS,
+    );
     this.connections.add(conn);
     void conn.done.then(() => this.connections.delete(conn));
     const max = opts.maxUnbound ?? MAX_UNBOUND;

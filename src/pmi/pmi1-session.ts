@@ -4,13 +4,26 @@
 // with rc=-1 and a msg, so MPICH 5.x reports "server responded with rc=-1 - <msg>" and 4.0.2
 // sees rc != 0 where it looks. Only `abort` has no reply.
 import {
-  ConnectionState, checkKey, checkKvsname, checkService, checkValue, parseIntArg, requireArg,
+  type ConnectionState,
+  checkKey,
+  checkKvsname,
+  checkService,
+  checkValue,
+  parseIntArg,
+  requireArg,
 } from './connection-state.js';
-import { LIMITS } from './limits.js';
 import { PmiError } from './errors.js';
 import type { SpawnApp, SpawnRequest } from './job-core.js';
+import { LIMITS } from './limits.js';
 import {
-  clip, formatPmi1, formatPmi1Error, formatPmi1Failure, parsePmi1SpawnBlock, pmi1Value, type Pmi1Command, type Pmi1SpawnBlock,
+  clip,
+  formatPmi1,
+  formatPmi1Error,
+  formatPmi1Failure,
+  type Pmi1Command,
+  type Pmi1SpawnBlock,
+  parsePmi1SpawnBlock,
+  pmi1Value,
 } from './pmi1-codec.js';
 
 export interface Reply {
@@ -51,8 +64,12 @@ export class Pmi1Session {
   /** The reply to one line: at once when its handler is synchronous (most are), else a promise. */
   handleLine(c: Pmi1Command): string | Reply | null | Promise<string | Reply | null> {
     const handler = HANDLERS[c.cmd];
-    if (!handler) return formatPmi1Error(PMI1_RESPONSE[c.cmd] ?? PMI1_UNKNOWN_RESPONSE, new PmiError(`unknown PMI-1 command ${clip(c.cmd)}`));
-    let r;
+    if (!handler)
+      return formatPmi1Error(
+        PMI1_RESPONSE[c.cmd] ?? PMI1_UNKNOWN_RESPONSE,
+        new PmiError(`unknown PMI-1 command ${clip(c.cmd)}`),
+      );
+    let r: ReturnType<typeof handler>;
     try {
       r = handler(this, c);
     } catch (e) {
@@ -66,7 +83,10 @@ export class Pmi1Session {
     // A refused credential costs the connection (no guessing on one socket); a refused initack
     // also leaves an MPICH 4.0.2 client waiting for `cmd=set` lines. A connection that already
     // belongs to a member keeps it.
-    return { text: formatPmi1Error(PMI1_RESPONSE[c.cmd] ?? PMI1_UNKNOWN_RESPONSE, err), close: this.state.phase === 'refused' };
+    return {
+      text: formatPmi1Error(PMI1_RESPONSE[c.cmd] ?? PMI1_UNKNOWN_RESPONSE, err),
+      close: this.state.phase === 'refused',
+    };
   }
 
   /** One `mcmd=spawn` block; the reply comes after the last block of the request. */
@@ -108,10 +128,12 @@ function spawnRequest(blocks: readonly Pmi1SpawnBlock[]): SpawnRequest {
     const argv: string[] = [];
     for (let i = 1; i <= num('argcnt'); i++) argv.push(fields.get(`arg${i}`) ?? '');
     const info: [string, string][] = [];
-    for (let i = 0; i < num('info_num'); i++) info.push([fields.get(`info_key_${i}`) ?? '', fields.get(`info_val_${i}`) ?? '']);
+    for (let i = 0; i < num('info_num'); i++)
+      info.push([fields.get(`info_key_${i}`) ?? '', fields.get(`info_val_${i}`) ?? '']);
     // Every block repeats the same preput list.
     preput = [];
-    for (let i = 0; i < num('preput_num'); i++) preput.push([fields.get(`preput_key_${i}`) ?? '', fields.get(`preput_val_${i}`) ?? '']);
+    for (let i = 0; i < num('preput_num'); i++)
+      preput.push([fields.get(`preput_key_${i}`) ?? '', fields.get(`preput_val_${i}`) ?? '']);
     apps.push({ command: requireArg(fields, 'execname'), argv, maxprocs: num('nprocs'), info });
   }
   return { apps, preput };
@@ -150,7 +172,10 @@ const HANDLERS: Readonly<Record<string, Handler>> = {
 
   get_maxes() {
     return formatPmi1('maxes', {
-      rc: 0, kvsname_max: LIMITS.kvsnameMax, keylen_max: LIMITS.keyMax, vallen_max: LIMITS.valueMax,
+      rc: 0,
+      kvsname_max: LIMITS.kvsnameMax,
+      keylen_max: LIMITS.keyMax,
+      vallen_max: LIMITS.valueMax,
     });
   },
 
@@ -193,7 +218,10 @@ const HANDLERS: Readonly<Record<string, Handler>> = {
     if (c.args.has('group')) throw new PmiError('group barriers need PMI 1.2; this server negotiated 1.1');
     const failure = (e: unknown) => formatPmi1Failure('barrier_out', s.state.replyError('PMI-1 barrier_in', e));
     try {
-      return s.state.requireMember().fence().then(() => BARRIER_OK, failure);
+      return s.state
+        .requireMember()
+        .fence()
+        .then(() => BARRIER_OK, failure);
     } catch (e) {
       return failure(e);
     }

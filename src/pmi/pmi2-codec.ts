@@ -77,12 +77,17 @@ export type Pmi2Value = string | number | boolean;
  * values up to the first `;` and has no escape, so for it values go out as they are (MPICH's
  * own values are hex and never hold one).
  */
-export function formatPmi2(cmd: string, fields: Readonly<Record<string, Pmi2Value>>, thrid?: string, escape = false): string {
+export function formatPmi2(
+  cmd: string,
+  fields: Readonly<Record<string, Pmi2Value>>,
+  thrid?: string,
+  escapeValues = false,
+): string {
   let body = `cmd=${cmd};`;
   if (thrid !== undefined) body += `thrid=${thrid};`;
   for (const [k, v] of Object.entries(fields)) {
     const s = typeof v === 'boolean' ? (v ? 'TRUE' : 'FALSE') : String(v);
-    body += `${k}=${escape ? s.replace(/;/g, ';;') : s};`;
+    body += `${k}=${escapeValues ? s.replace(/;/g, ';;') : s};`;
   }
   return pmi2Frame(body);
 }
@@ -100,7 +105,10 @@ export function formatPmi2Error(response: string, err: PmiError, thrid?: string)
 
 /** Makes free text safe as a PMI-2 value (no `;`, no newline). */
 export function pmi2Text(text: string): string {
-  return text.replace(/[;\n\r]/g, ',').replace(/[^\x20-\x7e]/g, '?').slice(0, 400);
+  return text
+    .replace(/[;\n\r]/g, ',')
+    .replace(/[^\x20-\x7e]/g, '?')
+    .slice(0, 400);
 }
 
 /**

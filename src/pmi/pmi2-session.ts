@@ -4,12 +4,17 @@
 // flight together (a threaded client matches replies by thrid), so a waiting kvs-fence or
 // info-getnodeattr does not hold up the others.
 import {
-  ConnectionState, checkKey, checkKvsname, checkService, checkValue, parseIntArg,
+  type ConnectionState,
+  checkKey,
+  checkKvsname,
+  checkService,
+  checkValue,
+  parseIntArg,
 } from './connection-state.js';
 import { PmiError } from './errors.js';
-import type { SpawnApp, SpawnRequest } from './job-core.js';
-import type { Reply } from './pmi1-session.js';
+import type { PmiMember, SpawnApp, SpawnRequest } from './job-core.js';
 import { clip } from './pmi1-codec.js';
+import type { Reply } from './pmi1-session.js';
 import { formatPmi2, formatPmi2Error, type Pmi2Command, type Pmi2Value } from './pmi2-codec.js';
 
 type Fields = Record<string, Pmi2Value>;
@@ -28,7 +33,10 @@ export class Pmi2Session {
       return fields ? { text: formatPmi2(response, { rc: 0, ...fields }, c.thrid, this.state.pmi2Escapes) } : null;
     } catch (e) {
       // A refused credential costs the connection: no guessing on one socket.
-      return { text: formatPmi2Error(response, this.state.replyError(`PMI-2 ${c.cmd}`, e), c.thrid), close: this.state.phase === 'refused' };
+      return {
+        text: formatPmi2Error(response, this.state.replyError(`PMI-2 ${c.cmd}`, e), c.thrid),
+        close: this.state.phase === 'refused',
+      };
     }
   }
 }
@@ -45,7 +53,7 @@ const HANDLERS: Readonly<Record<string, Handler>> = {
     // MPICH >= 4.1 sends PMI_ID as pmirank; Slurm's libpmi2 (and clients derived from it) as
     // srcid, falling back to pmirank=PMI_RANK.
     const id = c.args.get('srcid') ?? c.args.get('pmirank');
-    let m;
+    let m: PmiMember;
     if (s.phase === 'bound' && s.boundBy === 'initack') {
       // Handed to the client as PMI_FD after the credential's initack: it names itself by its
       // rank (PMI_RANK), or by nothing (-1) if it had no PMI_ID or PMI_RANK.
@@ -62,7 +70,11 @@ const HANDLERS: Readonly<Record<string, Handler>> = {
     // Older clients (MPICH 4.0 simple2pmi, Slurm's) insist on pmi-version and pmi-subversion and
     // read pmiverbose as TRUE/FALSE; newer ones atoi() it, which makes FALSE a 0.
     const f: Fields = {
-      'pmi-version': 2, 'pmi-subversion': 0, rank: m.info.rank, size: m.info.size, appnum: m.info.appnum,
+      'pmi-version': 2,
+      'pmi-subversion': 0,
+      rank: m.info.rank,
+      size: m.info.size,
+      appnum: m.info.appnum,
     };
     if (m.info.spawnerJobId !== undefined) f['spawner-jobid'] = m.info.spawnerJobId;
     f.pmiverbose = false;
@@ -88,7 +100,8 @@ const HANDLERS: Readonly<Record<string, Handler>> = {
     if (c.args.has('jobid')) checkKvsname(m, c.args.get('jobid'));
     const key = checkKey(c.args.get('key'), false);
     const r = m.get(key);
-    if (!r.found && r.why === 'unfenced') throw new PmiError(`key ${key} was put by another rank and is visible after the next kvs-fence`);
+    if (!r.found && r.why === 'unfenced')
+      throw new PmiError(`key ${key} was put by another rank and is visible after the next kvs-fence`);
     return lookupFields(r.found ? r.value : undefined);
   },
 
@@ -179,14 +192,17 @@ function spawnRequest(c: Pmi2Command): SpawnRequest {
   }
   const num = (m: Map<string, string>, k: string) => parseIntArg(m.get(k) ?? '0', k);
   const preput: [string, string][] = [];
-  for (let i = 0; i < num(head, 'preputcount'); i++) preput.push([head.get(`ppkey${i}`) ?? '', head.get(`ppval${i}`) ?? '']);
+  for (let i = 0; i < num(head, 'preputcount'); i++)
+    preput.push([head.get(`ppkey${i}`) ?? '', head.get(`ppval${i}`) ?? '']);
   const apps: SpawnApp[] = segs.map((seg) => {
     const argv: string[] = [];
     for (let i = 0; i < num(seg, 'argc'); i++) argv.push(seg.get(`argv${i}`) ?? '');
     const info: [string, string][] = [];
-    for (let i = 0; i < num(seg, 'infokeycount'); i++) info.push([seg.get(`infokey${i}`) ?? '', seg.get(`infoval${i}`) ?? '']);
+    for (let i = 0; i < num(seg, 'infokeycount'); i++)
+      info.push([seg.get(`infokey${i}`) ?? '', seg.get(`infoval${i}`) ?? '']);
     return { command: seg.get('subcmd')!, argv, maxprocs: num(seg, 'maxprocs'), info };
   });
-  if (apps.length === 0 || apps.length !== num(head, 'ncmds')) throw new PmiError('spawn: ncmds does not match the subcmd segments');
+  if (apps.length === 0 || apps.length !== num(head, 'ncmds'))
+    throw new PmiError('spawn: ncmds does not match the subcmd segments');
   return { apps, preput };
 }

@@ -9,7 +9,7 @@
 // limit is ever buffered; an over-long line or PMI-2 body is skipped and reported, and the
 // stream resynchronises after it.
 import { PMI1_MAX_LINE, PMI2_MAX_BODY } from './limits.js';
-import { PMI2_HEADER, isPmi2Header } from './pmi2-codec.js';
+import { isPmi2Header, PMI2_HEADER } from './pmi2-codec.js';
 
 /** Upper bound on a whole spawn block (many argument and info lines). */
 export const PMI1_MAX_BLOCK = 64 * 1024;
@@ -132,7 +132,12 @@ export class WireFramer {
         const tooLong = nl < 0 ? this.buf.length - pos >= PMI1_MAX_LINE || this.buf.length >= PMI1_MAX_BLOCK : true;
         if (!tooLong) return null;
         // The rest of a broken block cannot be told from garbage: give the stream up.
-        return { kind: 'error', wire: 1, fatal: true, message: `spawn block line longer than ${PMI1_MAX_LINE} bytes or block longer than ${PMI1_MAX_BLOCK} bytes` };
+        return {
+          kind: 'error',
+          wire: 1,
+          fatal: true,
+          message: `spawn block line longer than ${PMI1_MAX_LINE} bytes or block longer than ${PMI1_MAX_BLOCK} bytes`,
+        };
       }
       const line = this.buf.slice(pos, nl);
       pos = nl + 1;
@@ -148,7 +153,12 @@ export class WireFramer {
     if (len === 0 || len > PMI2_MAX_BODY) {
       this.buf = this.buf.slice(PMI2_HEADER);
       this.skip = { until: 'bytes', left: len };
-      return { kind: 'error', wire: 2, fatal: false, message: len === 0 ? 'empty PMI-2 command' : `PMI-2 command longer than ${PMI2_MAX_BODY} bytes` };
+      return {
+        kind: 'error',
+        wire: 2,
+        fatal: false,
+        message: len === 0 ? 'empty PMI-2 command' : `PMI-2 command longer than ${PMI2_MAX_BODY} bytes`,
+      };
     }
     if (this.buf.length < PMI2_HEADER + len) return null;
     const body = this.buf.slice(PMI2_HEADER, PMI2_HEADER + len);

@@ -9,9 +9,10 @@
 // A "native" credential over TCP is the uid and gid the peer says it has. When the peer's socket
 // is on this host, the kernel says whose it is (peerUid): a peer whose socket's owner is not the
 // uid it claims is refused (root's excepted, which may start ranks as any user).
-import { decodeInfoBlob, type BlobInfo } from './handshake-blob.js';
-import { BufferType, HandshakeError, nativeCredentialIds, PeerFlag, type Handshake } from './handshake.js';
+
 import type { Admission } from './gate.js';
+import { BufferType, type Handshake, HandshakeError, nativeCredentialIds, PeerFlag } from './handshake.js';
+import { type BlobInfo, decodeInfoBlob } from './handshake-blob.js';
 import { Keys } from './keys.js';
 import { Status } from './status.js';
 import type { Proc } from './values.js';
@@ -80,13 +81,17 @@ const numberIn = (blob: BlobInfo[], key: string) => {
 export function admit(h: Handshake, registry: ClientRegistry, opts: AdmissionOptions): Admission {
   const cred = nativeCredentialIds(h);
   if (!cred) {
-    return refuse(Status.ERR_INVALID_CRED, `security module '${h.psec}' with a ${h.credential.length}-byte credential: only 'native' is accepted`);
+    return refuse(
+      Status.ERR_INVALID_CRED,
+      `security module '${h.psec}' with a ${h.credential.length}-byte credential: only 'native' is accepted`,
+    );
   }
   if (!BFROPS.has(h.bfrops)) return refuse(Status.ERR_NOT_SUPPORTED, `unknown bfrops module '${h.bfrops}'`);
   if (h.bufferType !== BufferType.NON_DESC && h.bufferType !== BufferType.FULLY_DESC) {
     return refuse(Status.ERR_NOT_SUPPORTED, `unknown buffer type ${h.bufferType}`);
   }
-  if (!h.gds.split(',').some((g) => GDS.has(g.trim()))) return refuse(Status.ERR_NOT_SUPPORTED, `no known gds module in '${h.gds}'`);
+  if (!h.gds.split(',').some((g) => GDS.has(g.trim())))
+    return refuse(Status.ERR_NOT_SUPPORTED, `no known gds module in '${h.gds}'`);
   let blob: BlobInfo[];
   try {
     blob = blobOf(h);
@@ -110,7 +115,10 @@ export function admit(h: Handshake, registry: ClientRegistry, opts: AdmissionOpt
       if (!reg) return refuse(Status.ERR_NOT_FOUND, `${who} is not a registered client`);
       for (const ids of [cred, claimed]) {
         if (ids.uid !== reg.uid || ids.gid !== reg.gid) {
-          return refuse(Status.ERR_INVALID_CRED, `${who} runs as uid ${ids.uid} gid ${ids.gid}, registered as uid ${reg.uid} gid ${reg.gid}`);
+          return refuse(
+            Status.ERR_INVALID_CRED,
+            `${who} runs as uid ${ids.uid} gid ${ids.gid}, registered as uid ${reg.uid} gid ${reg.gid}`,
+          );
         }
       }
       const no = opts.client?.(proc);
@@ -121,7 +129,10 @@ export function admit(h: Handshake, registry: ClientRegistry, opts: AdmissionOpt
       if (opts.tools === 'refuse') return refuse(Status.ERR_NOT_SUPPORTED, 'this server accepts no tools');
       for (const ids of [cred, { uid: h.uid, gid: h.gid }, claimed]) {
         if (ids.uid !== opts.self.uid || ids.gid !== opts.self.gid) {
-          return refuse(Status.ERR_NO_PERMISSIONS, `a tool of uid ${ids.uid} gid ${ids.gid}: only uid ${opts.self.uid} gid ${opts.self.gid} may connect`);
+          return refuse(
+            Status.ERR_NO_PERMISSIONS,
+            `a tool of uid ${ids.uid} gid ${ids.gid}: only uid ${opts.self.uid} gid ${opts.self.gid} may connect`,
+          );
         }
       }
       if (h.proc && registry.hasNspace(h.proc.nspace)) {
@@ -130,6 +141,9 @@ export function admit(h: Handshake, registry: ClientRegistry, opts: AdmissionOpt
       return { ok: true };
     }
     default:
-      return refuse(Status.ERR_NOT_SUPPORTED, `peers of kind ${h.flag} (launchers, singletons, legacy tools) are not accepted`);
+      return refuse(
+        Status.ERR_NOT_SUPPORTED,
+        `peers of kind ${h.flag} (launchers, singletons, legacy tools) are not accepted`,
+      );
   }
 }

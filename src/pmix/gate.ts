@@ -29,7 +29,7 @@
 // members' environment sets it: see RETRY_ENV). A process whose PMIx_Init failed cannot try again:
 // Open MPI makes it a singleton, and a second MPI_Session_init in it is one again.
 import { createServer, type Server, type Socket } from 'node:net';
-import { HEADER_BYTES, HandshakeError, handshakeLength, parseHandshake, type Handshake } from './handshake.js';
+import { type Handshake, HandshakeError, HEADER_BYTES, handshakeLength, parseHandshake } from './handshake.js';
 
 export type Admission = { ok: true } | { ok: false; status: number; reason: string };
 
@@ -69,7 +69,9 @@ export interface GateOptions {
 /** How many times a member's PMIx_Init connects when asked to retry (attempts in all), about a second apart. */
 export const HANDSHAKE_RETRIES = 60;
 /** What a member's environment sets so that its PMIx_Init retries when the gate asks it to. */
-export const RETRY_ENV: Readonly<Record<string, string>> = { PMIX_MCA_ptl_base_handshake_max_retries: String(HANDSHAKE_RETRIES) };
+export const RETRY_ENV: Readonly<Record<string, string>> = {
+  PMIX_MCA_ptl_base_handshake_max_retries: String(HANDSHAKE_RETRIES),
+};
 
 /** The status a refused peer reads when its handshake could not be read or understood. */
 const BAD_HANDSHAKE = -27; // PMIX_ERR_BAD_PARAM
@@ -148,7 +150,10 @@ export class PmixGate {
     let need = HEADER_BYTES;
     let settled = false;
     const entry: Pending = {
-      sock, key, peer, who,
+      sock,
+      key,
+      peer,
+      who,
       settle: () => {
         if (settled) return false;
         settled = true;
@@ -171,17 +176,24 @@ export class PmixGate {
       this.stats.timedOut++;
       this.refuse(sock, undefined, what, who);
     };
-    let timer = setTimeout(() => expire('no byte of a handshake within the deadline'), Math.min(total, this.opts.firstByteMs ?? 2000));
+    let timer = setTimeout(
+      () => expire('no byte of a handshake within the deadline'),
+      Math.min(total, this.opts.firstByteMs ?? 2000),
+    );
     sock.on('close', () => entry.settle());
     const onData = (chunk: Buffer) => {
       if (have === 0) {
         clearTimeout(timer);
-        timer = setTimeout(() => expire('no complete handshake within the deadline'), Math.max(0, start + total - Date.now()));
+        timer = setTimeout(
+          () => expire('no complete handshake within the deadline'),
+          Math.max(0, start + total - Date.now()),
+        );
       }
       chunks.push(chunk);
       have += chunk.length;
       try {
-        if (need === HEADER_BYTES && have >= HEADER_BYTES) need = handshakeLength(Buffer.concat(chunks).subarray(0, HEADER_BYTES));
+        if (need === HEADER_BYTES && have >= HEADER_BYTES)
+          need = handshakeLength(Buffer.concat(chunks).subarray(0, HEADER_BYTES));
       } catch (err) {
         if (entry.settle()) this.refuse(sock, BAD_HANDSHAKE, (err as Error).message, who);
         return;
@@ -214,7 +226,12 @@ export class PmixGate {
     const oldest = this.pending.get(victim)?.values().next().value;
     if (!oldest?.settle()) return;
     this.stats.evicted++;
-    this.refuse(oldest.sock, undefined, `closed for a newer connection: too many connections from ${victim} still sending their handshake`, oldest.who);
+    this.refuse(
+      oldest.sock,
+      undefined,
+      `closed for a newer connection: too many connections from ${victim} still sending their handshake`,
+      oldest.who,
+    );
   }
 
   private decide(sock: Socket, msg: Buffer, peer: Peer, who: string): void {

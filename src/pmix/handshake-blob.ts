@@ -14,11 +14,36 @@ export interface BlobInfo {
 }
 
 const T = {
-  BOOL: 1, BYTE: 2, STRING: 3, SIZE: 4, PID: 5, INT: 6, INT8: 7, INT16: 8, INT32: 9, INT64: 10,
-  UINT: 11, UINT8: 12, UINT16: 13, UINT32: 14, UINT64: 15, STATUS: 20, INFO_DIRECTIVES: 35,
-  DATA_TYPE: 36, PROC_RANK: 40,
+  BOOL: 1,
+  BYTE: 2,
+  STRING: 3,
+  SIZE: 4,
+  PID: 5,
+  INT: 6,
+  INT8: 7,
+  INT16: 8,
+  INT32: 9,
+  INT64: 10,
+  UINT: 11,
+  UINT8: 12,
+  UINT16: 13,
+  UINT32: 14,
+  UINT64: 15,
+  STATUS: 20,
+  INFO_DIRECTIVES: 35,
+  DATA_TYPE: 36,
+  PROC_RANK: 40,
 } as const;
-const UNSIGNED = new Set<number>([T.SIZE, T.UINT, T.UINT16, T.UINT32, T.UINT64, T.PROC_RANK, T.INFO_DIRECTIVES, T.DATA_TYPE]);
+const UNSIGNED = new Set<number>([
+  T.SIZE,
+  T.UINT,
+  T.UINT16,
+  T.UINT32,
+  T.UINT64,
+  T.PROC_RANK,
+  T.INFO_DIRECTIVES,
+  T.DATA_TYPE,
+]);
 const SIGNED = new Set<number>([T.INT, T.INT16, T.INT32, T.INT64, T.STATUS]);
 const ONE_BYTE = new Set<number>([T.BYTE, T.INT8, T.UINT8]);
 
@@ -59,7 +84,8 @@ class Cursor {
   }
 }
 
-const small = (v: bigint): number | bigint => (v >= BigInt(Number.MIN_SAFE_INTEGER) && v <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(v) : v);
+const small = (v: bigint): number | bigint =>
+  v >= BigInt(Number.MIN_SAFE_INTEGER) && v <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(v) : v;
 
 function value(c: Cursor, type: number): BlobInfo['value'] {
   if (type === T.BOOL) return c.byte() !== 0;
@@ -70,7 +96,8 @@ function value(c: Cursor, type: number): BlobInfo['value'] {
   if (type === T.PID) {
     // pid_t is packed as the unsigned type of its width, with that type named first.
     const width = Number(c.varint());
-    if (width !== T.UINT32 && width !== T.UINT64) throw new HandshakeError(`a pid in the handshake blob is packed as type ${width}`);
+    if (width !== T.UINT32 && width !== T.UINT64)
+      throw new HandshakeError(`a pid in the handshake blob is packed as type ${width}`);
     return small(c.varint());
   }
   throw new HandshakeError(`the handshake blob holds a value of type ${type}, which the gate does not read`);
@@ -88,7 +115,8 @@ export function decodeInfoBlob(blob: Buffer): BlobInfo[] {
   const out: BlobInfo[] = [];
   for (let i = 0n; i < n; i++) {
     const key = c.string();
-    if (key.length === 0 || key.length > 511) throw new HandshakeError('an info key in the handshake blob is empty or too long');
+    if (key.length === 0 || key.length > 511)
+      throw new HandshakeError('an info key in the handshake blob is empty or too long');
     c.varint(); // info directives
     const type = Number(c.varint());
     out.push({ key, type, value: value(c, type) });

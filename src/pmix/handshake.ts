@@ -59,7 +59,8 @@ export class HandshakeError extends Error {}
 /** The total length of the handshake whose header is `header`, or an error if it is too long. */
 export function handshakeLength(header: Buffer): number {
   const nbytes = header.readUInt32LE(8);
-  if (nbytes > MAX_BODY_BYTES) throw new HandshakeError(`a handshake of ${nbytes} bytes is longer than libpmix accepts`);
+  if (nbytes > MAX_BODY_BYTES)
+    throw new HandshakeError(`a handshake of ${nbytes} bytes is longer than libpmix accepts`);
   return HEADER_BYTES + nbytes;
 }
 

@@ -5,7 +5,7 @@
 // from the per-node and per-rank keys below, which describe the real hosts: ranks on different
 // hosts must not believe they can share memory.
 import { Keys } from './keys.js';
-import { info, v, type Info } from './values.js';
+import { type Info, info, v } from './values.js';
 
 export interface RankPlacement {
   rank: number;
@@ -60,11 +60,7 @@ export function encodeNamespace(layout: NamespaceLayout, regex: RegexGenerator):
     info(Keys.SPAWNED, v.bool(false)),
     info(
       Keys.APP_INFO_ARRAY,
-      v.infos([
-        info(Keys.APPNUM, v.uint32(0)),
-        info(Keys.APP_SIZE, v.uint32(size)),
-        info(Keys.APPLDR, v.rank(0)),
-      ]),
+      v.infos([info(Keys.APPNUM, v.uint32(0)), info(Keys.APP_SIZE, v.uint32(size)), info(Keys.APPLDR, v.rank(0))]),
     ),
   ];
   if (layout.tmpdir) {

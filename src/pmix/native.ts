@@ -1,6 +1,7 @@
 // Loads the native addon. Kept separate so that code that only needs types never loads libpmix.
-import { createRequire } from 'node:module';
+
 import { existsSync } from 'node:fs';
+import { createRequire } from 'node:module';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { Info, Proc, Value } from './values.js';
@@ -24,6 +25,8 @@ export interface NativeBinding {
   generateRegex(input: string): Buffer;
   generatePpn(input: string): Buffer;
   version(): string;
+  /** A value through the addon's codec (and, with throughLibpmix, packed and unpacked by libpmix): for the codec's tests. */
+  valueRoundTrip(value: Value, throughLibpmix: boolean): Value;
   errorString(status: number): string;
   upcallNames(): string[];
   /** A no-op through libpmix's progress thread; waitingMs > 0 while the previous one is unanswered. */

@@ -11,44 +11,122 @@
 // PMIX_ERROR. A failing handler never takes the server down. Upcalls without a handler are
 // answered PMIX_ERR_NOT_SUPPORTED by libpmix itself.
 import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
-import { isIPv4, BlockList, type Socket } from 'node:net';
+import { BlockList, isIPv4, type Socket } from 'node:net';
 import { networkInterfaces, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { admit, ClientRegistry, type ToolPolicy } from './admission.js';
-import { PmixGate, RETRY_ENV, type Peer } from './gate.js';
+import { type Peer, PmixGate, RETRY_ENV } from './gate.js';
 import { PeerFlag } from './handshake.js';
-import { KEEPALIVE, setKeepAlive, type KeepAlive } from './keepalive.js';
-import { loadNative, type NativeBinding } from './native.js';
+import { KEEPALIVE, type KeepAlive, setKeepAlive } from './keepalive.js';
 import { Keys } from './keys.js';
+import { loadNative, type NativeBinding } from './native.js';
 import { PmixError, Status } from './status.js';
-import { findString, findValue, info, v, type Info, type Proc, type Value } from './values.js';
+import { findString, findValue, type Info, info, type Proc, type Value, v } from './values.js';
 
-export interface ClientConnectedArgs { proc: Proc; info: Info[] }
-export interface ProcArgs { proc: Proc }
-export interface AbortArgs { proc: Proc; status: number; message: string; procs: Proc[] }
-export interface FenceArgs { procs: Proc[]; info: Info[]; data: Buffer }
-export interface DirectModexArgs { proc: Proc; info: Info[] }
-export interface PublishArgs { proc: Proc; info: Info[] }
-export interface LookupArgs { proc: Proc; keys: string[]; info: Info[] }
-export interface UnpublishArgs { proc: Proc; keys: string[]; info: Info[] }
-export interface App { cmd: string; argv: string[]; env: string[]; cwd: string; maxprocs: number; info: Info[] }
-export interface SpawnArgs { proc: Proc; jobInfo: Info[]; apps: App[] }
-export interface ConnectArgs { procs: Proc[]; info: Info[] }
-export interface EventsArgs { codes: number[]; info: Info[] }
-export interface NotifyEventArgs { status: number; source: Proc | null; range: number; info: Info[] }
-export interface Query { keys: string[]; qualifiers: Info[] }
-export interface QueryArgs { proc: Proc | null; queries: Query[] }
-export interface ToolConnectedArgs { info: Info[] }
-export interface LogArgs { proc: Proc; data: Info[]; directives: Info[] }
-export interface RequestArgs { proc: Proc; directives: Info[] }
-export interface GroupArgs { op: 'construct' | 'destruct' | 'none'; group: string; procs: Proc[]; directives: Info[] }
-export interface PublishedDatum { proc: Proc; key: string; value: Value }
+export interface ClientConnectedArgs {
+  proc: Proc;
+  info: Info[];
+}
+export interface ProcArgs {
+  proc: Proc;
+}
+export interface AbortArgs {
+  proc: Proc;
+  status: number;
+  message: string;
+  procs: Proc[];
+}
+export interface FenceArgs {
+  procs: Proc[];
+  info: Info[];
+  data: Buffer;
+}
+export interface DirectModexArgs {
+  proc: Proc;
+  info: Info[];
+}
+export interface PublishArgs {
+  proc: Proc;
+  info: Info[];
+}
+export interface LookupArgs {
+  proc: Proc;
+  keys: string[];
+  info: Info[];
+}
+export interface UnpublishArgs {
+  proc: Proc;
+  keys: string[];
+  info: Info[];
+}
+export interface App {
+  cmd: string;
+  argv: string[];
+  env: string[];
+  cwd: string;
+  maxprocs: number;
+  info: Info[];
+}
+export interface SpawnArgs {
+  proc: Proc;
+  jobInfo: Info[];
+  apps: App[];
+}
+export interface ConnectArgs {
+  procs: Proc[];
+  info: Info[];
+}
+export interface EventsArgs {
+  codes: number[];
+  info: Info[];
+}
+export interface NotifyEventArgs {
+  status: number;
+  source: Proc | null;
+  range: number;
+  info: Info[];
+}
+export interface Query {
+  keys: string[];
+  qualifiers: Info[];
+}
+export interface QueryArgs {
+  proc: Proc | null;
+  queries: Query[];
+}
+export interface ToolConnectedArgs {
+  info: Info[];
+}
+export interface LogArgs {
+  proc: Proc;
+  data: Info[];
+  directives: Info[];
+}
+export interface RequestArgs {
+  proc: Proc;
+  directives: Info[];
+}
+export interface GroupArgs {
+  op: 'construct' | 'destruct' | 'none';
+  group: string;
+  procs: Proc[];
+  directives: Info[];
+}
+export interface PublishedDatum {
+  proc: Proc;
+  key: string;
+  value: Value;
+}
 /**
  * An event libpmix raises inside the server (not an upcall): PMIX_ERR_LOST_CONNECTION (or
  * UNREACH, PROC_TERM_WO_SYNC) when a client's connection dropped before it finalized. libpmix
  * batches losses within its event window: further lost procs come as PMIX_PROCID infos.
  */
-export interface LocalEventArgs { status: number; source: Proc | null; info: Info[] }
+export interface LocalEventArgs {
+  status: number;
+  source: Proc | null;
+  info: Info[];
+}
 
 /** One optional handler per pmix_server_module_t upcall. */
 export interface UpcallHandlers {
@@ -88,7 +166,10 @@ export type UpcallName = keyof UpcallHandlers;
 
 /** A handler's answer under a status other than success, e.g. PMIX_ERR_PARTIAL_SUCCESS with what was found. */
 export class WithStatus<T> {
-  constructor(readonly status: number, readonly result: T) {}
+  constructor(
+    readonly status: number,
+    readonly result: T,
+  ) {}
 }
 
 /** Observes every upcall, e.g. for metrics; `status` is what the client was answered. */
@@ -208,7 +289,8 @@ export class PmixServer {
   }
 
   private async openGate(): Promise<void> {
-    const uri = this.native.setupFork({ nspace: this.opts.serverNspace ?? 'dask-pmix-uri', rank: 0 }).PMIX_SERVER_URI41 ?? '';
+    const uri =
+      this.native.setupFork({ nspace: this.opts.serverNspace ?? 'dask-pmix-uri', rank: 0 }).PMIX_SERVER_URI41 ?? '';
     const m = /tcp4:\/\/127\.0\.0\.1:(\d+)/.exec(uri);
     if (!m) throw new Error(`libpmix does not listen on IPv4 loopback (its URI is '${uri}')`);
     this.innerUri = m[0];
@@ -240,7 +322,10 @@ export class PmixServer {
         }),
       peerOf: (sock) => this.peerOf(sock),
       // libpmix that has not answered two probes would only queue the peer: it is asked to retry.
-      busy: () => (this.waitingMs >= Math.max(2000, 2 * (o.probeIntervalMs ?? 1000)) ? `libpmix has not progressed for ${this.waitingMs} ms` : undefined),
+      busy: () =>
+        this.waitingMs >= Math.max(2000, 2 * (o.probeIntervalMs ?? 1000))
+          ? `libpmix has not progressed for ${this.waitingMs} ms`
+          : undefined,
       ...(o.onRefused ? { onRefused: o.onRefused } : {}),
       handOver: (fd, first, h) => {
         if (keepAlive) setKeepAlive(fd, keepAlive);
@@ -302,9 +387,27 @@ export class PmixServer {
    * newer ones at a bound, timed out before their handshake, asked to retry; and what became of the admitted ones:
    * handed to libpmix, relayed (they could not be handed over), refused by libpmix, dropped.
    */
-  get gateStats(): Readonly<{ admitted: number; refused: number; timedOut: number; evicted: number; retried: number; pending: number; handedOff: number; relayed: number; libpmixRefused: number; dropped: number }> {
+  get gateStats(): Readonly<{
+    admitted: number;
+    refused: number;
+    timedOut: number;
+    evicted: number;
+    retried: number;
+    pending: number;
+    handedOff: number;
+    relayed: number;
+    libpmixRefused: number;
+    dropped: number;
+  }> {
     const h = this.native.handoffStats();
-    return { ...this.gate.stats, pending: this.gate.pendingHandshakes, handedOff: h.handedOff, relayed: h.relayed, libpmixRefused: h.refused, dropped: h.dropped };
+    return {
+      ...this.gate.stats,
+      pending: this.gate.pendingHandshakes,
+      handedOff: h.handedOff,
+      relayed: h.relayed,
+      libpmixRefused: h.refused,
+      dropped: h.dropped,
+    };
   }
 
   private toolIdentity(items: Info[]): Proc {
@@ -333,7 +436,10 @@ export class PmixServer {
       }
       opts.observer?.(name, status, (performance.now() - t0) / 1000, error);
     };
-    if (!handler) return answer(Status.ERR_NOT_SUPPORTED);
+    if (!handler) {
+      answer(Status.ERR_NOT_SUPPORTED);
+      return;
+    }
     let pending: Promise<unknown>;
     try {
       pending = Promise.resolve(handler.call(opts.handlers, args));
@@ -341,7 +447,8 @@ export class PmixServer {
       pending = Promise.reject(err);
     }
     pending.then(
-      (result) => (result instanceof WithStatus ? answer(result.status, result.result) : answer(Status.SUCCESS, result)),
+      (result) =>
+        result instanceof WithStatus ? answer(result.status, result.result) : answer(Status.SUCCESS, result),
       (err: unknown) => {
         if (!(err instanceof PmixError)) opts.onHandlerError?.(name, err);
         answer(PmixError.statusOf(err), undefined, err);
@@ -363,12 +470,20 @@ export class PmixServer {
   private waitOn<T>(what: string, call: () => Promise<T>): Promise<T> {
     const p = this.progress();
     if (p.stalled) {
-      return Promise.reject(new PmixError(Status.ERR_TIMEOUT, `${what}: libpmix has not progressed for ${Math.round(p.stalledMs / 1000)} s`));
+      return Promise.reject(
+        new PmixError(
+          Status.ERR_TIMEOUT,
+          `${what}: libpmix has not progressed for ${Math.round(p.stalledMs / 1000)} s`,
+        ),
+      );
     }
     const ms = this.opts.callTimeoutMs ?? 30_000;
     let timer: NodeJS.Timeout | undefined;
     const late = new Promise<never>((_, reject) => {
-      timer = setTimeout(() => reject(new PmixError(Status.ERR_TIMEOUT, `${what}: libpmix did not answer within ${ms / 1000} s`)), ms);
+      timer = setTimeout(
+        () => reject(new PmixError(Status.ERR_TIMEOUT, `${what}: libpmix did not answer within ${ms / 1000} s`)),
+        ms,
+      );
     });
     return Promise.race([wrap(call), late]).finally(() => clearTimeout(timer));
   }
@@ -481,7 +596,10 @@ export function gateHost(opts: Pick<PmixServerOptions, 'remoteConnections' | 'tc
   const ifs = Object.entries(networkInterfaces()).flatMap(([name, addrs]) =>
     (addrs ?? []).filter((a) => a.family === 'IPv4').map((a) => ({ name, address: a.address, internal: a.internal })),
   );
-  const wanted = (opts.tcpIfInclude ?? '').split(',').map((w) => w.trim()).filter(Boolean);
+  const wanted = (opts.tcpIfInclude ?? '')
+    .split(',')
+    .map((w) => w.trim())
+    .filter(Boolean);
   for (const w of wanted) {
     if (w.includes('/')) {
       const [net, bits] = w.split('/') as [string, string];
@@ -504,7 +622,10 @@ export function gateHost(opts: Pick<PmixServerOptions, 'remoteConnections' | 'tc
 function toPmixError(err: unknown): unknown {
   if (err instanceof PmixError) return err;
   if (err instanceof Error && typeof (err as { status?: unknown }).status === 'number') {
-    const e = new PmixError((err as unknown as { status: number }).status, err.message.replace(/: PMIX_\w+ \(-?\d+\)$/, ''));
+    const e = new PmixError(
+      (err as unknown as { status: number }).status,
+      err.message.replace(/: PMIX_\w+ \(-?\d+\)$/, ''),
+    );
     return e;
   }
   return err;

@@ -7,9 +7,29 @@ export interface Proc {
 }
 
 export type NumberType =
-  | 'byte' | 'pid' | 'int' | 'int8' | 'int16' | 'int32' | 'uint' | 'uint8' | 'uint16' | 'uint32'
-  | 'float' | 'double' | 'status' | 'proc_rank' | 'persist' | 'scope' | 'data_range' | 'proc_state'
-  | 'alloc_directive' | 'job_state' | 'link_state' | 'data_type' | 'info_directives';
+  | 'byte'
+  | 'pid'
+  | 'int'
+  | 'int8'
+  | 'int16'
+  | 'int32'
+  | 'uint'
+  | 'uint8'
+  | 'uint16'
+  | 'uint32'
+  | 'float'
+  | 'double'
+  | 'status'
+  | 'proc_rank'
+  | 'persist'
+  | 'scope'
+  | 'data_range'
+  | 'proc_state'
+  | 'alloc_directive'
+  | 'job_state'
+  | 'link_state'
+  | 'data_type'
+  | 'info_directives';
 export type WideType = 'size' | 'int64' | 'uint64' | 'time';
 export type BytesType = 'byte_object' | 'regex' | 'compressed_string' | 'compressed_byte_object';
 

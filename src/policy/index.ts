@@ -4,8 +4,8 @@ import { RmError } from '../rm/errors.js';
 import type { Policy } from '../rm/policy.js';
 import { selectWorkers } from './selection.js';
 
-export { selectWorkers, matches } from './selection.js';
 export type { LossDecision, Policy } from '../rm/policy.js';
+export { matches, selectWorkers } from './selection.js';
 
 export interface DefaultPolicyOptions {
   /** At most this many jobs pending, wiring or running at once (default 64). */
@@ -26,7 +26,8 @@ export function defaultPolicy(opts: DefaultPolicyOptions = {}): Policy {
   return {
     select: selectWorkers,
     admit({ activeJobs, size }) {
-      if (size > maxSize) throw new RmError('unprocessable', `a job may have at most ${maxSize} members (asked for ${size})`);
+      if (size > maxSize)
+        throw new RmError('unprocessable', `a job may have at most ${maxSize} members (asked for ${size})`);
       if (activeJobs >= maxActive) throw new RmError('conflict', `at most ${maxActive} jobs may be active at once`);
     },
     onMemberLost: () => 'fail',

@@ -20,7 +20,11 @@ function describe(sel: Selector): string {
   const parts: string[] = [];
   if (sel.tags?.length) parts.push(`tags ${sel.tags.join(',')}`);
   if (sel.resources && Object.keys(sel.resources).length) {
-    parts.push(`resources ${Object.entries(sel.resources).map(([k, v]) => `${k}>=${v}`).join(',')}`);
+    parts.push(
+      `resources ${Object.entries(sel.resources)
+        .map(([k, v]) => `${k}>=${v}`)
+        .join(',')}`,
+    );
   }
   if (sel.hosts?.length) parts.push(`hosts ${sel.hosts.join(',')}`);
   return parts.length ? ` with ${parts.join(' and ')}` : '';
@@ -28,10 +32,14 @@ function describe(sel: Selector): string {
 
 /** Picks `sel.count` of `candidates` (available workers, in registration order). */
 export function selectWorkers(sel: Selector, candidates: readonly Worker[]): Worker[] {
-  if (!Number.isInteger(sel.count) || sel.count < 1) throw new RmError('bad_request', 'selector.count must be a positive integer');
+  if (!Number.isInteger(sel.count) || sel.count < 1)
+    throw new RmError('bad_request', 'selector.count must be a positive integer');
   const fit = candidates.filter((w) => matches(w, sel));
   if (fit.length < sel.count) {
-    throw new RmError('unprocessable', `the selector needs ${sel.count} available workers${describe(sel)}, but only ${fit.length} match`);
+    throw new RmError(
+      'unprocessable',
+      `the selector needs ${sel.count} available workers${describe(sel)}, but only ${fit.length} match`,
+    );
   }
   const byHost = new Map<string, Worker[]>();
   for (const w of fit) {

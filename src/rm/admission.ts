@@ -24,7 +24,10 @@ export class Admission {
   private wakes = 0;
   private scheduled = false;
 
-  constructor(private readonly clock: Clock, private readonly maxWaiting: number) {}
+  constructor(
+    private readonly clock: Clock,
+    private readonly maxWaiting: number,
+  ) {}
 
   /** Requests waiting now. */
   get waiting(): number {
@@ -39,12 +42,20 @@ export class Admission {
     } catch (e) {
       if (!(waitMs > 0) || !isBusy(e)) throw e;
       if (this.line.length >= this.maxWaiting) {
-        throw new RmError('limit', `${e.message}, and ${this.maxWaiting} job requests are waiting already (the most that may)`);
+        throw new RmError(
+          'limit',
+          `${e.message}, and ${this.maxWaiting} job requests are waiting already (the most that may)`,
+        );
       }
       const started = this.clock.now();
       return new Promise<T>((resolve, reject) => {
         const w: Waiter = {
-          attempt, resolve: resolve as (v: unknown) => void, reject, lastError: e, trying: false, wakesSeen,
+          attempt,
+          resolve: resolve as (v: unknown) => void,
+          reject,
+          lastError: e,
+          trying: false,
+          wakesSeen,
           timer: this.clock.setTimer(waitMs, () => {
             this.remove(w);
             const s = ((this.clock.now() - started) / 1000).toFixed(1);

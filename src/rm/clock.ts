@@ -38,7 +38,11 @@ export class ManualClock implements Clock {
   setTimer(ms: number, fn: () => void): TimerHandle {
     const id = this.nextId++;
     this.timers.push({ at: this.t + Math.max(0, ms), fn, id });
-    return { cancel: () => { this.timers = this.timers.filter((x) => x.id !== id); } };
+    return {
+      cancel: () => {
+        this.timers = this.timers.filter((x) => x.id !== id);
+      },
+    };
   }
   /** Moves time forward, firing due timers in order. */
   advance(ms: number): void {

@@ -93,7 +93,8 @@ export class Collectives {
    * are refused from now on.
    */
   delegate(name: string, delegate: CollectiveDelegate): DelegatedCollective {
-    if (this.delegates.has(name)) throw new RmError('conflict', `collective '${name}' is already carried out elsewhere`);
+    if (this.delegates.has(name))
+      throw new RmError('conflict', `collective '${name}' is already carried out elsewhere`);
     this.delegates.set(name, delegate);
     return {
       timeoutMs: this.defaultTimeoutMs,
@@ -105,7 +106,8 @@ export class Collectives {
 
   private joinOrThrow(req: JoinRequest): Promise<CollectiveResult> {
     if (this.closedReason !== undefined) throw new RmError('aborted', this.closedReason);
-    if (this.delegates.has(req.name)) throw new RmError('conflict', `collective '${req.name}' of this job is carried out elsewhere`);
+    if (this.delegates.has(req.name))
+      throw new RmError('conflict', `collective '${req.name}' of this job is carried out elsewhere`);
     let participants: readonly number[];
     let pset: ReadonlySet<number>;
     if (req.participants === 'all') {
@@ -114,7 +116,8 @@ export class Collectives {
     } else {
       participants = [...new Set(req.participants)].sort((a, b) => a - b);
       for (const r of participants) {
-        if (!Number.isInteger(r) || r < 0 || r >= this.size) throw new RmError('bad_request', `rank ${r} is not in the job (size ${this.size})`);
+        if (!Number.isInteger(r) || r < 0 || r >= this.size)
+          throw new RmError('bad_request', `rank ${r} is not in the job (size ${this.size})`);
       }
       pset = new Set(participants);
     }
@@ -137,13 +140,28 @@ export class Collectives {
       }
     }
     if (!inst) {
-      inst = { key, name: req.name, participants: pset, arrived: new Set(), contributions: [], waiters: [], startedAt: this.clock.now() };
+      inst = {
+        key,
+        name: req.name,
+        participants: pset,
+        arrived: new Set(),
+        contributions: [],
+        waiters: [],
+        startedAt: this.clock.now(),
+      };
       const timeoutMs = req.timeoutMs ?? this.defaultTimeoutMs;
       if (timeoutMs > 0) {
         const i = inst;
         inst.timer = this.clock.setTimer(timeoutMs, () => {
           const missing = [...i.participants].filter((r) => !i.arrived.has(r));
-          this.fail(i, new RmError('timeout', `collective '${i.name}' timed out after ${timeoutMs} ms waiting for ranks ${missing.join(',')}`), 'timeout');
+          this.fail(
+            i,
+            new RmError(
+              'timeout',
+              `collective '${i.name}' timed out after ${timeoutMs} ms waiting for ranks ${missing.join(',')}`,
+            ),
+            'timeout',
+          );
         });
       }
       this.pending.set(key, inst);

@@ -12,7 +12,15 @@ export type RmEvent =
   | { kind: 'psetDefined'; pset: ProcessSet }
   | { kind: 'psetDeleted'; name: string }
   | { kind: 'jobStateChanged'; jobId: string; from?: JobState; to: JobState; reason?: string; job: Job }
-  | { kind: 'memberStateChanged'; jobId: string; workerId: string; rank: number; from: MemberState; to: MemberState; reason?: string }
+  | {
+      kind: 'memberStateChanged';
+      jobId: string;
+      workerId: string;
+      rank: number;
+      from: MemberState;
+      to: MemberState;
+      reason?: string;
+    }
   | { kind: 'healthChanged'; status: 'ok' | 'pmix-stalled'; pmixStalledSeconds: number };
 
 export interface SequencedEvent {
@@ -30,7 +38,10 @@ export class EventLog {
   private readonly history: SequencedEvent[] = [];
   private readonly listeners = new Set<EventListener>();
 
-  constructor(private readonly now: () => number, private readonly capacity = 1000) {}
+  constructor(
+    private readonly now: () => number,
+    private readonly capacity = 1000,
+  ) {}
 
   emit(event: RmEvent): SequencedEvent {
     const e: SequencedEvent = { seq: ++this.seq, time: this.now(), event };

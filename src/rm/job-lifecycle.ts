@@ -24,23 +24,36 @@
 // Plain TypeScript without I/O. The workers and psets it freezes belong to the facade
 // (ResourceManager), which hands them in.
 import { randomBytes } from 'node:crypto';
-import type { JobBackend } from './backend.js';
-import { isoTime, type Clock, type TimerHandle } from './clock.js';
-import {
-  Collectives, type CollectiveDelegate, type CollectiveObserver, type CollectiveResult, type DelegatedCollective, type JoinRequest,
-} from './collectives.js';
 import { Admission } from './admission.js';
+import type { JobBackend } from './backend.js';
+import { type Clock, isoTime, type TimerHandle } from './clock.js';
+import {
+  type CollectiveDelegate,
+  type CollectiveObserver,
+  type CollectiveResult,
+  Collectives,
+  type DelegatedCollective,
+  type JoinRequest,
+} from './collectives.js';
 import { RmError } from './errors.js';
 import type { EventLog } from './events.js';
 import { KvStore } from './kv-store.js';
 import { layoutMembers } from './layout.js';
+import { acceptSteps, MAX_PORT_NAME } from './merge-tree.js';
 import type { NameService } from './name-service.js';
 import type { Policy } from './policy.js';
-import { acceptSteps, MAX_PORT_NAME } from './merge-tree.js';
 import type { Pool, PoolBackend, PoolPlan } from './pool.js';
 import type { ProcessSets } from './process-sets.js';
 import {
-  isActive, type Impl, type Job, type JobMember, type JobSpec, type JobState, type MemberState, type ProcessSet, type Worker,
+  type Impl,
+  isActive,
+  type Job,
+  type JobMember,
+  type JobSpec,
+  type JobState,
+  type MemberState,
+  type ProcessSet,
+  type Worker,
 } from './types.js';
 import type { WorkerPool } from './worker-pool.js';
 import { Worlds } from './worlds.js';
@@ -115,7 +128,9 @@ export class JobLifecycle {
   /** Jobs whose backend is still preparing them: they count against the admission cap. */
   private creating = 0;
   private jobCounter = 0;
-  private readonly idPrefix = Math.floor(Math.random() * 0x10000).toString(16).padStart(4, '0');
+  private readonly idPrefix = Math.floor(Math.random() * 0x10000)
+    .toString(16)
+    .padStart(4, '0');
   /** Jobs created since start, for metrics. */
   created = 0;
 
@@ -125,8 +140,14 @@ export class JobLifecycle {
     this.admission = new Admission(o.clock, o.maxWaiting ?? 256);
     // Workers freed, a job slot freed (a job ended), a worker joined: waiting requests try again.
     o.events.subscribe(({ event: e }) => {
-      if ((e.kind === 'workerStateChanged' && e.to === 'available') || e.kind === 'workerJoined' || e.kind === 'psetDefined'
-        || e.kind === 'workerPoolChanged' || (e.kind === 'jobStateChanged' && !isActive(e.to))) this.admission.wake();
+      if (
+        (e.kind === 'workerStateChanged' && e.to === 'available') ||
+        e.kind === 'workerJoined' ||
+        e.kind === 'psetDefined' ||
+        e.kind === 'workerPoolChanged' ||
+        (e.kind === 'jobStateChanged' && !isActive(e.to))
+      )
+        this.admission.wake();
     });
     this.poolJobs = {
       impls: [],
@@ -168,7 +189,10 @@ export class JobLifecycle {
     if (this.stopping !== undefined) throw new RmError('unavailable', `the sidecar is stopping: ${this.stopping}`);
     const backend = this.o.backendFor(spec.impl);
     if (!backend) {
-      throw new RmError('unprocessable', `this sidecar cannot serve ${spec.impl} jobs (it serves ${this.o.impls().join(', ') || 'none'})`);
+      throw new RmError(
+        'unprocessable',
+        `this sidecar cannot serve ${spec.impl} jobs (it serves ${this.o.impls().join(', ') || 'none'})`,
+      );
     }
     const wiring = spec.wiringTimeoutSeconds ?? this.o.wiringTimeoutSeconds;
     if (!(wiring > 0)) throw new RmError('bad_request', 'wiringTimeoutSeconds must be positive');
@@ -187,9 +211,14 @@ export class JobLifecycle {
     // A fork job's namespace carries 128 random bits: a PMIx rank is admitted by its namespace and
     // rank (and its uid), so the namespace is its credential, as PMI_ID is a PMI rank's, and a job
     // id that anyone may read does not give it away.
-    const namespace = plan && !('reason' in plan) && !worlds ? plan.namespace : this.o.namespaceOf?.(id) ?? `dask-pmix.${id}.${randomBytes(16).toString('hex')}`;
+    const namespace =
+      plan && !('reason' in plan) && !worlds
+        ? plan.namespace
+        : (this.o.namespaceOf?.(id) ?? `dask-pmix.${id}.${randomBytes(16).toString('hex')}`);
     const members = layoutMembers(workers);
-    if (inprocess && !worlds) members.forEach((m, i) => (m.poolRank = workers[i]!.pool!.rank));
+    if (inprocess && !worlds) {
+      for (const [i, m] of members.entries()) m.poolRank = workers[i]!.pool!.rank;
+    }
     const job: Job = {
       id,
       impl: spec.impl,
@@ -222,7 +251,10 @@ export class JobLifecycle {
       await jobBackend.prepare(job, new Map(workers.map((w) => [w.id, w])));
     } catch (err) {
       undo();
-      throw new RmError('unavailable', `the ${job.impl} backend could not prepare the job: ${err instanceof Error ? err.message : String(err)}`);
+      throw new RmError(
+        'unavailable',
+        `the ${job.impl} backend could not prepare the job: ${err instanceof Error ? err.message : String(err)}`,
+      );
     } finally {
       this.creating--;
     }
@@ -253,14 +285,16 @@ export class JobLifecycle {
     }
     this.created++;
     rt.timers.push(this.o.clock.setTimer(wiring * 1000, () => this.wiringExpired(rt)));
-    for (const w of workers) this.o.events.emit({ kind: 'workerStateChanged', workerId: w.id, from: 'available', to: 'frozen', jobId: id });
+    for (const w of workers)
+      this.o.events.emit({ kind: 'workerStateChanged', workerId: w.id, from: 'available', to: 'frozen', jobId: id });
     this.emitJob(rt, undefined, 'created');
     return job;
   }
 
   private chooseMembers(spec: JobSpec): { workers: Worker[]; pset?: ProcessSet } {
     const given = (spec.pset ? 1 : 0) + (spec.members?.length ? 1 : 0) + (spec.selector ? 1 : 0);
-    if (given !== 1) throw new RmError('bad_request', 'a job needs exactly one of pset, members (a non-empty list) or selector');
+    if (given !== 1)
+      throw new RmError('bad_request', 'a job needs exactly one of pset, members (a non-empty list) or selector');
     const take = (ids: string[], what: string): Worker[] =>
       ids.map((id) => {
         const w = this.o.workers.get(id);
@@ -276,8 +310,11 @@ export class JobLifecycle {
       const p = this.o.psets.get(spec.pset);
       if (!p) throw new RmError('unprocessable', `no pset '${spec.pset}'`);
       if (p.gone?.length) {
-        throw new RmError('unprocessable', `pset '${p.name}' names worker${p.gone.length > 1 ? 's' : ''} ${p.gone.join(', ')}, which left the ` +
-          `cluster: redefine it (PUT /v1/psets/${p.name}) with the workers there are now`);
+        throw new RmError(
+          'unprocessable',
+          `pset '${p.name}' names worker${p.gone.length > 1 ? 's' : ''} ${p.gone.join(', ')}, which left the ` +
+            `cluster: redefine it (PUT /v1/psets/${p.name}) with the workers there are now`,
+        );
       }
       if (p.jobId) throw new RmError('conflict', `pset '${spec.pset}' is used by active job ${p.jobId}`);
       return { workers: take(p.members, `member of pset '${p.name}'`), pset: p };
@@ -287,7 +324,9 @@ export class JobLifecycle {
     const worlds = spec.impl !== 'openmpi' ? this.o.worlds?.() : undefined;
     if (spec.mode === 'inprocess' && (worlds || (pool && spec.impl === 'openmpi'))) {
       // Prefer workers that can run the job in-process (Open MPI: all in one epoch).
-      const pooled = worlds ? worlds.candidates(available, spec.impl) : pool!.inprocessCandidates(available.filter((w) => !Worlds.isWorld(w.pool)));
+      const pooled = worlds
+        ? worlds.candidates(available, spec.impl)
+        : pool!.inprocessCandidates(available.filter((w) => !Worlds.isWorld(w.pool)));
       if (pooled.length >= spec.selector!.count) {
         try {
           return { workers: this.o.policy.select(spec.selector!, pooled) };
@@ -335,13 +374,16 @@ export class JobLifecycle {
       return inPool.plan(workers, impl);
     }
     const worlds = this.o.worlds?.();
-    if (!worlds || !worlds.impls.includes(impl)) return { reason: `this sidecar has no in-process seats for ${impl}` };
+    if (!worlds?.impls.includes(impl)) return { reason: `this sidecar has no in-process seats for ${impl}` };
     return worlds.plan(workers, impl);
   }
 
   private couldSelectLater(sel: JobSpec['selector'] & object): boolean {
     try {
-      this.o.policy.select(sel, this.o.workers.list().map((w) => ({ ...w, state: 'available' as const })));
+      this.o.policy.select(
+        sel,
+        this.o.workers.list().map((w) => ({ ...w, state: 'available' as const })),
+      );
       return true;
     } catch {
       return false;
@@ -379,12 +421,17 @@ export class JobLifecycle {
   }
 
   /** The complete protocol environment `workerId` must set to join job `jobId` as its rank. */
-  memberEnv(jobId: string, workerId: string): { job: Readonly<Job>; member: Readonly<JobMember>; env: Record<string, string> } {
+  memberEnv(
+    jobId: string,
+    workerId: string,
+  ): { job: Readonly<Job>; member: Readonly<JobMember>; env: Record<string, string> } {
     const rt = this.require(jobId);
     const member = rt.job.members.find((m) => m.workerId === workerId);
     if (!member) throw new RmError('not_found', `worker '${workerId}' is not a member of job ${jobId}`);
-    if (!isActive(rt.job.state)) throw new RmError('conflict', `job ${jobId} is ${rt.job.state}${rt.job.error ? `: ${rt.job.error}` : ''}`);
-    if (member.state !== 'assigned') throw new RmError('conflict', `rank ${member.rank} of job ${jobId} is already ${member.state}`);
+    if (!isActive(rt.job.state))
+      throw new RmError('conflict', `job ${jobId} is ${rt.job.state}${rt.job.error ? `: ${rt.job.error}` : ''}`);
+    if (member.state !== 'assigned')
+      throw new RmError('conflict', `rank ${member.rank} of job ${jobId} is already ${member.state}`);
     const worker = this.o.workers.get(workerId);
     if (!worker) throw new RmError('conflict', `worker '${workerId}' has left`);
     return { job: rt.job, member, env: rt.backend.memberEnv(rt.job, member, worker) };
@@ -436,14 +483,19 @@ export class JobLifecycle {
     if (m.state !== 'assigned') throw new RmError('conflict', `rank ${rank} of job ${rt.job.id} is ${m.state}`);
     this.setMember(rt, m, 'connected');
     if (rt.job.state === 'pending') this.transition(rt, 'wiring', `rank ${rank} connected`);
-    if (rt.job.members.every((x) => x.state === 'connected' || x.state === 'finalized')) this.started(rt, 'every member connected');
+    if (rt.job.members.every((x) => x.state === 'connected' || x.state === 'finalized'))
+      this.started(rt, 'every member connected');
   }
 
   private started(rt: JobRuntime, reason: string): void {
     rt.job.startedAt = this.now();
     this.transition(rt, 'running', reason);
     if (rt.job.timeoutSeconds > 0) {
-      rt.timers.push(this.o.clock.setTimer(rt.job.timeoutSeconds * 1000, () => this.end(rt, 'failed', `job timeout: still running after ${rt.job.timeoutSeconds} s`)));
+      rt.timers.push(
+        this.o.clock.setTimer(rt.job.timeoutSeconds * 1000, () =>
+          this.end(rt, 'failed', `job timeout: still running after ${rt.job.timeoutSeconds} s`),
+        ),
+      );
     }
   }
 
@@ -486,7 +538,8 @@ export class JobLifecycle {
 
   private inprocessMember(jobId: string, workerId: string): { rt: JobRuntime; m: JobMember } {
     const rt = this.require(jobId);
-    if (rt.job.mode !== 'inprocess') throw new RmError('conflict', `job ${jobId} runs in ${rt.job.mode} mode, not in-process`);
+    if (rt.job.mode !== 'inprocess')
+      throw new RmError('conflict', `job ${jobId} runs in ${rt.job.mode} mode, not in-process`);
     const m = rt.job.members.find((x) => x.workerId === workerId);
     if (!m) throw new RmError('not_found', `worker '${workerId}' is not a member of job ${jobId}`);
     return { rt, m };
@@ -497,9 +550,15 @@ export class JobLifecycle {
    * ready=true once every member is, or ready=false after `waitMs` (ask again); rejects once the
    * job has ended.
    */
-  async join(jobId: string, workerId: string, waitMs: number, ports?: Readonly<Record<string, string>>): Promise<{ job: Readonly<Job>; ready: boolean; ports?: Record<string, string>[] }> {
+  async join(
+    jobId: string,
+    workerId: string,
+    waitMs: number,
+    ports?: Readonly<Record<string, string>>,
+  ): Promise<{ job: Readonly<Job>; ready: boolean; ports?: Record<string, string>[] }> {
     const { rt, m } = this.inprocessMember(jobId, workerId);
-    if (!isActive(rt.job.state)) throw new RmError('aborted', `job ${jobId} is ${rt.job.state}${rt.job.error ? `: ${rt.job.error}` : ''}`);
+    if (!isActive(rt.job.state))
+      throw new RmError('aborted', `job ${jobId} is ${rt.job.state}${rt.job.error ? `: ${rt.job.error}` : ''}`);
     if (rt.ports) this.takePorts(rt, m, ports);
     if (m.state === 'assigned') {
       this.setMember(rt, m, 'connected');
@@ -525,13 +584,18 @@ export class JobLifecycle {
     const want = acceptSteps(m.rank, rt.job.members.length).map(String);
     const got = Object.keys(ports ?? {});
     if (got.length !== want.length || !want.every((k) => got.includes(k))) {
-      throw new RmError('bad_request', `rank ${m.rank} of ${rt.job.members.length} accepts at merge steps [${want.join(',')}] and must bring one port for each, not [${got.join(',')}]`);
+      throw new RmError(
+        'bad_request',
+        `rank ${m.rank} of ${rt.job.members.length} accepts at merge steps [${want.join(',')}] and must bring one port for each, not [${got.join(',')}]`,
+      );
     }
     for (const [k, v] of Object.entries(ports ?? {})) {
-      if (typeof v !== 'string' || v.length === 0 || v.length > MAX_PORT_NAME) throw new RmError('bad_request', `the port for merge step ${k} must be 1-${MAX_PORT_NAME} characters`);
+      if (typeof v !== 'string' || v.length === 0 || v.length > MAX_PORT_NAME)
+        throw new RmError('bad_request', `the port for merge step ${k} must be 1-${MAX_PORT_NAME} characters`);
     }
     const had = rt.ports![m.rank];
-    if (had && JSON.stringify(had) !== JSON.stringify(ports ?? {})) throw new RmError('conflict', `rank ${m.rank} of job ${rt.job.id} joined already with other ports`);
+    if (had && JSON.stringify(had) !== JSON.stringify(ports ?? {}))
+      throw new RmError('conflict', `rank ${m.rank} of job ${rt.job.id} joined already with other ports`);
     rt.ports![m.rank] = { ...(ports ?? {}) };
   }
 
@@ -545,10 +609,15 @@ export class JobLifecycle {
     const cut = group.lastIndexOf('-[[');
     const rt = this.byTag.get(group) ?? (cut > 0 ? this.byTag.get(group.slice(0, cut)) : undefined);
     if (!rt || rt.job.namespace !== namespace) return;
-    const want = rt.job.members.map((m) => m.poolRank).sort((a, b) => a! - b!).join(',');
+    const want = rt.job.members
+      .map((m) => m.poolRank)
+      .sort((a, b) => a! - b!)
+      .join(',');
     const got = [...ranks].sort((a, b) => a - b).join(',');
-    if (want !== got) throw new RmError('bad_request', `group '${group}' has pool ranks ${got}, but job ${rt.job.id} has ${want}`);
-    if (!isActive(rt.job.state)) throw new RmError('aborted', `job ${rt.job.id} is ${rt.job.state}${rt.job.error ? `: ${rt.job.error}` : ''}`);
+    if (want !== got)
+      throw new RmError('bad_request', `group '${group}' has pool ranks ${got}, but job ${rt.job.id} has ${want}`);
+    if (!isActive(rt.job.state))
+      throw new RmError('aborted', `job ${rt.job.id} is ${rt.job.state}${rt.job.error ? `: ${rt.job.error}` : ''}`);
     if (rt.job.state === 'running') return;
     for (const m of rt.job.members) if (m.state === 'assigned') this.setMember(rt, m, 'connected');
     rt.joined?.resolve();
@@ -560,7 +629,13 @@ export class JobLifecycle {
    * member whose MPI library saw other members fail (failedRanks) often says so before the
    * server notices their death: the failed ones are blamed, not it.
    */
-  leave(jobId: string, workerId: string, ok: boolean, reason: string, failedRanks: readonly number[] = []): Readonly<Job> {
+  leave(
+    jobId: string,
+    workerId: string,
+    ok: boolean,
+    reason: string,
+    failedRanks: readonly number[] = [],
+  ): Readonly<Job> {
     const { rt, m } = this.inprocessMember(jobId, workerId);
     if (ok) {
       this.finalize(rt, m);
@@ -568,7 +643,8 @@ export class JobLifecycle {
     }
     for (const r of failedRanks) {
       const peer = rt.job.members[r];
-      if (peer && peer !== m) this.loseMember(rt, peer, `rank ${m.rank} (worker ${m.workerId}) saw its process fail: ${reason}`);
+      if (peer && peer !== m)
+        this.loseMember(rt, peer, `rank ${m.rank} (worker ${m.workerId}) saw its process fail: ${reason}`);
     }
     this.loseMember(rt, m, reason);
     return rt.job;
@@ -580,7 +656,8 @@ export class JobLifecycle {
    */
   complete(jobId: string): Readonly<Job> {
     const rt = this.require(jobId);
-    if (rt.job.mode !== 'inprocess') throw new RmError('conflict', `job ${jobId} runs in ${rt.job.mode} mode, not in-process`);
+    if (rt.job.mode !== 'inprocess')
+      throw new RmError('conflict', `job ${jobId} runs in ${rt.job.mode} mode, not in-process`);
     for (const m of rt.job.members) this.finalize(rt, m);
     return rt.job;
   }
@@ -655,14 +732,24 @@ export class JobLifecycle {
   }
 
   private emitJob(rt: JobRuntime, from: JobState | undefined, reason: string): void {
-    const e = { kind: 'jobStateChanged' as const, jobId: rt.job.id, to: rt.job.state, reason, job: structuredClone(rt.job) };
+    const e = {
+      kind: 'jobStateChanged' as const,
+      jobId: rt.job.id,
+      to: rt.job.state,
+      reason,
+      job: structuredClone(rt.job),
+    };
     this.o.events.emit(from ? { ...e, from } : e);
   }
 
   private wiringExpired(rt: JobRuntime): void {
     if (rt.job.state !== 'pending' && rt.job.state !== 'wiring') return;
     const missing = rt.job.members.filter((m) => m.state === 'assigned').map((m) => m.rank);
-    this.end(rt, 'failed', `wiring timeout: rank${missing.length === 1 ? '' : 's'} ${missing.join(',')} did not connect within ${rt.job.wiringTimeoutSeconds} s`);
+    this.end(
+      rt,
+      'failed',
+      `wiring timeout: rank${missing.length === 1 ? '' : 's'} ${missing.join(',')} did not connect within ${rt.job.wiringTimeoutSeconds} s`,
+    );
   }
 
   /** Ends an active job; a job that already ended stays as it is. */
@@ -707,7 +794,13 @@ export class JobLifecycle {
       for (const m of rt.job.members) {
         if (this.o.workers.get(m.workerId)?.jobId !== rt.job.id) continue;
         this.o.workers.setJob(m.workerId, undefined);
-        this.o.events.emit({ kind: 'workerStateChanged', workerId: m.workerId, from: 'frozen', to: 'available', jobId: rt.job.id });
+        this.o.events.emit({
+          kind: 'workerStateChanged',
+          workerId: m.workerId,
+          from: 'frozen',
+          to: 'available',
+          jobId: rt.job.id,
+        });
       }
       const p = rt.job.pset ? this.o.psets.get(rt.job.pset) : undefined;
       if (p && p.jobId === rt.job.id) delete p.jobId;

@@ -5,8 +5,14 @@
 // Plain TypeScript without I/O: the protocol backends (JobBackend) do the protocol's side of
 // creating and releasing a job, and the policy (a port, policy.ts) is injected.
 import type { JobBackend } from './backend.js';
-import { realClock, isoTime, type Clock } from './clock.js';
-import type { CollectiveDelegate, CollectiveObserver, CollectiveResult, DelegatedCollective, JoinRequest } from './collectives.js';
+import { type Clock, isoTime, realClock } from './clock.js';
+import type {
+  CollectiveDelegate,
+  CollectiveObserver,
+  CollectiveResult,
+  DelegatedCollective,
+  JoinRequest,
+} from './collectives.js';
 import { ContextIds } from './context-ids.js';
 import { RmError } from './errors.js';
 import { EventLog } from './events.js';
@@ -14,14 +20,25 @@ import { assertDistinct, JobLifecycle } from './job-lifecycle.js';
 import type { KvStore } from './kv-store.js';
 import { NameService } from './name-service.js';
 import type { Policy } from './policy.js';
-import { Pool, type CohortOptions, type PoolBackend } from './pool.js';
+import { type CohortOptions, Pool, type PoolBackend } from './pool.js';
 import { ProcessSets } from './process-sets.js';
 import {
-  IMPLS, type Impl, type Job, type JobMember, type JobMode, type JobSpec, type JobState, type PoolSeat, type ProcessSet, type PsetSpec,
-  type RankRef, type Worker, type WorkerSpec,
+  IMPLS,
+  type Impl,
+  type Job,
+  type JobMember,
+  type JobMode,
+  type JobSpec,
+  type JobState,
+  type PoolSeat,
+  type ProcessSet,
+  type PsetSpec,
+  type RankRef,
+  type Worker,
+  type WorkerSpec,
 } from './types.js';
 import { WorkerPool } from './worker-pool.js';
-import { Worlds, type WorldBackend } from './worlds.js';
+import { type WorldBackend, Worlds } from './worlds.js';
 
 export interface RmOptions {
   /** The decisions the core asks for (src/policy has the default). */
@@ -81,7 +98,9 @@ export class ResourceManager {
   private readonly jobs: JobLifecycle;
   private poolState: { pool: Pool; backend: PoolBackend } | undefined;
   private worldsState: Worlds | undefined;
-  private readonly idPrefix = Math.floor(Math.random() * 0x10000).toString(16).padStart(4, '0');
+  private readonly idPrefix = Math.floor(Math.random() * 0x10000)
+    .toString(16)
+    .padStart(4, '0');
 
   constructor(private readonly opts: RmOptions) {
     this.clock = opts.clock ?? realClock;
@@ -141,7 +160,12 @@ export class ResourceManager {
    */
   installWorlds(backend: WorldBackend): void {
     if (this.worldsState) throw new Error('worlds are already installed');
-    this.worldsState = new Worlds({ backend, workers: this.workers, events: this.events, namespaceOf: (n) => `dask-pmix.world-${this.idPrefix}.${n}` });
+    this.worldsState = new Worlds({
+      backend,
+      workers: this.workers,
+      events: this.events,
+      namespaceOf: (n) => `dask-pmix.world-${this.idPrefix}.${n}`,
+    });
   }
 
   /** The in-process worlds of MPICH / Intel MPI workers, if this sidecar has them. */
@@ -227,9 +251,18 @@ export class ResourceManager {
    * The worker process is about to initialise its MPI session in the pool: records what it says
    * of itself (its own host, pid, uid and gid) and answers its rank and the environment to set.
    */
-  joinPool(workerId: string, who: WorkerIdentity, waitMs = 30_000, impl: Impl = 'openmpi'): Promise<{ worker: Readonly<Worker>; seat: PoolSeat; env: Record<string, string> }> {
+  joinPool(
+    workerId: string,
+    who: WorkerIdentity,
+    waitMs = 30_000,
+    impl: Impl = 'openmpi',
+  ): Promise<{ worker: Readonly<Worker>; seat: PoolSeat; env: Record<string, string> }> {
     const worlds = impl === 'openmpi' ? undefined : this.worlds;
-    if (impl !== 'openmpi' && !worlds) throw new RmError('unprocessable', `this sidecar has no in-process seats for ${impl} (no PMI listener, or serve --pool-size 0)`);
+    if (impl !== 'openmpi' && !worlds)
+      throw new RmError(
+        'unprocessable',
+        `this sidecar has no in-process seats for ${impl} (no PMI listener, or serve --pool-size 0)`,
+      );
     const pool = worlds ? undefined : this.requirePool();
     const w = this.workers.require(workerId);
     if (who.host !== undefined && who.host !== w.host && w.state !== 'available') {
@@ -237,14 +270,18 @@ export class ResourceManager {
     }
     if (worlds) {
       // Its Open MPI pool rank, handed out at registration, will never be used.
-      if (w.pool && !Worlds.isWorld(w.pool)) this.pool?.retire(w, `it runs ${impl}: its in-process seat is a world of its own`);
+      if (w.pool && !Worlds.isWorld(w.pool))
+        this.pool?.retire(w, `it runs ${impl}: its in-process seat is a world of its own`);
       this.workers.identify(workerId, who);
       const { seat, env } = worlds.join(w, impl);
       return Promise.resolve({ worker: w, seat, env });
     }
-    if (Worlds.isWorld(w.pool)) throw new RmError('conflict', `worker '${workerId}' already has its ${w.pool!.impl} world`);
+    if (Worlds.isWorld(w.pool))
+      throw new RmError('conflict', `worker '${workerId}' already has its ${w.pool!.impl} world`);
     this.workers.identify(workerId, who);
-    return pool!.join(workerId, waitMs).then(({ seat, env }) => ({ worker: this.workers.require(workerId), seat, env }));
+    return pool!
+      .join(workerId, waitMs)
+      .then(({ seat, env }) => ({ worker: this.workers.require(workerId), seat, env }));
   }
 
   /** The worker's pool rank is of no use (its session failed to start, or it gives it up). */
@@ -333,7 +370,8 @@ export class ResourceManager {
   definePset(spec: PsetSpec): Readonly<ProcessSet> {
     ProcessSets.validateName(spec.name);
     if (this.psets.get(spec.name)) throw new RmError('conflict', `pset '${spec.name}' already exists`);
-    if (this.psets.size >= this.limits.psets) throw new RmError('limit', `at most ${this.limits.psets} psets may be defined`);
+    if (this.psets.size >= this.limits.psets)
+      throw new RmError('limit', `at most ${this.limits.psets} psets may be defined`);
     const members = this.resolvePsetMembers(spec);
     const p = this.psets.define(spec.name, members, spec.selector, this.now());
     this.events.emit({ kind: 'psetDefined', pset: structuredClone(p) });
@@ -391,7 +429,12 @@ export class ResourceManager {
       // The workers' own id strings: a pset costs a reference per member, whatever the request held.
       return spec.members.map((id) => this.workers.get(id)!.id);
     }
-    return this.policy.select(spec.selector!, this.workers.list().filter((w) => w.state === 'available')).map((w) => w.id);
+    return this.policy
+      .select(
+        spec.selector!,
+        this.workers.list().filter((w) => w.state === 'available'),
+      )
+      .map((w) => w.id);
   }
 
   // ---- jobs (the lifecycle lives in job-lifecycle.ts) ----------------------------------------
@@ -427,7 +470,10 @@ export class ResourceManager {
   }
 
   /** The complete protocol environment `workerId` must set to join job `jobId` as its rank. */
-  memberEnv(jobId: string, workerId: string): { job: Readonly<Job>; member: Readonly<JobMember>; env: Record<string, string> } {
+  memberEnv(
+    jobId: string,
+    workerId: string,
+  ): { job: Readonly<Job>; member: Readonly<JobMember>; env: Record<string, string> } {
     return this.jobs.memberEnv(jobId, workerId);
   }
 
@@ -447,7 +493,12 @@ export class ResourceManager {
    * A member of an MPICH / Intel MPI job brings the ports it accepts on (merge-tree.ts) and gets
    * every member's, in rank order, once all are there.
    */
-  joinJob(jobId: string, workerId: string, waitMs: number, ports?: Readonly<Record<string, string>>): Promise<{ job: Readonly<Job>; ready: boolean; ports?: Record<string, string>[] }> {
+  joinJob(
+    jobId: string,
+    workerId: string,
+    waitMs: number,
+    ports?: Readonly<Record<string, string>>,
+  ): Promise<{ job: Readonly<Job>; ready: boolean; ports?: Record<string, string>[] }> {
     return this.jobs.join(jobId, workerId, waitMs, ports);
   }
 
@@ -459,7 +510,13 @@ export class ResourceManager {
     return this.jobs.complete(jobId);
   }
 
-  leaveJob(jobId: string, workerId: string, ok: boolean, reason: string, failedRanks: readonly number[] = []): Readonly<Job> {
+  leaveJob(
+    jobId: string,
+    workerId: string,
+    ok: boolean,
+    reason: string,
+    failedRanks: readonly number[] = [],
+  ): Readonly<Job> {
     return this.jobs.leave(jobId, workerId, ok, reason, failedRanks);
   }
 
@@ -532,7 +589,11 @@ export class ResourceManager {
 
   /** Counts for /metrics. */
   stats(): {
-    workers: Record<string, number>; jobs: Record<JobState, number>; modes: Record<JobMode, number>; psets: number; names: number;
+    workers: Record<string, number>;
+    jobs: Record<JobState, number>;
+    modes: Record<JobMode, number>;
+    psets: number;
+    names: number;
     pool?: { epochs: number; ranks: Record<string, number> };
   } {
     const workers: Record<string, number> = { available: 0, frozen: 0 };

@@ -60,7 +60,11 @@ export class NameService<V = unknown> {
   private readonly data = new Map<string, Published<V>>();
   private waiters: Waiter<V>[] = [];
 
-  constructor(private readonly clock: Clock, private readonly maxWaitMs = 600_000, private readonly maxEntries = Infinity) {}
+  constructor(
+    private readonly clock: Clock,
+    private readonly maxWaitMs = 600_000,
+    private readonly maxEntries = Infinity,
+  ) {}
 
   publish(by: Publisher, entries: { key: string; value: V }[], opts: PublishOptions = {}): void {
     const range = opts.range ?? 'session';
@@ -78,7 +82,13 @@ export class NameService<V = unknown> {
       throw new RmError('limit', `the name service holds at most ${this.maxEntries} entries`);
     }
     for (const e of entries) {
-      this.data.set(scopeKey(range, by.namespace, e.key), { key: e.key, value: e.value, publisher: { ...by }, range, persistence });
+      this.data.set(scopeKey(range, by.namespace, e.key), {
+        key: e.key,
+        value: e.value,
+        publisher: { ...by },
+        range,
+        persistence,
+      });
     }
     this.wake();
   }
@@ -91,13 +101,16 @@ export class NameService<V = unknown> {
     const need = typeof opts.wait === 'number' && opts.wait > 0 ? Math.min(opts.wait, keys.length) : keys.length;
     const found = this.find(caller, keys, range, need);
     if (found) return Promise.resolve(found);
-    if (!wait) return Promise.reject(new RmError('not_found', `not published: ${this.missing(caller, keys, range).join(', ')}`));
+    if (!wait)
+      return Promise.reject(new RmError('not_found', `not published: ${this.missing(caller, keys, range).join(', ')}`));
     return new Promise((resolve, reject) => {
       const w: Waiter<V> = { caller: { ...caller }, keys: [...keys], need, range, resolve, reject };
       const ms = Math.min(opts.timeoutMs ?? this.maxWaitMs, this.maxWaitMs);
       w.timer = this.clock.setTimer(ms, () => {
         this.waiters = this.waiters.filter((x) => x !== w);
-        reject(new RmError('timeout', `not published within ${ms} ms: ${this.missing(caller, keys, range).join(', ')}`));
+        reject(
+          new RmError('timeout', `not published within ${ms} ms: ${this.missing(caller, keys, range).join(', ')}`),
+        );
       });
       this.waiters.push(w);
     });
@@ -161,7 +174,10 @@ export class NameService<V = unknown> {
 
   private get(caller: Publisher, key: string, range: PublishRange): Published<V> | undefined {
     // The caller's own namespace first, then (unless restricted) what every job can see.
-    return this.data.get(scopeKey('namespace', caller.namespace, key)) ?? (range === 'session' ? this.data.get(scopeKey('session', '', key)) : undefined);
+    return (
+      this.data.get(scopeKey('namespace', caller.namespace, key)) ??
+      (range === 'session' ? this.data.get(scopeKey('session', '', key)) : undefined)
+    );
   }
 
   private missing(caller: Publisher, keys: string[], range: PublishRange): string[] {

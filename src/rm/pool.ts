@@ -142,7 +142,8 @@ export class Pool {
   private readonly waiting = new Set<string>();
 
   constructor(private readonly o: PoolOptions) {
-    if (!(Number.isInteger(o.size) && o.size > 0)) throw new RmError('bad_request', 'the pool size must be a positive integer');
+    if (!(Number.isInteger(o.size) && o.size > 0))
+      throw new RmError('bad_request', 'the pool size must be a positive integer');
   }
 
   get size(): number {
@@ -204,7 +205,13 @@ export class Pool {
     const cur = this.current;
     const n = this.epochCounter++;
     const epoch: Epoch = {
-      epoch: n, namespace: this.o.namespaceOf(n), size: this.o.size, state: 'opening', next: 0, owners: new Map(), connected: new Set(),
+      epoch: n,
+      namespace: this.o.namespaceOf(n),
+      size: this.o.size,
+      state: 'opening',
+      next: 0,
+      owners: new Map(),
+      connected: new Set(),
       opened: Promise.resolve(),
     };
     this.epochs.set(epoch.namespace, epoch);
@@ -219,7 +226,13 @@ export class Pool {
       this.seatWaiting(epoch);
       return epoch;
     }
-    epoch.opened = this.register(epoch, { epoch: n, namespace: epoch.namespace, size: epoch.size, cohorts: [], users: new Map() });
+    epoch.opened = this.register(epoch, {
+      epoch: n,
+      namespace: epoch.namespace,
+      size: epoch.size,
+      cohorts: [],
+      users: new Map(),
+    });
     epoch.opened.catch(() => undefined);
     return epoch;
   }
@@ -250,7 +263,7 @@ export class Pool {
         epoch.state = 'open';
         const c = this.current;
         if (c === epoch) this.seatWaiting(epoch);
-        else if (!c || c.state !== 'open' || c.next >= c.size) this.promote(epoch);
+        else if (c?.state !== 'open' || c.next >= c.size) this.promote(epoch);
       },
       (err: unknown) => {
         epoch.state = 'failed';
@@ -271,7 +284,15 @@ export class Pool {
    */
   private renewForJoin(w: Worker): void {
     const cur = this.current;
-    if (!this.cohorts || !cur || cur.state !== 'open' || this.next || w.pool?.namespace !== cur.namespace || w.pool.state !== 'assigned') return;
+    if (
+      !this.cohorts ||
+      !cur ||
+      cur.state !== 'open' ||
+      this.next ||
+      w.pool?.namespace !== cur.namespace ||
+      w.pool.state !== 'assigned'
+    )
+      return;
     const movers: Worker[] = [];
     let gone = 0;
     for (const [rank, id] of cur.owners) {
@@ -322,7 +343,13 @@ export class Pool {
     const deadline = f.firstJoinAt! + this.o.cohort!.maxWaitMs;
     const everyone = [...e.owners].every(([rank, id]) => {
       const w = this.o.workers.get(id);
-      return f.joined.has(id) || !w?.pool || w.pool.namespace !== e.namespace || w.pool.rank !== rank || w.pool.state === 'retired';
+      return (
+        f.joined.has(id) ||
+        !w?.pool ||
+        w.pool.namespace !== e.namespace ||
+        w.pool.rank !== rank ||
+        w.pool.state === 'retired'
+      );
     });
     if (now < deadline && !everyone) {
       f.timer = this.o.clock.setTimer(deadline - now, () => this.tick(e));
@@ -360,10 +387,13 @@ export class Pool {
       for (const w of g.workers) w.pool!.localPeers = ranks;
       members.push(...g.workers);
     }
-    this.register(e, { epoch: e.epoch, namespace: e.namespace, size: e.size, cohorts, users }).then(f.settle.resolve, (err: unknown) => {
-      for (const w of members) delete w.pool?.localPeers;
-      f.settle.reject(err);
-    });
+    this.register(e, { epoch: e.epoch, namespace: e.namespace, size: e.size, cohorts, users }).then(
+      f.settle.resolve,
+      (err: unknown) => {
+        for (const w of members) delete w.pool?.localPeers;
+        f.settle.reject(err);
+      },
+    );
   }
 
   private userOf(w: Worker): PoolUser {
@@ -430,13 +460,16 @@ export class Pool {
       if (left <= 0) throw new RmError('timeout', `worker '${workerId}' got no pool rank within ${waitMs} ms`);
       await withTimeout(this.o.clock, e.opened, left, `the pool epoch ${e.epoch} did not open within ${waitMs} ms`);
       w = this.o.workers.require(workerId);
-      if (!w.pool && this.upcoming() === e) throw new RmError('unavailable', `worker '${workerId}' has no pool rank yet; try again`);
+      if (!w.pool && this.upcoming() === e)
+        throw new RmError('unavailable', `worker '${workerId}' has no pool rank yet; try again`);
     }
     this.renewForJoin(w);
     let seat = w.pool!;
     const check = () => {
-      if (seat.state === 'retired') throw new RmError('conflict', `worker '${workerId}' left the pool: ${seat.reason ?? 'retired'}`);
-      if (seat.state === 'ready') throw new RmError('conflict', `pool rank ${seat.rank} of worker '${workerId}' is already connected`);
+      if (seat.state === 'retired')
+        throw new RmError('conflict', `worker '${workerId}' left the pool: ${seat.reason ?? 'retired'}`);
+      if (seat.state === 'ready')
+        throw new RmError('conflict', `pool rank ${seat.rank} of worker '${workerId}' is already connected`);
     };
     check();
     const e = this.epochs.get(seat.namespace);
@@ -446,9 +479,15 @@ export class Pool {
       f.joined.add(w.id);
       f.firstJoinAt ??= this.o.clock.now();
       this.touch(e);
-      await withTimeout(this.o.clock, e.opened, waitMs, `the pool epoch ${e.epoch} was not registered within ${waitMs} ms`);
+      await withTimeout(
+        this.o.clock,
+        e.opened,
+        waitMs,
+        `the pool epoch ${e.epoch} was not registered within ${waitMs} ms`,
+      );
       w = this.o.workers.require(workerId);
-      if (w.pool?.namespace !== seat.namespace || w.pool.rank !== seat.rank) throw new RmError('conflict', `worker '${workerId}' lost its pool rank`);
+      if (w.pool?.namespace !== seat.namespace || w.pool.rank !== seat.rank)
+        throw new RmError('conflict', `worker '${workerId}' lost its pool rank`);
       seat = w.pool;
       check();
     }
@@ -459,7 +498,10 @@ export class Pool {
     try {
       await this.o.backend.setUser(seat.namespace, seat.rank, this.userOf(w));
     } catch (err) {
-      this.retire(w, `its client could not be registered as uid ${w.uid}/gid ${w.gid}: ${err instanceof Error ? err.message : String(err)}`);
+      this.retire(
+        w,
+        `its client could not be registered as uid ${w.uid}/gid ${w.gid}: ${err instanceof Error ? err.message : String(err)}`,
+      );
       throw new RmError('unavailable', `worker '${workerId}' cannot join the pool: ${seat.reason}`);
     }
     check();
@@ -487,8 +529,13 @@ export class Pool {
       const s = w.pool;
       if (!s) return { reason: `worker '${w.id}' has no pool rank` };
       if (s.state === 'retired') return { reason: `worker '${w.id}' left the pool: ${s.reason ?? 'retired'}` };
-      if (s.state === 'assigned') return { reason: `worker '${w.id}' has not joined the pool (no dask-pmix worker plugin, or it has not started yet)`, pending: true };
-      if (epoch !== undefined && s.epoch !== epoch) return { reason: `the members are in different pool epochs (${epoch} and ${s.epoch})` };
+      if (s.state === 'assigned')
+        return {
+          reason: `worker '${w.id}' has not joined the pool (no dask-pmix worker plugin, or it has not started yet)`,
+          pending: true,
+        };
+      if (epoch !== undefined && s.epoch !== epoch)
+        return { reason: `the members are in different pool epochs (${epoch} and ${s.epoch})` };
       epoch = s.epoch;
       namespace = s.namespace;
     }
@@ -517,7 +564,8 @@ export class Pool {
     if (!e) return `no pool with namespace '${namespace}'`;
     const id = e.owners.get(rank);
     const w = id ? this.o.workers.get(id) : undefined;
-    if (!w?.pool || w.pool.namespace !== namespace || w.pool.rank !== rank) return `pool rank ${rank} belongs to no registered worker`;
+    if (!w?.pool || w.pool.namespace !== namespace || w.pool.rank !== rank)
+      return `pool rank ${rank} belongs to no registered worker`;
     if (w.pool.state === 'retired') return `pool rank ${rank} was retired: ${w.pool.reason ?? ''}`;
     if (w.pool.state === 'ready') return `pool rank ${rank} is connected already`;
     if (w.pool.state === 'assigned') return `worker '${w.id}' has not asked to join the pool`;
@@ -530,7 +578,8 @@ export class Pool {
     e.connected.add(rank);
     if (!w) throw new RmError('not_found', `pool rank ${rank} of ${namespace} belongs to no registered worker`);
     const seat = w.pool!;
-    if (seat.state === 'retired') throw new RmError('conflict', `pool rank ${rank} of ${namespace} was retired: ${seat.reason ?? ''}`);
+    if (seat.state === 'retired')
+      throw new RmError('conflict', `pool rank ${rank} of ${namespace} was retired: ${seat.reason ?? ''}`);
     seat.state = 'ready';
     this.emit(w);
     return w;
@@ -587,7 +636,14 @@ function withTimeout<T>(clock: Clock, p: Promise<T>, ms: number, message: string
       },
       (err: unknown) => {
         t.cancel();
-        reject(err instanceof RmError ? err : new RmError('unavailable', `the pool epoch could not be opened: ${err instanceof Error ? err.message : String(err)}`));
+        reject(
+          err instanceof RmError
+            ? err
+            : new RmError(
+                'unavailable',
+                `the pool epoch could not be opened: ${err instanceof Error ? err.message : String(err)}`,
+              ),
+        );
       },
     );
   });

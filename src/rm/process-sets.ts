@@ -11,9 +11,13 @@ export class ProcessSets {
 
   static validateName(name: string): void {
     if (!PSET_NAME.test(name)) {
-      throw new RmError('bad_request', `invalid pset name '${name}': 1-128 characters of [A-Za-z0-9_.:-/], not starting with a punctuation mark`);
+      throw new RmError(
+        'bad_request',
+        `invalid pset name '${name}': 1-128 characters of [A-Za-z0-9_.:-/], not starting with a punctuation mark`,
+      );
     }
-    if (/^mpix?:\/\//.test(name)) throw new RmError('bad_request', `pset names starting with mpi:// or mpix:// are reserved`);
+    if (/^mpix?:\/\//.test(name))
+      throw new RmError('bad_request', `pset names starting with mpi:// or mpix:// are reserved`);
   }
 
   define(name: string, members: string[], selector: Selector | undefined, createdAt: string): ProcessSet {

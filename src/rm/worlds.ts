@@ -52,10 +52,12 @@ export class Worlds {
 
   /** The worker process is about to initialise MPI as a world of its own: its seat and env. */
   join(w: Worker, impl: Impl): { seat: PoolSeat; env: Record<string, string> } {
-    if (!this.o.backend.impls.includes(impl)) throw new RmError('unprocessable', `${impl} processes cannot join in-process jobs here`);
+    if (!this.o.backend.impls.includes(impl))
+      throw new RmError('unprocessable', `${impl} processes cannot join in-process jobs here`);
     if (Worlds.isWorld(w.pool)) {
       const s = w.pool!;
-      if (s.state === 'retired') throw new RmError('conflict', `worker '${w.id}' left the pool: ${s.reason ?? 'retired'}`);
+      if (s.state === 'retired')
+        throw new RmError('conflict', `worker '${w.id}' left the pool: ${s.reason ?? 'retired'}`);
       throw new RmError('conflict', `worker '${w.id}' already has its ${s.impl} world (${s.state})`);
     }
     const namespace = this.o.namespaceOf(this.counter++);
@@ -115,10 +117,14 @@ export class Worlds {
       const s = w.pool;
       if (s?.state === 'retired') return { reason: `worker '${w.id}' left the pool: ${s.reason ?? 'retired'}` };
       if (!Worlds.isWorld(s)) {
-        return { reason: `worker '${w.id}' has no ${impl} world (no dask-pmix worker plugin, another MPI library, or it has not started yet)`, pending: s?.state === 'assigned' };
+        return {
+          reason: `worker '${w.id}' has no ${impl} world (no dask-pmix worker plugin, another MPI library, or it has not started yet)`,
+          pending: s?.state === 'assigned',
+        };
       }
       if (s!.impl !== impl) return { reason: `worker '${w.id}' runs ${s!.impl}, not ${impl}` };
-      if (s!.state !== 'ready') return { reason: `worker '${w.id}' has not finished initialising its ${impl} world`, pending: true };
+      if (s!.state !== 'ready')
+        return { reason: `worker '${w.id}' has not finished initialising its ${impl} world`, pending: true };
     }
     if (workers.length === 0) return { reason: 'no members' };
     return { epoch: 0, namespace: '' };

@@ -40,7 +40,10 @@ export async function persist(rm: ResourceManager, dir: string): Promise<Persist
   const interrupted = jobs.filter((j) => isActive(j.state));
   const shmRemoved = removeShmSegments(interrupted.map((j) => j.namespace));
   rm.restore({ psets, jobs }, RESTART_REASON);
-  store.saveAll([], rm.listJobs().filter((j) => interrupted.some((i) => i.id === j.id)));
+  store.saveAll(
+    [],
+    rm.listJobs().filter((j) => interrupted.some((i) => i.id === j.id)),
+  );
 
   const unsubscribe = rm.events.subscribe(({ event: e }) => {
     if (e.kind === 'psetDefined') store.savePset(e.pset);

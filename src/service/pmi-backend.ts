@@ -6,15 +6,24 @@
 //     (pmi-member.ts turns that member's commands into the core's calls).
 import { execFile } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
+import type { Socket } from 'node:net';
 import { hostname, tmpdir } from 'node:os';
 import { join } from 'node:path';
-import type { Socket } from 'node:net';
 import { promisify } from 'node:util';
-import { LIMITS, PmiError, PmiListener, newPmiId, processMapping, type PmiJobCore, type PmiMember, type Trace } from '../pmi/index.js';
 import type { EngineJob } from '../pmi/engine.js';
+import {
+  LIMITS,
+  newPmiId,
+  PmiError,
+  type PmiJobCore,
+  PmiListener,
+  type PmiMember,
+  processMapping,
+  type Trace,
+} from '../pmi/index.js';
 import type { Impl, Job, JobBackend, JobMember, ResourceManager, Worker } from '../rm/index.js';
 import { DEFAULT_MEMBER_ENV } from './default-env.js';
-import { FENCE, RmPmiMember, type PmiJob } from './pmi-member.js';
+import { FENCE, type PmiJob, RmPmiMember } from './pmi-member.js';
 import { asPmiError } from './pmi-names.js';
 
 /**
@@ -36,7 +45,11 @@ export interface PmiJobLimits {
  * as nine 1 KiB segments: a 4,096-rank job on 256 hosts holds about 15,000 entries and 5 MB),
  * and far below what would hurt the sidecar.
  */
-export const DEFAULT_PMI_JOB_LIMITS: Readonly<PmiJobLimits> = { kvEntries: 65_536, kvBytes: 32 * 1024 * 1024, puts: 1_048_576 };
+export const DEFAULT_PMI_JOB_LIMITS: Readonly<PmiJobLimits> = {
+  kvEntries: 65_536,
+  kvBytes: 32 * 1024 * 1024,
+  puts: 1_048_576,
+};
 
 export interface PmiBackendOptions {
   rm: ResourceManager;
@@ -99,13 +112,24 @@ export class PmiBackend implements JobBackend, PmiJobCore {
 
   /** Starts the listener. Install the result with `rm.addBackend`. */
   static async start(opts: PmiBackendOptions): Promise<PmiBackend> {
-    const topo = opts.topology === false ? undefined : typeof opts.topology === 'string' ? { file: opts.topology, dir: undefined } : await writeTopology();
+    const topo =
+      opts.topology === false
+        ? undefined
+        : typeof opts.topology === 'string'
+          ? { file: opts.topology, dir: undefined }
+          : await writeTopology();
     let self: PmiBackend | undefined;
     // The listener needs its core before it accepts anything; the backend is that core.
     const core: PmiJobCore = { attach: (id) => self!.attach(id) };
     const listener = await PmiListener.start({
-      core, host: opts.host, port: opts.port, trace: opts.trace, onError: opts.onError,
-      bindTimeoutMs: opts.bindTimeoutMs, maxUnbound: opts.maxUnbound, onTcpConnection: opts.onTcpConnection,
+      core,
+      host: opts.host,
+      port: opts.port,
+      trace: opts.trace,
+      onError: opts.onError,
+      bindTimeoutMs: opts.bindTimeoutMs,
+      maxUnbound: opts.maxUnbound,
+      onTcpConnection: opts.onTcpConnection,
     });
     self = new PmiBackend(opts, listener, topo?.file, topo?.dir);
     return self;
@@ -128,7 +152,7 @@ export class PmiBackend implements JobBackend, PmiJobCore {
       connected: job.members.map(() => false),
       released: false,
     };
-    pj.pmiIds.forEach((id, rank) => this.byPmiId.set(id, { pj, rank }));
+    for (const [rank, id] of pj.pmiIds.entries()) this.byPmiId.set(id, { pj, rank });
     this.jobs.set(job.id, pj);
   }
 
@@ -231,7 +255,10 @@ export class PmiBackend implements JobBackend, PmiJobCore {
     for (const h of hosts) if (!nodes.has(h)) nodes.set(h, nodes.size);
     // Longer than a reply line can carry: MPICH falls back to exchanging host names.
     const mapping = hosts.length === size ? processMapping(hosts) : '';
-    const derived: [string, string][] = [['universeSize', String(size)], ['PMI_universe_size', String(size)]];
+    const derived: [string, string][] = [
+      ['universeSize', String(size)],
+      ['PMI_universe_size', String(size)],
+    ];
     if (mapping !== '' && mapping.length <= LIMITS.valueMax - 64) derived.push(['PMI_process_mapping', mapping]);
     let engine: EngineJob | undefined;
     const delegated = this.opts.rm.delegateCollective(job.namespace, FENCE, {
@@ -263,4 +290,3 @@ export class PmiBackend implements JobBackend, PmiJobCore {
     return pj;
   }
 }
-

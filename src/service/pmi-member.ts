@@ -6,8 +6,9 @@
 // the native PMI engine (src/pmi/engine.ts), which answers those commands on its own thread;
 // src/rm hands the collective over to it (pmi-backend.ts) and keeps deciding which ranks are gone
 // and when the job ends.
-import { PmiError, type KvsLookup, type PmiMember, type PmiMemberInfo } from '../pmi/index.js';
+
 import type { EngineJob } from '../pmi/engine.js';
+import { type KvsLookup, PmiError, type PmiMember, type PmiMemberInfo } from '../pmi/index.js';
 import { isActive, type Job, type ResourceManager } from '../rm/index.js';
 import { core, lookupName, publishName, unpublishName } from './pmi-names.js';
 

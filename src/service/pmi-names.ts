@@ -37,7 +37,8 @@ export async function lookupName(rm: ResourceManager, publisher: Publisher, serv
   const v = d?.value as unknown;
   if (typeof v === 'string') return v;
   // Published through PMIx by an Open MPI job: a typed value.
-  if (v && typeof v === 'object' && typeof (v as { value?: unknown }).value === 'string') return (v as { value: string }).value;
+  if (v && typeof v === 'object' && typeof (v as { value?: unknown }).value === 'string')
+    return (v as { value: string }).value;
   throw new PmiError(`service ${service} was published with a value PMI cannot carry`);
 }
 

@@ -5,8 +5,8 @@
 // a job's. The connection is also how the sidecar learns that the worker process died: it closes
 // without PMI finalize (MPICH 5 finalizes PMI only at process exit), and the job the worker is in
 // fails at once.
-import { newPmiId, PmiError, type KvsLookup, type PmiMember, type PmiMemberInfo } from '../pmi/index.js';
-import { type Impl, type ResourceManager, type WorldBackend, type Worker } from '../rm/index.js';
+import { type KvsLookup, newPmiId, PmiError, type PmiMember, type PmiMemberInfo } from '../pmi/index.js';
+import type { Impl, ResourceManager, Worker, WorldBackend } from '../rm/index.js';
 import { LOCAL_HOSTS, type PmiBackend } from './pmi-backend.js';
 import { asPmiError, core, lookupName, publishName, unpublishName } from './pmi-names.js';
 
@@ -101,7 +101,15 @@ class WorldMember implements PmiMember {
     private readonly world: World,
     private readonly topologyFile: string | undefined,
   ) {
-    this.info = { jobId: world.namespace, kvsname: world.namespace, rank: 0, size: 1, appnum: 0, universeSize: 1, hosts: [world.host] };
+    this.info = {
+      jobId: world.namespace,
+      kvsname: world.namespace,
+      rank: 0,
+      size: 1,
+      appnum: 0,
+      universeSize: 1,
+      hosts: [world.host],
+    };
   }
 
   private get publisher() {
@@ -111,7 +119,8 @@ class WorldMember implements PmiMember {
   private store(map: Map<string, string>, key: string, value: string): void {
     const old = map.get(key);
     const bytes = this.bytes + key.length + value.length - (old === undefined ? 0 : key.length + old.length);
-    if (old === undefined && this.kv.size + this.nodeKv.size >= MAX_KEYS) throw new PmiError(`a world may hold at most ${MAX_KEYS} keys`);
+    if (old === undefined && this.kv.size + this.nodeKv.size >= MAX_KEYS)
+      throw new PmiError(`a world may hold at most ${MAX_KEYS} keys`);
     if (bytes > MAX_BYTES) throw new PmiError(`a world may hold at most ${MAX_BYTES} bytes of keys and values`);
     this.bytes = bytes;
     map.set(key, value);
@@ -173,4 +182,3 @@ class WorldMember implements PmiMember {
     this.rm.worldGone(this.world.namespace, reason);
   }
 }
-

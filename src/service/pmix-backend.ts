@@ -5,7 +5,17 @@
 import { rmSync } from 'node:fs';
 import { join } from 'node:path';
 import {
-  encodeNamespace, info, Keys, Rank, Range, Status, v, type Info, type NamespaceLayout, type PmixServer, type Proc,
+  encodeNamespace,
+  type Info,
+  info,
+  Keys,
+  type NamespaceLayout,
+  type PmixServer,
+  type Proc,
+  Range,
+  Rank,
+  Status,
+  v,
 } from '../pmix/index.js';
 import type { Job, JobBackend, JobMember, Worker } from '../rm/index.js';
 import type { PmixClients } from './pmix-clients.js';
@@ -69,7 +79,10 @@ export class PmixBackend implements JobBackend {
         registered.push(proc);
       }
       if (job.pset) {
-        await this.server.defineProcessSet(job.pset, job.members.map((m) => this.procOf(job, m.rank)));
+        await this.server.defineProcessSet(
+          job.pset,
+          job.members.map((m) => this.procOf(job, m.rank)),
+        );
         this.definedPsets.set(job.id, job.pset);
       }
     } catch (err) {
@@ -114,7 +127,10 @@ export class PmixBackend implements JobBackend {
     const jobEnd: Info[] = [
       info(Keys.EVENT_NON_DEFAULT, v.bool(true)),
       info(Keys.JOB_TERM_STATUS, v.status(status)),
-      info(Keys.EVENT_AFFECTED_PROC, v.proc(culprit ? this.procOf(job, culprit.rank) : { nspace: job.namespace, rank: Rank.WILDCARD })),
+      info(
+        Keys.EVENT_AFFECTED_PROC,
+        v.proc(culprit ? this.procOf(job, culprit.rank) : { nspace: job.namespace, rank: Rank.WILDCARD }),
+      ),
       info(Keys.EVENT_TEXT_MESSAGE, v.string(`dask-pmix: job ${job.id} ${job.state}: ${job.error ?? ''}`)),
       info(Keys.EVENT_CUSTOM_RANGE, v.procs([{ nspace: job.namespace, rank: Rank.WILDCARD }])),
     ];
@@ -139,7 +155,9 @@ export class PmixBackend implements JobBackend {
     const teardown = async () => {
       if (this.closed) return;
       for (const m of job.members) {
-        await this.server.deregisterClient(this.procOf(job, m.rank)).catch((e: unknown) => this.opts.onError?.('deregisterClient', e));
+        await this.server
+          .deregisterClient(this.procOf(job, m.rank))
+          .catch((e: unknown) => this.opts.onError?.('deregisterClient', e));
       }
       await this.server.deregisterNspace(job.namespace);
       rmSync(join(this.opts.tmpdir, 'jobs', job.namespace), { recursive: true, force: true });
@@ -151,7 +169,12 @@ export class PmixBackend implements JobBackend {
       if (!(await clients.drained(job.namespace, ms))) {
         const lingering = clients.count(job.namespace);
         const shut = this.server.disconnectClients(job.namespace);
-        this.opts.onError?.('release', new Error(`${lingering} client(s) of ${job.namespace} still connected ${ms / 1000} s after the job ended: ${shut} connection(s) shut down`));
+        this.opts.onError?.(
+          'release',
+          new Error(
+            `${lingering} client(s) of ${job.namespace} still connected ${ms / 1000} s after the job ended: ${shut} connection(s) shut down`,
+          ),
+        );
         if (!(await clients.drained(job.namespace, 10_000))) clients.forget(job.namespace);
       }
       await teardown();

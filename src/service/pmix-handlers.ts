@@ -1,10 +1,25 @@
 // The PMIx upcalls, answered by the resource manager. Each handler translates PMIx arguments
 // into a call on the core and the core's answer (or RmError) back into PMIx values (or status).
 import {
-  findNumber, findString, findValue, info, Keys, PmixError, Rank, Range, Status, v, WithStatus,
-  type Info, type Proc, type PublishedDatum, type Query, type UpcallHandlers, type Value,
+  findNumber,
+  findString,
+  findValue,
+  type Info,
+  info,
+  Keys,
+  PmixError,
+  type Proc,
+  type PublishedDatum,
+  type Query,
+  Range,
+  Rank,
+  Status,
+  type UpcallHandlers,
+  type Value,
+  v,
+  WithStatus,
 } from '../pmix/index.js';
-import { isActive, RmError, type PublishRange, type Persistence, type ResourceManager } from '../rm/index.js';
+import { isActive, type Persistence, type PublishRange, type ResourceManager, RmError } from '../rm/index.js';
 import type { PmixClients } from './pmix-clients.js';
 
 export interface PmixHandlerOptions {
@@ -19,14 +34,20 @@ export function pmixStatusOf(err: unknown): number {
   if (err instanceof PmixError) return err.status;
   if (!(err instanceof RmError)) return Status.ERROR;
   switch (err.kind) {
-    case 'not_found': return Status.ERR_NOT_FOUND;
-    case 'conflict': return Status.ERR_DUPLICATE_KEY;
-    case 'timeout': return Status.ERR_TIMEOUT;
-    case 'aborted': return Status.ERR_JOB_TERMINATED;
+    case 'not_found':
+      return Status.ERR_NOT_FOUND;
+    case 'conflict':
+      return Status.ERR_DUPLICATE_KEY;
+    case 'timeout':
+      return Status.ERR_TIMEOUT;
+    case 'aborted':
+      return Status.ERR_JOB_TERMINATED;
     case 'bad_request':
-    case 'unprocessable': return Status.ERR_BAD_PARAM;
+    case 'unprocessable':
+      return Status.ERR_BAD_PARAM;
     case 'unavailable':
-    case 'limit': return Status.ERR_NOT_AVAILABLE;
+    case 'limit':
+      return Status.ERR_NOT_AVAILABLE;
   }
 }
 
@@ -47,11 +68,15 @@ function rangeOf(infos: Info[]): PublishRange {
 
 function persistenceOf(infos: Info[]): Persistence {
   switch (findNumber(infos, Keys.PERSISTENCE)) {
-    case 1: return 'first_read';
-    case 2: return 'proc';
+    case 1:
+      return 'first_read';
+    case 2:
+      return 'proc';
     case 4:
-    case 0: return 'session';
-    default: return 'app';
+    case 0:
+      return 'session';
+    default:
+      return 'app';
   }
 }
 
@@ -81,8 +106,18 @@ function ranksByNamespace(rm: ResourceManager, procs: Proc[]): Map<string, numbe
 }
 
 export function pmixHandlers({ rm, clients, log }: PmixHandlerOptions): UpcallHandlers {
-  const publisherOf = (proc: Proc) => ({ jobId: rm.findMember(proc.nspace, proc.rank).job.id, namespace: proc.nspace, rank: proc.rank });
-  const psetNames = () => v.string(rm.listPsets().map((p) => p.name).join(','));
+  const publisherOf = (proc: Proc) => ({
+    jobId: rm.findMember(proc.nspace, proc.rank).job.id,
+    namespace: proc.nspace,
+    rank: proc.rank,
+  });
+  const psetNames = () =>
+    v.string(
+      rm
+        .listPsets()
+        .map((p) => p.name)
+        .join(','),
+    );
   /** The PMIx jobs this server serves now (what PRRTE reports as its active namespaces). */
   const pmixJobs = () => rm.activeJobs().filter((j) => j.impl === 'openmpi');
 
@@ -96,16 +131,42 @@ export function pmixHandlers({ rm, clients, log }: PmixHandlerOptions): UpcallHa
         return [info(Keys.QUERY_PSET_NAMES, psetNames())];
       case Keys.QUERY_PSET_MEMBERSHIP: {
         const name = findString(q.qualifiers, Keys.PSET_NAME);
-        if (!name) throw new PmixError(Status.ERR_BAD_PARAM, 'PMIX_QUERY_PSET_MEMBERSHIP needs a PMIX_PSET_NAME qualifier');
-        return [info(Keys.QUERY_PSET_MEMBERSHIP, v.procs(rm.psetProcs(name).map((r) => ({ nspace: r.namespace, rank: r.rank }))))];
+        if (!name)
+          throw new PmixError(Status.ERR_BAD_PARAM, 'PMIX_QUERY_PSET_MEMBERSHIP needs a PMIX_PSET_NAME qualifier');
+        return [
+          info(
+            Keys.QUERY_PSET_MEMBERSHIP,
+            v.procs(rm.psetProcs(name).map((r) => ({ nspace: r.namespace, rank: r.rank }))),
+          ),
+        ];
       }
       case Keys.QUERY_NAMESPACES:
-        return [info(Keys.QUERY_NAMESPACES, v.string(pmixJobs().map((j) => j.namespace).join(',')))];
+        return [
+          info(
+            Keys.QUERY_NAMESPACES,
+            v.string(
+              pmixJobs()
+                .map((j) => j.namespace)
+                .join(','),
+            ),
+          ),
+        ];
       case Keys.QUERY_NAMESPACE_INFO:
-        return [info(Keys.QUERY_NAMESPACE_INFO, { type: 'data_array', value: { type: 'info', items: pmixJobs().map((j) => ({
-          key: Keys.QUERY_NAMESPACE_INFO,
-          value: v.infos([info(Keys.NSPACE, v.string(j.namespace)), info(Keys.JOB_SIZE, v.uint32(j.members.length))]),
-        })) } })];
+        return [
+          info(Keys.QUERY_NAMESPACE_INFO, {
+            type: 'data_array',
+            value: {
+              type: 'info',
+              items: pmixJobs().map((j) => ({
+                key: Keys.QUERY_NAMESPACE_INFO,
+                value: v.infos([
+                  info(Keys.NSPACE, v.string(j.namespace)),
+                  info(Keys.JOB_SIZE, v.uint32(j.members.length)),
+                ]),
+              })),
+            },
+          }),
+        ];
       case Keys.JOB_SIZE: {
         const ns = findString(q.qualifiers, Keys.NSPACE);
         const job = ns ? rm.jobByNamespace(ns) : undefined;
@@ -137,7 +198,8 @@ export function pmixHandlers({ rm, clients, log }: PmixHandlerOptions): UpcallHa
 
     async clientFinalized({ proc }) {
       clients?.finalized(proc.nspace, proc.rank);
-      if (rm.isPoolNamespace(proc.nspace)) return answer(() => rm.poolClientGone(proc.nspace, proc.rank, 'its worker finalized its MPI session'));
+      if (rm.isPoolNamespace(proc.nspace))
+        return answer(() => rm.poolClientGone(proc.nspace, proc.rank, 'its worker finalized its MPI session'));
       return answer(() => rm.memberFinalized(proc.nspace, proc.rank));
     },
 
@@ -170,7 +232,11 @@ export function pmixHandlers({ rm, clients, log }: PmixHandlerOptions): UpcallHa
           try {
             rm.poolClientGone(p.nspace, p.rank, 'its worker process died (its connection to the PMIx server dropped)');
           } catch (err) {
-            log?.('debug', 'lost connection of an unknown pool rank', { nspace: p.nspace, rank: p.rank, err: String(err) });
+            log?.('debug', 'lost connection of an unknown pool rank', {
+              nspace: p.nspace,
+              rank: p.rank,
+              err: String(err),
+            });
           }
           continue;
         }
@@ -217,7 +283,13 @@ export function pmixHandlers({ rm, clients, log }: PmixHandlerOptions): UpcallHa
           wait: waitOf(dirs),
           ...(timeout && timeout > 0 ? { timeoutMs: timeout * 1000 } : {}),
         });
-        return found.map((d): PublishedDatum => ({ proc: { nspace: d.publisher.namespace, rank: d.publisher.rank }, key: d.key, value: d.value as Value }));
+        return found.map(
+          (d): PublishedDatum => ({
+            proc: { nspace: d.publisher.namespace, rank: d.publisher.rank },
+            key: d.key,
+            value: d.value as Value,
+          }),
+        );
       });
     },
 
@@ -228,7 +300,10 @@ export function pmixHandlers({ rm, clients, log }: PmixHandlerOptions): UpcallHa
     },
 
     async spawn() {
-      throw new PmixError(Status.ERR_NOT_SUPPORTED, 'dask-pmix does not start processes: MPI_Comm_spawn is not supported');
+      throw new PmixError(
+        Status.ERR_NOT_SUPPORTED,
+        'dask-pmix does not start processes: MPI_Comm_spawn is not supported',
+      );
     },
 
     // Reached only when a participant is not a local client; with one server all are.
@@ -266,11 +341,25 @@ export function pmixHandlers({ rm, clients, log }: PmixHandlerOptions): UpcallHa
 
     async log({ proc, data }) {
       // The message goes to the sidecar's log, whatever channel the client named.
-      const channels = [Keys.LOG_STDERR, Keys.LOG_STDOUT, Keys.LOG_SYSLOG, Keys.LOG_LOCAL_SYSLOG, Keys.LOG_GLOBAL_SYSLOG] as string[];
+      const channels = [
+        Keys.LOG_STDERR,
+        Keys.LOG_STDOUT,
+        Keys.LOG_SYSLOG,
+        Keys.LOG_LOCAL_SYSLOG,
+        Keys.LOG_GLOBAL_SYSLOG,
+      ] as string[];
       const messages = data.filter((d) => channels.includes(d.key) && d.value.type === 'string');
-      if (messages.length === 0) throw new PmixError(Status.ERR_NOT_SUPPORTED, `no log channel this server serves in ${data.map((d) => d.key).join(', ')}`);
+      if (messages.length === 0)
+        throw new PmixError(
+          Status.ERR_NOT_SUPPORTED,
+          `no log channel this server serves in ${data.map((d) => d.key).join(', ')}`,
+        );
       for (const m of messages) {
-        log?.('info', String(m.value.value).replace(/\n$/, ''), { pmixLog: m.key.replace('pmix.log.', ''), nspace: proc.nspace, rank: proc.rank });
+        log?.('info', String(m.value.value).replace(/\n$/, ''), {
+          pmixLog: m.key.replace('pmix.log.', ''),
+          nspace: proc.nspace,
+          rank: proc.rank,
+        });
       }
     },
 
@@ -287,9 +376,16 @@ export function pmixHandlers({ rm, clients, log }: PmixHandlerOptions): UpcallHa
           if (pooled.length !== procs.length || pooled.some((p) => p.nspace !== ns || p.rank === Rank.WILDCARD)) {
             throw new PmixError(Status.ERR_BAD_PARAM, 'a group may not mix pool ranks with other processes');
           }
-          rm.poolGroupConstructed(ns, group, procs.map((p) => p.rank));
+          rm.poolGroupConstructed(
+            ns,
+            group,
+            procs.map((p) => p.rank),
+          );
         }
-        const byNs = ranksByNamespace(rm, procs.filter((p) => !rm.isPoolNamespace(p.nspace)));
+        const byNs = ranksByNamespace(
+          rm,
+          procs.filter((p) => !rm.isPoolNamespace(p.nspace)),
+        );
         for (const [nspace, ranks] of byNs) {
           await rm.collective(nspace, { name: `group:${group}`, participants: ranks, contributors: ranks });
         }

@@ -10,7 +10,19 @@
 //   async init) and with fault tolerance, so that a pool rank's death does not kill its peers.
 import { rmSync } from 'node:fs';
 import { join } from 'node:path';
-import { encodeNamespace, info, Keys, Range, Rank, Status, v, type Info, type NamespaceLayout, type PmixServer, type Proc } from '../pmix/index.js';
+import {
+  encodeNamespace,
+  type Info,
+  info,
+  Keys,
+  type NamespaceLayout,
+  type PmixServer,
+  type Proc,
+  Range,
+  Rank,
+  Status,
+  v,
+} from '../pmix/index.js';
 import type { Job, PoolBackend, PoolEpochSpec, PoolUser } from '../rm/index.js';
 import type { PmixClients } from './pmix-clients.js';
 
@@ -43,30 +55,44 @@ export interface PmixPoolOptions {
 export class PmixPool implements PoolBackend {
   readonly uid = process.getuid?.() ?? 0;
   readonly gid = process.getgid?.() ?? 0;
-  private readonly epochs = new Map<string, { size: number; nodes: Map<number, string>; users: Map<number, PoolUser> }>();
+  private readonly epochs = new Map<
+    string,
+    { size: number; nodes: Map<number, string>; users: Map<number, PoolUser> }
+  >();
 
   constructor(private readonly o: PmixPoolOptions) {}
 
   async open(spec: PoolEpochSpec): Promise<void> {
     const shared = new Map<number, { host: string; localRank: number; nodeId: number }>();
-    spec.cohorts.forEach((c, nodeId) => c.ranks.forEach((rank, localRank) => shared.set(rank, { host: cohortNode(nodeId), localRank, nodeId })));
+    for (const [nodeId, c] of spec.cohorts.entries()) {
+      for (const [localRank, rank] of c.ranks.entries())
+        shared.set(rank, { host: cohortNode(nodeId), localRank, nodeId });
+    }
     let nodeId = spec.cohorts.length;
     const layout: NamespaceLayout = {
       nspace: spec.namespace,
       tmpdir: join(this.o.tmpdir, 'pools', spec.namespace),
       ranks: Array.from({ length: spec.size }, (_, rank) => {
         const c = shared.get(rank);
-        return c ? { rank, host: c.host, localRank: c.localRank, nodeRank: c.localRank, nodeId: c.nodeId } : { rank, host: virtualNode(rank), localRank: 0, nodeRank: 0, nodeId: nodeId++ };
+        return c
+          ? { rank, host: c.host, localRank: c.localRank, nodeRank: c.localRank, nodeId: c.nodeId }
+          : { rank, host: virtualNode(rank), localRank: 0, nodeRank: 0, nodeId: nodeId++ };
       }),
     };
     await this.o.server.registerNspace(spec.namespace, spec.size, encodeNamespace(layout, this.o.server));
     const users = new Map<number, PoolUser>();
-    this.epochs.set(spec.namespace, { size: spec.size, nodes: new Map([...shared].map(([r, c]) => [r, c.host])), users });
-    const results = await Promise.allSettled(layout.ranks.map(({ rank }) => {
-      const u = spec.users.get(rank) ?? this;
-      users.set(rank, { uid: u.uid, gid: u.gid });
-      return this.o.server.registerClient({ nspace: spec.namespace, rank }, u.uid, u.gid);
-    }));
+    this.epochs.set(spec.namespace, {
+      size: spec.size,
+      nodes: new Map([...shared].map(([r, c]) => [r, c.host])),
+      users,
+    });
+    const results = await Promise.allSettled(
+      layout.ranks.map(({ rank }) => {
+        const u = spec.users.get(rank) ?? this;
+        users.set(rank, { uid: u.uid, gid: u.gid });
+        return this.o.server.registerClient({ nspace: spec.namespace, rank }, u.uid, u.gid);
+      }),
+    );
     const failed = results.find((r) => r.status === 'rejected');
     if (failed) {
       await this.close(spec.namespace).catch(() => undefined);
@@ -113,16 +139,20 @@ export class PmixPool implements PoolBackend {
       ...dead.map((rank) => info(Keys.EVENT_AFFECTED_PROC, v.proc({ nspace: job.namespace, rank }))),
       info(Keys.EVENT_CUSTOM_RANGE, v.procs(alive.map((rank) => ({ nspace: job.namespace, rank })))),
     ];
-    await this.o.server.notifyEvent(status, { nspace: job.namespace, rank: Rank.UNDEF }, Range.CUSTOM, items).catch((e: unknown) => {
-      this.o.onError?.('notifyEvent', e);
-    });
+    await this.o.server
+      .notifyEvent(status, { nspace: job.namespace, rank: Rank.UNDEF }, Range.CUSTOM, items)
+      .catch((e: unknown) => {
+        this.o.onError?.('notifyEvent', e);
+      });
   }
 
   async close(namespace: string): Promise<void> {
     const size = this.epochs.get(namespace)?.size ?? 0;
     this.epochs.delete(namespace);
     for (let rank = 0; rank < size; rank++) {
-      await this.o.server.deregisterClient({ nspace: namespace, rank }).catch((e: unknown) => this.o.onError?.('deregisterClient', e));
+      await this.o.server
+        .deregisterClient({ nspace: namespace, rank })
+        .catch((e: unknown) => this.o.onError?.('deregisterClient', e));
     }
     await this.o.server.deregisterNspace(namespace);
     rmSync(join(this.o.tmpdir, 'pools', namespace), { recursive: true, force: true });

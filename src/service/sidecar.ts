@@ -3,18 +3,18 @@
 import type { Socket } from 'node:net';
 import { hostname } from 'node:os';
 import pino from 'pino';
-import { buildApi, type Api } from '../api/server.js';
 import { Metrics } from '../api/metrics.js';
-import { defaultPolicy } from '../policy/index.js';
-import { KEEPALIVE, PmixServer, setKeepAlive, type KeepAlive } from '../pmix/index.js';
+import { type Api, buildApi } from '../api/server.js';
+import { KEEPALIVE, type KeepAlive, PmixServer, setKeepAlive } from '../pmix/index.js';
 import { StatusName } from '../pmix/status.js';
-import { isActive, ResourceManager, type CohortOptions, type JobBackend } from '../rm/index.js';
+import { defaultPolicy } from '../policy/index.js';
+import { type CohortOptions, isActive, type JobBackend, ResourceManager } from '../rm/index.js';
 import type { RmLimits } from '../rm/manager.js';
 import { DEFAULT_MEMBER_ENV } from './default-env.js';
+import { type Persisted, persist } from './persistence.js';
 import { PmiBackend } from './pmi-backend.js';
 import { PmiWorlds } from './pmi-worlds.js';
 import { PmixBackend } from './pmix-backend.js';
-import { persist, type Persisted } from './persistence.js';
 import { PmixClients } from './pmix-clients.js';
 import { pmixHandlers } from './pmix-handlers.js';
 import { PmixPool } from './pmix-pool.js';
@@ -98,7 +98,8 @@ export class Sidecar {
         ...(opts.releaseGraceMs !== undefined ? { releaseGraceMs: opts.releaseGraceMs } : {}),
       }),
       ...(opts.wiringTimeoutSeconds !== undefined ? { wiringTimeoutSeconds: opts.wiringTimeoutSeconds } : {}),
-      onCollective: (name, seconds, outcome) => metrics?.collectiveSeconds.observe({ name: name.replace(/:.*/, ''), outcome }, seconds),
+      onCollective: (name, seconds, outcome) =>
+        metrics?.collectiveSeconds.observe({ name: name.replace(/:.*/, ''), outcome }, seconds),
       onError: (what, err) => log.warn({ err, what }, 'the core survived an error'),
       onJobForgotten: (job) => persisted?.store.deleteJob(job.id),
       ...(opts.limits ? { limits: opts.limits } : {}),
@@ -108,7 +109,10 @@ export class Sidecar {
     if (opts.stateDir) {
       const p = await persist(rm, opts.stateDir);
       if (p instanceof Error) {
-        log.error({ err: p, stateDir: opts.stateDir }, 'the state store cannot be opened: psets and job history will not survive a restart');
+        log.error(
+          { err: p, stateDir: opts.stateDir },
+          'the state store cannot be opened: psets and job history will not survive a restart',
+        );
       } else {
         persisted = p;
         const r = p.restored;
@@ -122,7 +126,8 @@ export class Sidecar {
     metrics = new Metrics(rm);
     rm.events.subscribe((e) => {
       const ev = e.event;
-      if (ev.kind === 'jobStateChanged') log.info({ job: ev.jobId, from: ev.from, to: ev.to, reason: ev.reason }, 'job state');
+      if (ev.kind === 'jobStateChanged')
+        log.info({ job: ev.jobId, from: ev.from, to: ev.to, reason: ev.reason }, 'job state');
     });
 
     // libpmix holds a lost-connection event for its caching window (1 s by default) to batch
@@ -145,8 +150,15 @@ export class Sidecar {
       onRefused: (reason, peer) => log.warn({ peer, reason }, 'PMIx connection refused'),
       onStrangers: (closed) => log.warn({ closed }, 'shut down connections that reached libpmix without the gate'),
       onStallChange: (stalled, ms) => {
-        (stalled ? log.error.bind(log) : log.warn.bind(log))({ stalledMs: ms }, stalled ? 'libpmix has stopped progressing' : 'libpmix progresses again');
-        rm.events.emit({ kind: 'healthChanged', status: stalled ? 'pmix-stalled' : 'ok', pmixStalledSeconds: ms / 1000 });
+        (stalled ? log.error.bind(log) : log.warn.bind(log))(
+          { stalledMs: ms },
+          stalled ? 'libpmix has stopped progressing' : 'libpmix progresses again',
+        );
+        rm.events.emit({
+          kind: 'healthChanged',
+          status: stalled ? 'pmix-stalled' : 'ok',
+          pmixStalledSeconds: ms / 1000,
+        });
       },
       ...(opts.remoteConnections ? { remoteConnections: true } : {}),
       ...(opts.tcpIfInclude ? { tcpIfInclude: opts.tcpIfInclude } : {}),
@@ -165,13 +177,24 @@ export class Sidecar {
       const ompiEnv = opts.ompiEnv ?? { ...DEFAULT_MEMBER_ENV.openmpi };
       const onError = (what: string, err: unknown) => log.warn({ err, what }, 'PMIx backend call failed');
       const backend = new PmixBackend({
-        server: pmix, clients, tmpdir: opts.tmpdir, ompiEnv, onError,
+        server: pmix,
+        clients,
+        tmpdir: opts.tmpdir,
+        ompiEnv,
+        onError,
         ...(opts.pmixDrainTimeoutMs !== undefined ? { drainTimeoutMs: opts.pmixDrainTimeoutMs } : {}),
       });
       rm.addBackend(backend);
-      metrics.watchGate(() => pmix.gateStats, () => backend.lingering.length);
+      metrics.watchGate(
+        () => pmix.gateStats,
+        () => backend.lingering.length,
+      );
       if (opts.poolSize) {
-        rm.installPool(opts.poolSize, new PmixPool({ server: pmix, clients, tmpdir: opts.tmpdir, ompiEnv, onError }), opts.poolCohort);
+        rm.installPool(
+          opts.poolSize,
+          new PmixPool({ server: pmix, clients, tmpdir: opts.tmpdir, ompiEnv, onError }),
+          opts.poolCohort,
+        );
         const t0 = performance.now();
         rm.pool!.start().then(
           () => log.info({ size: opts.poolSize, seconds: (performance.now() - t0) / 1000 }, 'in-process pool ready'),
@@ -186,7 +209,9 @@ export class Sidecar {
           ...(p.port !== undefined ? { port: p.port } : {}),
           ...(p.advertisedHost ? { advertisedHost: p.advertisedHost } : {}),
           ...(p.extraEnv ? { extraEnv: p.extraEnv } : {}),
-          ...(opts.keepAlive !== false ? { onTcpConnection: (socket: Socket) => setKeepAlive(socket, opts.keepAlive || KEEPALIVE) } : {}),
+          ...(opts.keepAlive !== false
+            ? { onTcpConnection: (socket: Socket) => setKeepAlive(socket, opts.keepAlive || KEEPALIVE) }
+            : {}),
           onError: (what, err) => log.warn({ err, what }, 'PMI backend call failed'),
         });
         rm.addBackend(pmi);
@@ -208,9 +233,19 @@ export class Sidecar {
       const host = opts.host ?? '127.0.0.1';
       await api.app.listen({ host, port: opts.port ?? 8790 });
       const addr = api.app.server.address();
-      const port = typeof addr === 'object' && addr ? addr.port : opts.port ?? 8790;
+      const port = typeof addr === 'object' && addr ? addr.port : (opts.port ?? 8790);
       const url = `http://${host.includes(':') ? `[${host}]` : host}:${port}`;
-      log.info({ url, tmpdir: opts.tmpdir, host: hostname(), impls: rm.impls, pmix: pmix.uri, libpmixSocket: pmix.libpmixSocket }, 'dask-pmix sidecar listening');
+      log.info(
+        {
+          url,
+          tmpdir: opts.tmpdir,
+          host: hostname(),
+          impls: rm.impls,
+          pmix: pmix.uri,
+          libpmixSocket: pmix.libpmixSocket,
+        },
+        'dask-pmix sidecar listening',
+      );
       return new Sidecar(rm, pmix, clients, api, url, log, persisted?.stop);
     } catch (err) {
       // e.g. the REST port is taken: close what was opened, so the process can exit.

@@ -3,9 +3,10 @@
 // REST answer leaves, so a kill -9 loses nothing that was acknowledged: a committed write is in
 // the kernel's page cache at once. No fsync (synchronous=OFF): a power cut may lose the last
 // changes, a process crash does not, and an fsync under load stalled requests for tens of ms.
-import Database from 'better-sqlite3';
+
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
+import Database from 'better-sqlite3';
 import type { Job, ProcessSet } from '../rm/types.js';
 
 const SCHEMA = `
@@ -25,9 +26,13 @@ export class StateStore {
     this.db.pragma('journal_mode = WAL');
     this.db.pragma('synchronous = OFF');
     this.db.exec(SCHEMA);
-    this.putPset = this.db.prepare('INSERT INTO psets (name, record) VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET record = excluded.record');
+    this.putPset = this.db.prepare(
+      'INSERT INTO psets (name, record) VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET record = excluded.record',
+    );
     this.dropPset = this.db.prepare('DELETE FROM psets WHERE name = ?');
-    this.putJob = this.db.prepare('INSERT INTO jobs (id, record) VALUES (?, ?) ON CONFLICT(id) DO UPDATE SET record = excluded.record');
+    this.putJob = this.db.prepare(
+      'INSERT INTO jobs (id, record) VALUES (?, ?) ON CONFLICT(id) DO UPDATE SET record = excluded.record',
+    );
     this.dropJob = this.db.prepare('DELETE FROM jobs WHERE id = ?');
   }
 
@@ -38,12 +43,18 @@ export class StateStore {
   }
 
   psets(): ProcessSet[] {
-    return this.db.prepare<[], { record: string }>('SELECT record FROM psets ORDER BY rowid').all().map((r) => JSON.parse(r.record) as ProcessSet);
+    return this.db
+      .prepare<[], { record: string }>('SELECT record FROM psets ORDER BY rowid')
+      .all()
+      .map((r) => JSON.parse(r.record) as ProcessSet);
   }
 
   /** The job history, oldest first. */
   jobs(): Job[] {
-    return this.db.prepare<[], { record: string }>('SELECT record FROM jobs ORDER BY rowid').all().map((r) => JSON.parse(r.record) as Job);
+    return this.db
+      .prepare<[], { record: string }>('SELECT record FROM jobs ORDER BY rowid')
+      .all()
+      .map((r) => JSON.parse(r.record) as Job);
   }
 
   savePset(p: Readonly<ProcessSet>): void {

@@ -2,7 +2,7 @@
 // failing at once: they start as workers are freed, oldest first; the line is bounded (429) and
 // every wait ends at its deadline with the reason (409).
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { apiFixture, worker, type ApiFixture } from './fixture.js';
+import { type ApiFixture, apiFixture, worker } from './fixture.js';
 
 let fx: ApiFixture;
 beforeAll(async () => {
@@ -42,7 +42,9 @@ describe('admission', () => {
 
   it('a selector waits for enough free workers; the line is bounded', async () => {
     const held = (await fx.call('POST', '/v1/jobs', { impl: 'openmpi', selector: { count: 4 } })).body;
-    const waiters = Array.from({ length: 8 }, () => fx.call('POST', '/v1/jobs?wait=30', { impl: 'openmpi', selector: { count: 2 } }));
+    const waiters = Array.from({ length: 8 }, () =>
+      fx.call('POST', '/v1/jobs?wait=30', { impl: 'openmpi', selector: { count: 2 } }),
+    );
     await new Promise((r) => setTimeout(r, 300));
     expect(fx.rm.waitingJobs).toBe(8);
     const over = await fx.call('POST', '/v1/jobs?wait=30', { impl: 'openmpi', selector: { count: 2 } });
@@ -50,25 +52,29 @@ describe('admission', () => {
     expect(over.body.message).toMatch(/8 job requests are waiting/);
     await fx.call('DELETE', `/v1/jobs/${held.id}`);
     // Two start at once on the four workers; each, once deleted, lets the next ones in.
-    const done = await Promise.all(waiters.map(async (w) => {
-      const r = await w;
-      expect(r.status, JSON.stringify(r.body)).toBe(201);
-      await fx.call('DELETE', `/v1/jobs/${r.body.id}`);
-      return r.body.id;
-    }));
+    const done = await Promise.all(
+      waiters.map(async (w) => {
+        const r = await w;
+        expect(r.status, JSON.stringify(r.body)).toBe(201);
+        await fx.call('DELETE', `/v1/jobs/${r.body.id}`);
+        return r.body.id;
+      }),
+    );
     expect(new Set(done).size).toBe(8);
   });
 
   it('many clients at once over few workers all get their jobs', async () => {
     let ok = 0;
-    await Promise.all(Array.from({ length: 4 }, async () => {
-      for (let i = 0; i < 10; i++) {
-        const r = await fx.call('POST', '/v1/jobs?wait=30', { impl: 'openmpi', selector: { count: 2 } });
-        expect(r.status, JSON.stringify(r.body)).toBe(201);
-        ok++;
-        await fx.call('DELETE', `/v1/jobs/${r.body.id}`);
-      }
-    }));
+    await Promise.all(
+      Array.from({ length: 4 }, async () => {
+        for (let i = 0; i < 10; i++) {
+          const r = await fx.call('POST', '/v1/jobs?wait=30', { impl: 'openmpi', selector: { count: 2 } });
+          expect(r.status, JSON.stringify(r.body)).toBe(201);
+          ok++;
+          await fx.call('DELETE', `/v1/jobs/${r.body.id}`);
+        }
+      }),
+    );
     expect(ok).toBe(40);
   });
 });

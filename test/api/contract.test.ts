@@ -2,7 +2,7 @@
 // (400 schema, 401 auth, 404 unknown id, 409 conflict, 422 unresolvable, 503 stopping), and that a
 // failed request changes nothing.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { apiFixture, TOKEN, worker, type ApiFixture } from './fixture.js';
+import { type ApiFixture, apiFixture, TOKEN, worker } from './fixture.js';
 
 let fx: ApiFixture;
 beforeAll(async () => {
@@ -31,13 +31,27 @@ describe('health, docs and metrics', () => {
     const r = await fx.anon('GET', '/openapi.json');
     expect(r.status).toBe(200);
     expect(r.body.openapi).toMatch(/^3\./);
-    for (const p of ['/v1/workers', '/v1/workers/{id}', '/v1/psets', '/v1/psets/{name}', '/v1/jobs', '/v1/jobs/{id}', '/v1/jobs/{id}/env/{workerId}', '/v1/events', '/v1/health']) {
+    for (const p of [
+      '/v1/workers',
+      '/v1/workers/{id}',
+      '/v1/psets',
+      '/v1/psets/{name}',
+      '/v1/jobs',
+      '/v1/jobs/{id}',
+      '/v1/jobs/{id}/env/{workerId}',
+      '/v1/events',
+      '/v1/health',
+    ]) {
       expect(Object.keys(r.body.paths)).toContain(p);
     }
     expect(r.body.paths['/v1/jobs'].post.security).toEqual([{ bearer: [] }]);
     expect(r.body.paths['/v1/jobs'].get.security).toEqual([{ bearer: [] }]);
     expect(r.body.paths['/v1/health'].get.security).toBeUndefined();
-    expect(r.body.paths['/v1/jobs'].post.requestBody.content['application/json'].schema.properties.impl.enum).toEqual(['openmpi', 'mpich', 'intelmpi']);
+    expect(r.body.paths['/v1/jobs'].post.requestBody.content['application/json'].schema.properties.impl.enum).toEqual([
+      'openmpi',
+      'mpich',
+      'intelmpi',
+    ]);
     const docs = await fetch(`${fx.url}/docs`);
     expect(docs.status).toBe(200);
     expect(await docs.text()).toMatch(/swagger/i);
@@ -60,9 +74,24 @@ describe('health, docs and metrics', () => {
 
 describe('workers', () => {
   it('POST registers, GET lists and gets, DELETE removes', async () => {
-    const r = await fx.call('POST', '/v1/workers', w('tcp://10.0.0.1:1', 'h1', { pid: 42, uid: 1000, gid: 1000, resources: { GPU: 1 }, tags: ['a'] }));
+    const r = await fx.call(
+      'POST',
+      '/v1/workers',
+      w('tcp://10.0.0.1:1', 'h1', { pid: 42, uid: 1000, gid: 1000, resources: { GPU: 1 }, tags: ['a'] }),
+    );
     expect(r.status).toBe(201);
-    expect(r.body).toMatchObject({ id: 'tcp://10.0.0.1:1', address: 'tcp://10.0.0.1:1', host: 'h1', pid: 42, uid: 1000, gid: 1000, state: 'available', jobId: '', resources: { GPU: 1 }, tags: ['a'] });
+    expect(r.body).toMatchObject({
+      id: 'tcp://10.0.0.1:1',
+      address: 'tcp://10.0.0.1:1',
+      host: 'h1',
+      pid: 42,
+      uid: 1000,
+      gid: 1000,
+      state: 'available',
+      jobId: '',
+      resources: { GPU: 1 },
+      tags: ['a'],
+    });
     expect(r.body.registeredAt).toMatch(/^\d{4}-\d\d-\d\dT/);
     expect((await fx.call('GET', '/v1/workers')).body.workers.map((x: any) => x.id)).toContain('tcp://10.0.0.1:1');
     expect((await fx.call('GET', `/v1/workers/${enc('tcp://10.0.0.1:1')}`)).body.host).toBe('h1');
@@ -109,9 +138,12 @@ describe('input that would corrupt state', () => {
   });
 
   it('refuses ids that are not valid UTF-8 instead of turning them into U+FFFD', async () => {
-    const raw = (bytes: Buffer) => fetch(`${fx.url}/v1/workers`, {
-      method: 'POST', body: bytes, headers: { 'content-type': 'application/json', authorization: `Bearer ${TOKEN}` },
-    }).then(async (r) => ({ status: r.status, body: await r.json() }));
+    const raw = (bytes: Buffer) =>
+      fetch(`${fx.url}/v1/workers`, {
+        method: 'POST',
+        body: new Uint8Array(bytes),
+        headers: { 'content-type': 'application/json', authorization: `Bearer ${TOKEN}` },
+      }).then(async (r) => ({ status: r.status, body: await r.json() }));
     const json = (id: string) => Buffer.from(JSON.stringify(w(id)).replace('"ID"', id));
     // 0xff, and 0xc3 0x28 (a lead byte without its continuation), where the id would be.
     for (const bad of [Buffer.from([0xff]), Buffer.from([0xc3, 0x28])]) {
@@ -129,7 +161,10 @@ describe('input that would corrupt state', () => {
 
   it('accepts a DELETE with Content-Type: application/json and no body', async () => {
     await fx.call('POST', '/v1/workers', w('del-json'));
-    const r = await fetch(`${fx.url}/v1/workers/del-json`, { method: 'DELETE', headers: { 'content-type': 'application/json', authorization: `Bearer ${TOKEN}` } });
+    const r = await fetch(`${fx.url}/v1/workers/del-json`, {
+      method: 'DELETE',
+      headers: { 'content-type': 'application/json', authorization: `Bearer ${TOKEN}` },
+    });
     expect(r.status, await r.clone().text()).toBe(200);
     expect((await r.json()).state).toBe('gone');
   });
@@ -137,16 +172,23 @@ describe('input that would corrupt state', () => {
 
 describe('process sets', () => {
   beforeAll(async () => {
-    for (const id of ['p1', 'p2', 'p3']) await fx.call('POST', '/v1/workers', w(id, id === 'p3' ? 'h2' : 'h1', { tags: ['pset'] }));
+    for (const id of ['p1', 'p2', 'p3'])
+      await fx.call('POST', '/v1/workers', w(id, id === 'p3' ? 'h2' : 'h1', { tags: ['pset'] }));
   });
 
   it('POST defines, GET lists and gets, PUT redefines, DELETE deletes', async () => {
     const r = await fx.call('POST', '/v1/psets', { name: 'ps', members: ['p2', 'p1'] });
     expect(r.status).toBe(201);
     expect(r.body).toMatchObject({ name: 'ps', members: ['p2', 'p1'], jobId: '' });
-    const s = await fx.call('POST', '/v1/psets', { name: 'sel', selector: { count: 2, placement: 'spread', tags: ['pset'] } });
+    const s = await fx.call('POST', '/v1/psets', {
+      name: 'sel',
+      selector: { count: 2, placement: 'spread', tags: ['pset'] },
+    });
     expect(s.status).toBe(201);
-    expect(s.body).toMatchObject({ members: ['p1', 'p3'], selector: { count: 2, placement: 'spread', tags: ['pset'] } });
+    expect(s.body).toMatchObject({
+      members: ['p1', 'p3'],
+      selector: { count: 2, placement: 'spread', tags: ['pset'] },
+    });
     expect((await fx.call('GET', '/v1/psets')).body.psets.map((p: any) => p.name)).toEqual(['ps', 'sel']);
     expect((await fx.call('GET', '/v1/psets/ps')).body.members).toEqual(['p2', 'p1']);
     const u = await fx.call('PUT', '/v1/psets/ps', { members: ['p3'] });
@@ -158,7 +200,11 @@ describe('process sets', () => {
 
   it('4xx: bad bodies, unknown names and members, unmet selectors, psets in use', async () => {
     expectError(await fx.call('POST', '/v1/psets', { name: 'x' }), 400, /exactly one/);
-    expectError(await fx.call('POST', '/v1/psets', { name: 'x', members: ['p1'], selector: { count: 1 } }), 400, /exactly one/);
+    expectError(
+      await fx.call('POST', '/v1/psets', { name: 'x', members: ['p1'], selector: { count: 1 } }),
+      400,
+      /exactly one/,
+    );
     expectError(await fx.call('POST', '/v1/psets', { name: 'x', members: [] }), 400);
     expectError(await fx.call('POST', '/v1/psets', { name: 'x', members: ['p1', 'p1'] }), 400);
     expectError(await fx.call('POST', '/v1/psets', { name: 'mpi://WORLD', members: ['p1'] }), 400, /reserved/);
@@ -192,11 +238,24 @@ describe('jobs', () => {
   });
 
   it('POST creates from members, GET lists and gets, env per member, DELETE aborts and forgets', async () => {
-    const r = await fx.call('POST', '/v1/jobs', { impl: 'openmpi', members: ['j2', 'j3'], owner: 'client-1', labels: { app: 'x' }, wiringTimeoutSeconds: 30 });
+    const r = await fx.call('POST', '/v1/jobs', {
+      impl: 'openmpi',
+      members: ['j2', 'j3'],
+      owner: 'client-1',
+      labels: { app: 'x' },
+      wiringTimeoutSeconds: 30,
+    });
     expect(r.status).toBe(201);
     const job = r.body;
     expect(job).toMatchObject({
-      impl: 'openmpi', mode: 'fork', state: 'pending', owner: 'client-1', labels: { app: 'x' }, wiringTimeoutSeconds: 30, timeoutSeconds: 0, error: '',
+      impl: 'openmpi',
+      mode: 'fork',
+      state: 'pending',
+      owner: 'client-1',
+      labels: { app: 'x' },
+      wiringTimeoutSeconds: 30,
+      timeoutSeconds: 0,
+      error: '',
       members: [
         { workerId: 'j2', rank: 0, host: 'ha', localRank: 0, nodeRank: 0, nodeId: 0, state: 'assigned' },
         { workerId: 'j3', rank: 1, host: 'hb', localRank: 0, nodeRank: 0, nodeId: 1, state: 'assigned' },
@@ -210,7 +269,14 @@ describe('jobs', () => {
     expect((await fx.call('GET', `/v1/jobs/${job.id}`)).body.id).toBe(job.id);
     const env = await fx.call('GET', `/v1/jobs/${job.id}/env/j3`);
     expect(env.status).toBe(200);
-    expect(env.body).toEqual({ jobId: job.id, workerId: 'j3', rank: 1, size: 2, impl: 'openmpi', env: { NS: job.namespace, RANK: '1' } });
+    expect(env.body).toEqual({
+      jobId: job.id,
+      workerId: 'j3',
+      rank: 1,
+      size: 2,
+      impl: 'openmpi',
+      env: { NS: job.namespace, RANK: '1' },
+    });
     const d = await fx.call('DELETE', `/v1/jobs/${job.id}`);
     expect(d.status).toBe(200);
     expect(d.body).toMatchObject({ state: 'aborted', error: 'deleted over REST' });
@@ -220,7 +286,10 @@ describe('jobs', () => {
   });
 
   it('creates from a selector and honours placement', async () => {
-    const r = await fx.call('POST', '/v1/jobs', { impl: 'mpich', selector: { count: 2, placement: 'spread', hosts: ['ha', 'hb'] } });
+    const r = await fx.call('POST', '/v1/jobs', {
+      impl: 'mpich',
+      selector: { count: 2, placement: 'spread', hosts: ['ha', 'hb'] },
+    });
     expect(r.status).toBe(201);
     expect(r.body.members.map((m: any) => m.host)).toEqual(['ha', 'hb']);
     await fx.call('DELETE', `/v1/jobs/${r.body.id}`);
@@ -244,7 +313,11 @@ describe('jobs', () => {
     expectError(await fx.call('POST', '/v1/jobs', { impl: 'lam', members: ['j1'] }), 400);
     expectError(await fx.call('POST', '/v1/jobs', { impl: 'IMPL_UNSPECIFIED', members: ['j1'] }), 400);
     expectError(await fx.call('POST', '/v1/jobs', { impl: 'openmpi' }), 400, /exactly one/);
-    expectError(await fx.call('POST', '/v1/jobs', { impl: 'openmpi', members: ['j1'], selector: { count: 1 } }), 400, /exactly one/);
+    expectError(
+      await fx.call('POST', '/v1/jobs', { impl: 'openmpi', members: ['j1'], selector: { count: 1 } }),
+      400,
+      /exactly one/,
+    );
     expectError(await fx.call('POST', '/v1/jobs', { impl: 'openmpi', members: ['j1'], timeoutSeconds: -1 }), 400);
     expectError(await fx.call('POST', '/v1/jobs', { impl: 'openmpi', members: ['j1'], mode: 'teleport' }), 400);
     expectError(await fx.call('POST', '/v1/jobs', { impl: 'openmpi', members: ['j1'], extra: true }), 400);
@@ -264,7 +337,11 @@ describe('jobs', () => {
     expectError(await fx.call('GET', '/v1/jobs?state=bogus'), 400);
     await fx.call('DELETE', `/v1/jobs/${held.id}`);
     expect(JSON.stringify((await fx.call('GET', '/v1/workers')).body)).toBe(before);
-    expect((await fx.call('GET', '/v1/jobs')).body.jobs.filter((j: any) => ['pending', 'wiring', 'running'].includes(j.state))).toEqual([]);
+    expect(
+      (await fx.call('GET', '/v1/jobs')).body.jobs.filter((j: any) =>
+        ['pending', 'wiring', 'running'].includes(j.state),
+      ),
+    ).toEqual([]);
   });
 });
 
@@ -272,10 +349,22 @@ describe('authentication', () => {
   it('an outsider without the token can neither register a worker, read an env, nor read jobs, workers, psets or events', async () => {
     await fx.call('POST', '/v1/workers', w('auth1'));
     const job = (await fx.call('POST', '/v1/jobs', { impl: 'openmpi', members: ['auth1'] })).body;
-    for (const headers of [{}, { authorization: 'Bearer wrong-token!' }, { authorization: `Basic ${Buffer.from(`x:${TOKEN}`).toString('base64')}` }]) {
+    const attempts: Record<string, string>[] = [
+      {},
+      { authorization: 'Bearer wrong-token!' },
+      { authorization: `Basic ${Buffer.from(`x:${TOKEN}`).toString('base64')}` },
+    ];
+    for (const headers of attempts) {
       expectError(await fx.anon('POST', '/v1/workers', w('intruder'), headers), 401);
       expectError(await fx.anon('GET', `/v1/jobs/${job.id}/env/auth1`, undefined, headers), 401);
-      for (const path of ['/v1/jobs', `/v1/jobs/${job.id}`, '/v1/workers', '/v1/workers/auth1', '/v1/psets', '/v1/events']) {
+      for (const path of [
+        '/v1/jobs',
+        `/v1/jobs/${job.id}`,
+        '/v1/workers',
+        '/v1/workers/auth1',
+        '/v1/psets',
+        '/v1/events',
+      ]) {
         expectError(await fx.anon('GET', path, undefined, headers), 401);
       }
     }

@@ -5,7 +5,7 @@ import protobuf from 'protobufjs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { dask_pmix } from '../../src/proto/dask_pmix.js';
 import { until } from '../helpers/http.js';
-import { apiFixture, worker, type ApiFixture } from './fixture.js';
+import { type ApiFixture, apiFixture, worker } from './fixture.js';
 
 let fx: ApiFixture;
 beforeAll(async () => {
@@ -36,10 +36,17 @@ function stream(path: string, accept: string) {
 }
 
 function sseEvents(text: string): { id: string; event: string; data: any }[] {
-  return text.split('\n\n').filter((b) => b.includes('data: ')).map((block) => {
-    const field = (name: string) => block.split('\n').find((l) => l.startsWith(`${name}: `))?.slice(name.length + 2) ?? '';
-    return { id: field('id'), event: field('event'), data: JSON.parse(field('data')) };
-  });
+  return text
+    .split('\n\n')
+    .filter((b) => b.includes('data: '))
+    .map((block) => {
+      const field = (name: string) =>
+        block
+          .split('\n')
+          .find((l) => l.startsWith(`${name}: `))
+          ?.slice(name.length + 2) ?? '';
+      return { id: field('id'), event: field('event'), data: JSON.parse(field('data')) };
+    });
 }
 
 describe('GET /v1/events', () => {
@@ -50,15 +57,47 @@ describe('GET /v1/events', () => {
     await fx.call('POST', '/v1/workers', worker('e1', 'h'));
     const job = (await fx.call('POST', '/v1/jobs', { impl: 'openmpi', members: ['e1'] })).body;
     fx.rm.memberConnected(job.namespace, 0);
-    const evs = await until(() => { const e = sseEvents(s.data().toString()); return e.length >= 6 ? e : undefined; }, 5000, 'six events');
+    const evs = await until(
+      () => {
+        const e = sseEvents(s.data().toString());
+        return e.length >= 6 ? e : undefined;
+      },
+      5000,
+      'six events',
+    );
     s.stop();
-    expect(evs.map((e) => e.event)).toEqual(['workerJoined', 'workerStateChanged', 'jobStateChanged', 'memberStateChanged', 'jobStateChanged', 'jobStateChanged']);
-    expect(evs[0]!.data).toMatchObject({ kind: 'workerJoined', workerJoined: { worker: { id: 'e1', host: 'h', state: 'available' } } });
+    expect(evs.map((e) => e.event)).toEqual([
+      'workerJoined',
+      'workerStateChanged',
+      'jobStateChanged',
+      'memberStateChanged',
+      'jobStateChanged',
+      'jobStateChanged',
+    ]);
+    expect(evs[0]!.data).toMatchObject({
+      kind: 'workerJoined',
+      workerJoined: { worker: { id: 'e1', host: 'h', state: 'available' } },
+    });
     expect(evs[1]!.data.workerStateChanged).toEqual({ workerId: 'e1', from: 'available', to: 'frozen', jobId: job.id });
-    expect(evs[2]!.data.jobStateChanged).toMatchObject({ jobId: job.id, from: 'JOB_STATE_UNSPECIFIED', to: 'pending', job: { id: job.id, state: 'pending' } });
-    expect(evs[3]!.data.memberStateChanged).toMatchObject({ jobId: job.id, workerId: 'e1', rank: 0, from: 'assigned', to: 'connected' });
+    expect(evs[2]!.data.jobStateChanged).toMatchObject({
+      jobId: job.id,
+      from: 'JOB_STATE_UNSPECIFIED',
+      to: 'pending',
+      job: { id: job.id, state: 'pending' },
+    });
+    expect(evs[3]!.data.memberStateChanged).toMatchObject({
+      jobId: job.id,
+      workerId: 'e1',
+      rank: 0,
+      from: 'assigned',
+      to: 'connected',
+    });
     expect(evs[4]!.data.jobStateChanged).toMatchObject({ from: 'pending', to: 'wiring' });
-    expect(evs[5]!.data.jobStateChanged).toMatchObject({ from: 'wiring', to: 'running', reason: 'every member connected' });
+    expect(evs[5]!.data.jobStateChanged).toMatchObject({
+      from: 'wiring',
+      to: 'running',
+      reason: 'every member connected',
+    });
     expect(Number(evs[4]!.id)).toBe(evs[4]!.data.seq);
     await fx.call('DELETE', `/v1/jobs/${job.id}`);
   });
@@ -68,7 +107,14 @@ describe('GET /v1/events', () => {
     await fx.call('POST', '/v1/psets', { name: 'replayed', members: ['e1'] });
     const s = stream(`/v1/events?since=${last}`, 'text/event-stream');
     await s.ready;
-    const evs = await until(() => { const e = sseEvents(s.data().toString()); return e.length >= 1 ? e : undefined; }, 5000, 'the replayed event');
+    const evs = await until(
+      () => {
+        const e = sseEvents(s.data().toString());
+        return e.length >= 1 ? e : undefined;
+      },
+      5000,
+      'the replayed event',
+    );
     s.stop();
     expect(evs[0]!.data).toMatchObject({ seq: last + 1, psetDefined: { pset: { name: 'replayed', members: ['e1'] } } });
     const ctl = new AbortController();
@@ -88,16 +134,20 @@ describe('GET /v1/events', () => {
     expect(res.headers.get('content-type')).toBe('application/x-protobuf');
     await fx.call('POST', '/v1/workers', worker('pb1', 'h', { tags: ['x'] }));
     await fx.call('DELETE', '/v1/workers/pb1?reason=test');
-    const frames = await until(() => {
-      const reader = protobuf.Reader.create(s.data());
-      const out: dask_pmix.v1.Event[] = [];
-      try {
-        while (reader.pos < reader.len) out.push(dask_pmix.v1.Event.decodeDelimited(reader));
-      } catch {
-        /* a partial frame: wait for more */
-      }
-      return out.length >= 2 ? out : undefined;
-    }, 5000, 'two frames');
+    const frames = await until(
+      () => {
+        const reader = protobuf.Reader.create(s.data());
+        const out: dask_pmix.v1.Event[] = [];
+        try {
+          while (reader.pos < reader.len) out.push(dask_pmix.v1.Event.decodeDelimited(reader));
+        } catch {
+          /* a partial frame: wait for more */
+        }
+        return out.length >= 2 ? out : undefined;
+      },
+      5000,
+      'two frames',
+    );
     s.stop();
     expect(frames[0]!.workerJoined?.worker?.id).toBe('pb1');
     expect(frames[0]!.workerJoined?.worker?.tags).toEqual(['x']);

@@ -14,17 +14,50 @@ const SEED = Number(process.env.DASK_PMIX_FUZZ_SEED ?? Date.now() % 1_000_000);
 
 it(`schemathesis finds no 5xx in the REST API (seed ${SEED})`, { timeout: 600_000 }, async () => {
   const dir = mkdtempSync(join(tmpdir(), 'dask-pmix-schemathesis-'));
-  const child = spawn(process.execPath, [join(ROOT, 'dist', 'src', 'cli', 'main.js'), 'serve', '--port', '0', '--log-level', 'error', '--no-pmi',
-    '--pool-size', '0', '--state-dir', dir], { env: { ...process.env, DASK_PMIX_TOKEN: 'fuzz' }, stdio: ['ignore', 'pipe', 'inherit'] });
+  const child = spawn(
+    process.execPath,
+    [
+      join(ROOT, 'dist', 'src', 'cli', 'main.js'),
+      'serve',
+      '--port',
+      '0',
+      '--log-level',
+      'error',
+      '--no-pmi',
+      '--pool-size',
+      '0',
+      '--state-dir',
+      dir,
+    ],
+    { env: { ...process.env, DASK_PMIX_TOKEN: 'fuzz' }, stdio: ['ignore', 'pipe', 'inherit'] },
+  );
   try {
     let out = '';
     child.stdout.on('data', (d: Buffer) => (out += d.toString()));
     const url = await until(() => /listening on (http:\/\/\S+)/.exec(out)?.[1], SERVE_START_MS, 'the listening line');
-    const run = spawnSync(join(ROOT, '.venv-fuzz', 'bin', 'schemathesis'), [
-      'run', `${url}/openapi.json`, '-H', 'Authorization: Bearer fuzz', '--checks', 'not_a_server_error',
-      '--exclude-path', '/v1/events', '--max-examples', '15', '--seed', String(SEED), '--workers', '1', '--request-timeout', '20',
-      '--no-color',
-    ], { encoding: 'utf8', timeout: 540_000, cwd: dir, env: { ...process.env, SCHEMATHESIS_HOOKS: '' } });
+    const run = spawnSync(
+      join(ROOT, '.venv-fuzz', 'bin', 'schemathesis'),
+      [
+        'run',
+        `${url}/openapi.json`,
+        '-H',
+        'Authorization: Bearer fuzz',
+        '--checks',
+        'not_a_server_error',
+        '--exclude-path',
+        '/v1/events',
+        '--max-examples',
+        '15',
+        '--seed',
+        String(SEED),
+        '--workers',
+        '1',
+        '--request-timeout',
+        '20',
+        '--no-color',
+      ],
+      { encoding: 'utf8', timeout: 540_000, cwd: dir, env: { ...process.env, SCHEMATHESIS_HOOKS: '' } },
+    );
     const text = `${run.stdout}\n${run.stderr}`;
     const m = /(\d+) generated, (\d+) passed/.exec(text);
     expect(run.status, text.slice(-4000)).toBe(0);

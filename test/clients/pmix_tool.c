@@ -12,52 +12,58 @@
 
 static pmix_proc_t me;
 
-#define FAIL(what, rc) do { \
+#define FAIL(what, rc)                                                                                    \
+  do {                                                                                                    \
     printf("{\"error\":\"%s\",\"status\":%d,\"name\":\"%s\"}\n", what, (int)(rc), PMIx_Error_string(rc)); \
-    fflush(stdout); exit(2); } while (0)
+    fflush(stdout);                                                                                       \
+    exit(2);                                                                                              \
+  } while (0)
 
 static void query(void) {
-    pmix_query_t q;
-    PMIX_QUERY_CONSTRUCT(&q);
-    PMIx_Argv_append_nosize(&q.keys, PMIX_QUERY_NAMESPACES);
-    PMIx_Argv_append_nosize(&q.keys, PMIX_QUERY_PSET_NAMES);
-    q.nqual = 1;
-    PMIX_INFO_CREATE(q.qualifiers, 1);
-    bool yes = true;
-    PMIX_INFO_LOAD(&q.qualifiers[0], PMIX_QUERY_REFRESH_CACHE, &yes, PMIX_BOOL);
-    pmix_info_t *results = NULL;
-    size_t n = 0;
-    pmix_status_t rc = PMIx_Query_info(&q, 1, &results, &n);
-    if (PMIX_SUCCESS != rc && PMIX_ERR_PARTIAL_SUCCESS != rc) FAIL("query", rc);
-    const char *ns = "", *psets = "";
-    for (size_t i = 0; i < n; i++) {
-        if (PMIX_CHECK_KEY(&results[i], PMIX_QUERY_NAMESPACES) && PMIX_STRING == results[i].value.type)
-            ns = results[i].value.data.string;
-        if (PMIX_CHECK_KEY(&results[i], PMIX_QUERY_PSET_NAMES) && PMIX_STRING == results[i].value.type)
-            psets = results[i].value.data.string;
-    }
-    printf("{\"query\":%d,\"namespaces\":\"%s\",\"psets\":\"%s\"}\n", rc, ns, psets);
+  pmix_query_t q;
+  PMIX_QUERY_CONSTRUCT(&q);
+  PMIx_Argv_append_nosize(&q.keys, PMIX_QUERY_NAMESPACES);
+  PMIx_Argv_append_nosize(&q.keys, PMIX_QUERY_PSET_NAMES);
+  q.nqual = 1;
+  PMIX_INFO_CREATE(q.qualifiers, 1);
+  bool yes = true;
+  PMIX_INFO_LOAD(&q.qualifiers[0], PMIX_QUERY_REFRESH_CACHE, &yes, PMIX_BOOL);
+  pmix_info_t *results = NULL;
+  size_t n = 0;
+  pmix_status_t rc = PMIx_Query_info(&q, 1, &results, &n);
+  if (PMIX_SUCCESS != rc && PMIX_ERR_PARTIAL_SUCCESS != rc) FAIL("query", rc);
+  const char *ns = "", *psets = "";
+  for (size_t i = 0; i < n; i++) {
+    if (PMIX_CHECK_KEY(&results[i], PMIX_QUERY_NAMESPACES) && PMIX_STRING == results[i].value.type)
+      ns = results[i].value.data.string;
+    if (PMIX_CHECK_KEY(&results[i], PMIX_QUERY_PSET_NAMES) && PMIX_STRING == results[i].value.type)
+      psets = results[i].value.data.string;
+  }
+  printf("{\"query\":%d,\"namespaces\":\"%s\",\"psets\":\"%s\"}\n", rc, ns, psets);
 }
 
 int main(int argc, char **argv) {
-    if (argc < 3) { fprintf(stderr, "usage: %s URI SCENARIO [ARG]\n", argv[0]); return 1; }
-    const char *what = argv[2];
-    pmix_info_t info[4];
-    size_t ninfo = 0;
-    bool no = false;
-    PMIX_INFO_LOAD(&info[ninfo++], PMIX_SERVER_URI, argv[1], PMIX_STRING);
-    PMIX_INFO_LOAD(&info[ninfo++], PMIX_CONNECT_TO_SYSTEM, &no, PMIX_BOOL);
-    if (!strcmp(what, "given") && argc > 3) {
-        pmix_rank_t rank = 0;
-        PMIX_INFO_LOAD(&info[ninfo++], PMIX_TOOL_NSPACE, argv[3], PMIX_STRING);
-        PMIX_INFO_LOAD(&info[ninfo++], PMIX_TOOL_RANK, &rank, PMIX_PROC_RANK);
-    }
-    pmix_status_t rc = PMIx_tool_init(&me, info, ninfo);
-    if (PMIX_SUCCESS != rc) FAIL("init", rc);
-    printf("{\"init\":true,\"nspace\":\"%s\",\"rank\":%u}\n", me.nspace, me.rank);
-    fflush(stdout);
-    if (!strcmp(what, "query")) query();
-    rc = PMIx_tool_finalize();
-    printf("{\"finalized\":%s}\n", PMIX_SUCCESS == rc ? "true" : "false");
-    return 0;
+  if (argc < 3) {
+    fprintf(stderr, "usage: %s URI SCENARIO [ARG]\n", argv[0]);
+    return 1;
+  }
+  const char *what = argv[2];
+  pmix_info_t info[4];
+  size_t ninfo = 0;
+  bool no = false;
+  PMIX_INFO_LOAD(&info[ninfo++], PMIX_SERVER_URI, argv[1], PMIX_STRING);
+  PMIX_INFO_LOAD(&info[ninfo++], PMIX_CONNECT_TO_SYSTEM, &no, PMIX_BOOL);
+  if (!strcmp(what, "given") && argc > 3) {
+    pmix_rank_t rank = 0;
+    PMIX_INFO_LOAD(&info[ninfo++], PMIX_TOOL_NSPACE, argv[3], PMIX_STRING);
+    PMIX_INFO_LOAD(&info[ninfo++], PMIX_TOOL_RANK, &rank, PMIX_PROC_RANK);
+  }
+  pmix_status_t rc = PMIx_tool_init(&me, info, ninfo);
+  if (PMIX_SUCCESS != rc) FAIL("init", rc);
+  printf("{\"init\":true,\"nspace\":\"%s\",\"rank\":%u}\n", me.nspace, me.rank);
+  fflush(stdout);
+  if (!strcmp(what, "query")) query();
+  rc = PMIx_tool_finalize();
+  printf("{\"finalized\":%s}\n", PMIX_SUCCESS == rc ? "true" : "false");
+  return 0;
 }

@@ -39,11 +39,28 @@ export function targets(): Target[] {
     { out: 'mpi_job_mpich4', src: src('mpi_job.c'), cc: 'mpicc.mpich', flags: ['-O'] },
     { out: 'mpi_job_mpich5', src: src('mpi_job.c'), cc: join(VENV_MPICH, 'bin', 'mpicc'), flags: ['-O'] },
     { out: 'mpi_hosts_mpich5', src: src('mpi_hosts.c'), cc: join(VENV_MPICH, 'bin', 'mpicc'), flags: ['-O'] },
-    { out: 'mpich_probe_mpich4', src: src('mpich_probe.c'), cc: 'mpicc.mpich', flags: ['-O', `-I${dirname(connectH)}`], deps: [connectH] },
-    { out: 'mpich_probe_mpich5', src: src('mpich_probe.c'), cc: join(VENV_MPICH, 'bin', 'mpicc'), flags: ['-O', `-I${dirname(connectH)}`], deps: [connectH] },
+    {
+      out: 'mpich_probe_mpich4',
+      src: src('mpich_probe.c'),
+      cc: 'mpicc.mpich',
+      flags: ['-O', `-I${dirname(connectH)}`],
+      deps: [connectH],
+    },
+    {
+      out: 'mpich_probe_mpich5',
+      src: src('mpich_probe.c'),
+      cc: join(VENV_MPICH, 'bin', 'mpicc'),
+      flags: ['-O', `-I${dirname(connectH)}`],
+      deps: [connectH],
+    },
     ...['publish_lookup', 'abort', 'connect_accept'].flatMap((p) => [
       { out: `${p}_mpich4`, src: join(ROOT, 'compat-matrix', 'programs', `${p}.c`), cc: 'mpicc.mpich', flags: ['-O'] },
-      { out: `${p}_mpich5`, src: join(ROOT, 'compat-matrix', 'programs', `${p}.c`), cc: join(VENV_MPICH, 'bin', 'mpicc'), flags: ['-O'] },
+      {
+        out: `${p}_mpich5`,
+        src: join(ROOT, 'compat-matrix', 'programs', `${p}.c`),
+        cc: join(VENV_MPICH, 'bin', 'mpicc'),
+        flags: ['-O'],
+      },
     ]),
     // A PMI-2 client of the older dialect: Slurm's libpmi2 (Debian libpmi2-0-dev).
     { out: 'pmi2_probe', src: src('pmi2_probe.c'), cc: 'gcc', flags: ['-O', '-Wall', '-lpmi2'] },
@@ -54,7 +71,8 @@ export async function buildClients(): Promise<void> {
   mkdirSync(BIN, { recursive: true });
   for (const t of targets()) {
     const out = join(BIN, t.out);
-    if (existsSync(out) && [t.src, ...(t.deps ?? [])].every((f) => statSync(out).mtimeMs > statSync(f).mtimeMs)) continue;
+    if (existsSync(out) && [t.src, ...(t.deps ?? [])].every((f) => statSync(out).mtimeMs > statSync(f).mtimeMs))
+      continue;
     await run(t.cc, ['-o', out, t.src, ...t.flags]);
   }
 }

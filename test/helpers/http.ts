@@ -6,11 +6,20 @@ export interface Reply<T = any> {
 }
 
 export function restClient(base: string, token?: string) {
-  return async function call<T = any>(method: string, path: string, body?: unknown, headers: Record<string, string> = {}): Promise<Reply<T>> {
+  return async function call<T = any>(
+    method: string,
+    path: string,
+    body?: unknown,
+    headers: Record<string, string> = {},
+  ): Promise<Reply<T>> {
     const h: Record<string, string> = { ...headers };
     if (token) h.authorization ??= `Bearer ${token}`;
     if (body !== undefined) h['content-type'] ??= 'application/json';
-    const res = await fetch(base + path, { method, headers: h, ...(body !== undefined ? { body: typeof body === 'string' ? body : JSON.stringify(body) } : {}) });
+    const res = await fetch(base + path, {
+      method,
+      headers: h,
+      ...(body !== undefined ? { body: typeof body === 'string' ? body : JSON.stringify(body) } : {}),
+    });
     const text = await res.text();
     let parsed: unknown = text;
     try {
@@ -27,7 +36,11 @@ export function restClient(base: string, token?: string) {
 export const SERVE_START_MS = 45_000;
 
 /** Polls `f` until it returns a truthy value. */
-export async function until<T>(f: () => Promise<T | undefined | false> | T | undefined | false, ms = 15_000, what = 'a condition'): Promise<T> {
+export async function until<T>(
+  f: () => Promise<T | undefined | false> | T | undefined | false,
+  ms = 15_000,
+  what = 'a condition',
+): Promise<T> {
   const end = Date.now() + ms;
   for (;;) {
     const v = await f();

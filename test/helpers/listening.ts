@@ -21,7 +21,10 @@ export function listeningSockets(pid: number = process.pid): ListeningSocket[] {
   }
   const out: ListeningSocket[] = [];
   for (const family of [4, 6] as const) {
-    const rows = readFileSync(`/proc/${pid}/net/tcp${family === 6 ? '6' : ''}`, 'utf8').trim().split('\n').slice(1);
+    const rows = readFileSync(`/proc/${pid}/net/tcp${family === 6 ? '6' : ''}`, 'utf8')
+      .trim()
+      .split('\n')
+      .slice(1);
     for (const row of rows) {
       const f = row.trim().split(/\s+/);
       const [address, port] = f[1]!.split(':') as [string, string];

@@ -3,8 +3,22 @@ import { mkdtempSync } from 'node:fs';
 import { hostname, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import {
-  encodeNamespace, findValue, isTrue, Keys, PmixError, PmixServer, singleHostLayout, Status, info, v,
-  type Info, type NamespaceLayout, type PmixServerOptions, type Proc, type PublishedDatum, type UpcallHandlers,
+  encodeNamespace,
+  findValue,
+  type Info,
+  info,
+  isTrue,
+  Keys,
+  type NamespaceLayout,
+  PmixError,
+  PmixServer,
+  type PmixServerOptions,
+  type Proc,
+  type PublishedDatum,
+  Status,
+  singleHostLayout,
+  type UpcallHandlers,
+  v,
 } from '../../src/pmix/index.js';
 
 export interface Recorded {
@@ -29,10 +43,18 @@ export class PmixFixture {
     this.tmpdir = mkdtempSync(join(tmpdir(), 'dask-pmix-test-'));
     const self = this;
     const handlers: UpcallHandlers = {
-      async clientConnected({ proc }) { self.recorded.connected.push(proc); },
-      async clientFinalized({ proc }) { self.recorded.finalized.push(proc); },
-      async abort({ proc, status, message }) { self.recorded.aborts.push({ proc, status, message }); },
-      async fence({ data }) { return data; },
+      async clientConnected({ proc }) {
+        self.recorded.connected.push(proc);
+      },
+      async clientFinalized({ proc }) {
+        self.recorded.finalized.push(proc);
+      },
+      async abort({ proc, status, message }) {
+        self.recorded.aborts.push({ proc, status, message });
+      },
+      async fence({ data }) {
+        return data;
+      },
       async publish({ proc, info: items }) {
         for (const i of items) {
           if (i.key.startsWith('pmix.')) continue;
@@ -47,10 +69,15 @@ export class PmixFixture {
           const found = keys.map((k) => self.published.get(k)).filter((d): d is PublishedDatum => !!d);
           if (found.length === keys.length) return found;
           if (!wait || Date.now() > deadline) throw new PmixError(Status.ERR_NOT_FOUND);
-          await new Promise<void>((r) => { self.lookupWaiters.push(r); setTimeout(r, 500); });
+          await new Promise<void>((r) => {
+            self.lookupWaiters.push(r);
+            setTimeout(r, 500);
+          });
         }
       },
-      async unpublish({ keys }) { for (const k of keys) self.published.delete(k); },
+      async unpublish({ keys }) {
+        for (const k of keys) self.published.delete(k);
+      },
       async query({ queries }) {
         if (self.extraHandlers.query) return self.extraHandlers.query({ proc: null, queries });
         const out: Info[] = [];
@@ -64,7 +91,9 @@ export class PmixFixture {
         return out;
       },
       // Without a job_control upcall libpmix leaves each rank's shared-memory segment behind.
-      async jobControl() { throw new PmixError(Status.ERR_NOT_SUPPORTED); },
+      async jobControl() {
+        throw new PmixError(Status.ERR_NOT_SUPPORTED);
+      },
       async group({ op, group, procs, directives }) {
         const rec: Recorded['groups'][number] = { op, group, procs };
         self.recorded.groups.push(rec);
@@ -93,7 +122,11 @@ export class PmixFixture {
   }
 
   /** Registers a single-host namespace and its clients; returns each rank's environment. */
-  async job(nspace: string, size: number, customize?: (layout: NamespaceLayout) => void): Promise<Record<string, string>[]> {
+  async job(
+    nspace: string,
+    size: number,
+    customize?: (layout: NamespaceLayout) => void,
+  ): Promise<Record<string, string>[]> {
     const layout = singleHostLayout(nspace, size, hostname(), join(this.tmpdir, nspace));
     customize?.(layout);
     await this.server.registerNspace(nspace, size, encodeNamespace(layout, this.server));

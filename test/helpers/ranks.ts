@@ -1,6 +1,6 @@
 // Starts MPI ranks and PMIx clients the way a Dask worker joins: a separate process whose
 // environment holds only the basics plus what the sidecar handed out, never a launcher's.
-import { spawn, type ChildProcess } from 'node:child_process';
+import { type ChildProcess, spawn } from 'node:child_process';
 import { readFileSync, rmSync } from 'node:fs';
 
 export interface RankProcess {
@@ -29,9 +29,13 @@ export function cleanEnv(extra: Record<string, string>): Record<string, string> 
 export function startRank(cmd: string, args: string[], env: Record<string, string>, timeoutMs = 60_000): RankProcess {
   // The rank dies with the test process (setpriv execs it, so the pid is the rank's): a test run
   // that is killed must not leave MPI ranks spinning on the CPU the next tests need.
-  const child = spawn('/usr/bin/setpriv', ['--pdeathsig', 'KILL', '--', cmd, ...args], { env: cleanEnv(env), stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = spawn('/usr/bin/setpriv', ['--pdeathsig', 'KILL', '--', cmd, ...args], {
+    env: cleanEnv(env),
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
   const lines: Record<string, unknown>[] = [];
-  const waiters: { pred: (l: Record<string, unknown>) => boolean; resolve: (l: Record<string, unknown>) => void }[] = [];
+  const waiters: { pred: (l: Record<string, unknown>) => boolean; resolve: (l: Record<string, unknown>) => void }[] =
+    [];
   let out = '';
   let err = '';
   child.stdout!.setEncoding('utf8').on('data', (chunk: string) => {
@@ -62,7 +66,9 @@ export function startRank(cmd: string, args: string[], env: Record<string, strin
   // mpich_shm_* stay in /dev/shm): note the ones it maps while it lives, remove them if it ends
   // abnormally, so that failing tests leave no litter behind.
   const segments = new Set<string>();
-  const note = () => child.pid && shmSegments(child.pid).forEach((f) => segments.add(f));
+  const note = () => {
+    if (child.pid) for (const f of shmSegments(child.pid)) segments.add(f);
+  };
   const watch = setInterval(note, 200);
   // Resolved once its output has been read too: 'exit' can come before the last lines a rank
   // printed reach us ('close'), which made a test miss a rank's final line under load. A rank
@@ -72,7 +78,7 @@ export function startRank(cmd: string, args: string[], env: Record<string, strin
     child.on('exit', (code, signal) => {
       clearTimeout(timer);
       clearInterval(watch);
-      if (code !== 0) segments.forEach((f) => rmSync(f, { force: true }));
+      if (code !== 0) for (const f of segments) rmSync(f, { force: true });
       void Promise.race([closed, new Promise((r) => setTimeout(r, 5_000))]).then(() => resolve(code ?? signal ?? -1));
     });
   });
@@ -91,8 +97,18 @@ export function startRank(cmd: string, args: string[], env: Record<string, strin
       const seen = lines.find(pred);
       if (seen) return Promise.resolve(seen);
       return new Promise((resolve, reject) => {
-        const t = setTimeout(() => reject(new Error(`timed out waiting for a line; have ${JSON.stringify(lines)} stderr=${err.slice(-2000)}`)), ms);
-        waiters.push({ pred, resolve: (l) => { clearTimeout(t); resolve(l); } });
+        const t = setTimeout(
+          () =>
+            reject(new Error(`timed out waiting for a line; have ${JSON.stringify(lines)} stderr=${err.slice(-2000)}`)),
+          ms,
+        );
+        waiters.push({
+          pred,
+          resolve: (l) => {
+            clearTimeout(t);
+            resolve(l);
+          },
+        });
       });
     },
   };
@@ -102,7 +118,14 @@ export function startRank(cmd: string, args: string[], env: Record<string, strin
 export function shmSegments(pid: number): string[] {
   try {
     const maps = readFileSync(`/proc/${pid}/maps`, 'utf8');
-    return [...new Set(maps.split('\n').map((l) => l.split(/\s+/)[5] ?? '').filter((f) => f.startsWith('/dev/shm/')))];
+    return [
+      ...new Set(
+        maps
+          .split('\n')
+          .map((l) => l.split(/\s+/)[5] ?? '')
+          .filter((f) => f.startsWith('/dev/shm/')),
+      ),
+    ];
   } catch {
     return [];
   }

@@ -15,7 +15,13 @@ export async function openmpiJob(api: ReturnType<typeof restClient>, n: number, 
   const ids: string[] = [];
   for (let i = 0; i < n; i++) {
     const id = `tcp://10.250.0.1:${next++}`;
-    const r = await api('POST', '/v1/workers', { id, host, pid: process.pid, uid: process.getuid!(), gid: process.getgid!() });
+    const r = await api('POST', '/v1/workers', {
+      id,
+      host,
+      pid: process.pid,
+      uid: process.getuid!(),
+      gid: process.getgid!(),
+    });
     expect(r.status, JSON.stringify(r.body)).toBe(201);
     ids.push(id);
   }

@@ -13,7 +13,16 @@ export async function pmixClient(name: string): Promise<string> {
   const out = join(BIN, name);
   mkdirSync(BIN, { recursive: true });
   if (!existsSync(out) || statSync(out).mtimeMs < statSync(src).mtimeMs) {
-    await promisify(execFile)('gcc', ['-O', '-Wall', `-I${PMIX_INCLUDE}`, '-o', out, src, join(PMIX_LIB_DIR, 'libpmix.so.2'), `-Wl,-rpath,${PMIX_LIB_DIR}`]);
+    await promisify(execFile)('gcc', [
+      '-O',
+      '-Wall',
+      `-I${PMIX_INCLUDE}`,
+      '-o',
+      out,
+      src,
+      join(PMIX_LIB_DIR, 'libpmix.so.2'),
+      `-Wl,-rpath,${PMIX_LIB_DIR}`,
+    ]);
   }
   return out;
 }

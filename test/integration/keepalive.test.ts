@@ -4,8 +4,7 @@
 // pmixDrainTimeoutMs. A network namespace on a bridge stands for the host; its link is taken
 // down under a PMIx client (handed to libpmix by the gate) and a PMI member, which are then
 // killed: nothing they send reaches the sidecar. Needs root and iproute2 (skipped otherwise).
-import { spawn, type ChildProcess } from 'node:child_process';
-import { execFileSync } from 'node:child_process';
+import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { hostname, tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -52,23 +51,33 @@ afterAll(async () => {
   removeNetwork(NETWORK);
 });
 
-const link = (state: 'up' | 'down') => execFileSync('ip', ['netns', 'exec', HOST.ns, 'ip', 'link', 'set', 'eth0', state], { stdio: 'pipe' });
+const link = (state: 'up' | 'down') =>
+  execFileSync('ip', ['netns', 'exec', HOST.ns, 'ip', 'link', 'set', 'eth0', state], { stdio: 'pipe' });
 
 async function jobOn(impl: 'openmpi' | 'mpich', host: string): Promise<{ id: string; env: Record<string, string> }> {
   const id = `tcp://${HOST.ip}:${5000 + nextWorker++}`;
-  expect((await api('POST', '/v1/workers', { id, host, pid: 1, uid: process.getuid!(), gid: process.getgid!() })).status).toBe(201);
+  expect(
+    (await api('POST', '/v1/workers', { id, host, pid: 1, uid: process.getuid!(), gid: process.getgid!() })).status,
+  ).toBe(201);
   const created = await api('POST', '/v1/jobs', { impl, members: [id] });
   expect(created.status, JSON.stringify(created.body)).toBe(201);
-  const env = (await api('GET', `/v1/jobs/${created.body.id}/env/${encodeURIComponent(id)}`)).body.env as Record<string, string>;
+  const env = (await api('GET', `/v1/jobs/${created.body.id}/env/${encodeURIComponent(id)}`)).body.env as Record<
+    string,
+    string
+  >;
   return { id: created.body.id, env };
 }
 
 async function failsWithin(jobId: string, ms: number): Promise<{ state: string; error: string; seconds: number }> {
   const t0 = Date.now();
-  const job = await until(async () => {
-    const j = (await api('GET', `/v1/jobs/${jobId}`)).body;
-    return j.state === 'running' || j.state === 'created' || j.state === 'wiring' ? undefined : j;
-  }, ms, `job ${jobId} to end`);
+  const job = await until(
+    async () => {
+      const j = (await api('GET', `/v1/jobs/${jobId}`)).body;
+      return j.state === 'running' || j.state === 'created' || j.state === 'wiring' ? undefined : j;
+    },
+    ms,
+    `job ${jobId} to end`,
+  );
   return { state: job.state, error: String(job.error ?? ''), seconds: (Date.now() - t0) / 1000 };
 }
 
@@ -99,7 +108,10 @@ describe.skipIf(!available)('a host lost without a FIN', () => {
       'print(s.recv(4096).decode().strip(), flush=True)',
       'time.sleep(600)',
     ].join('\n');
-    const member = spawn('ip', ['netns', 'exec', HOST.ns, '/usr/bin/python3', '-c', script], { env: cleanEnv({}), stdio: ['ignore', 'pipe', 'pipe'] });
+    const member = spawn('ip', ['netns', 'exec', HOST.ns, '/usr/bin/python3', '-c', script], {
+      env: cleanEnv({}),
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
     children.push(member);
     let out = '';
     member.stdout!.on('data', (d: Buffer) => (out += d.toString()));
@@ -120,7 +132,10 @@ describe.skipIf(!available)('a job whose clients stay connected after it ended',
     try {
       await rank.waitFor((l) => l.init === true, 30_000);
       expect((await api('DELETE', `/v1/jobs/${id}`)).status).toBeLessThan(300);
-      const lingering = async () => Number(/^dask_pmix_pmix_lingering_namespaces (\d+)/m.exec(String((await api('GET', '/metrics')).body))?.[1] ?? NaN);
+      const lingering = async () =>
+        Number(
+          /^dask_pmix_pmix_lingering_namespaces (\d+)/m.exec(String((await api('GET', '/metrics')).body))?.[1] ?? NaN,
+        );
       await until(async () => (await lingering()) === 1, 5_000, 'the namespace to linger');
       // 1.5 s after the job ended its client is disconnected, libpmix finds it gone, the namespace goes.
       await until(async () => (await lingering()) === 0, 15_000, 'the namespace to be torn down');

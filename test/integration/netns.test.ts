@@ -46,12 +46,22 @@ afterAll(async () => {
 });
 
 /** Two ranks on each host; returns what each rank saw. */
-async function runAcrossHosts(impl: 'openmpi' | 'mpich', program: string, extraEnv: (h: (typeof HOSTS)[number]) => Record<string, string>) {
+async function runAcrossHosts(
+  impl: 'openmpi' | 'mpich',
+  program: string,
+  extraEnv: (h: (typeof HOSTS)[number]) => Record<string, string>,
+) {
   const placement = [HOSTS[0]!, HOSTS[0]!, HOSTS[1]!, HOSTS[1]!];
   const ids: string[] = [];
   for (const h of placement) {
     const id = `tcp://${h.ip}:${4000 + nextWorker++}`;
-    const r = await api('POST', '/v1/workers', { id, host: h.host, pid: 1, uid: process.getuid!(), gid: process.getgid!() });
+    const r = await api('POST', '/v1/workers', {
+      id,
+      host: h.host,
+      pid: 1,
+      uid: process.getuid!(),
+      gid: process.getgid!(),
+    });
     expect(r.status, JSON.stringify(r.body)).toBe(201);
     ids.push(id);
   }
@@ -60,7 +70,10 @@ async function runAcrossHosts(impl: 'openmpi' | 'mpich', program: string, extraE
   const job = created.body as { id: string; members: { workerId: string; rank: number }[] };
   const ranks = [];
   for (const [i, m] of job.members.entries()) {
-    const env = (await api('GET', `/v1/jobs/${job.id}/env/${encodeURIComponent(m.workerId)}`)).body.env as Record<string, string>;
+    const env = (await api('GET', `/v1/jobs/${job.id}/env/${encodeURIComponent(m.workerId)}`)).body.env as Record<
+      string,
+      string
+    >;
     const h = placement[i]!;
     // The rank runs inside its host's namespace: it reaches the sidecar over the bridge only.
     // An MPICH rank's PMI connection is bound (dask-pmix exec's binder) from inside its host, as a worker there would.
@@ -76,16 +89,28 @@ async function runAcrossHosts(impl: 'openmpi' | 'mpich', program: string, extraE
 describe.skipIf(!available)('ranks on two hosts (network namespaces), one sidecar', () => {
   it('Open MPI ranks connect over TCP, share memory within a host, and the job completes', async () => {
     const { seen, ranks, state } = await runAcrossHosts('openmpi', 'mpi_hosts_ompi5', () => ({}));
-    expect(seen.map((l) => [l?.local_size, l?.sum, l?.ok]), describeRanks(ranks)).toEqual([
-      [2, 10, true], [2, 10, true], [2, 10, true], [2, 10, true],
+    expect(
+      seen.map((l) => [l?.local_size, l?.sum, l?.ok]),
+      describeRanks(ranks),
+    ).toEqual([
+      [2, 10, true],
+      [2, 10, true],
+      [2, 10, true],
+      [2, 10, true],
     ]);
     expect(state.state).toBe('completed');
   });
 
   it('MPICH ranks reach the PMI listener on the bridge and share memory within a host', async () => {
     const { seen, ranks } = await runAcrossHosts('mpich', 'mpi_hosts_mpich5', () => ({ UCX_TLS: 'tcp,self,sm' }));
-    expect(seen.map((l) => [l?.local_size, l?.sum, l?.ok]), describeRanks(ranks)).toEqual([
-      [2, 10, true], [2, 10, true], [2, 10, true], [2, 10, true],
+    expect(
+      seen.map((l) => [l?.local_size, l?.sum, l?.ok]),
+      describeRanks(ranks),
+    ).toEqual([
+      [2, 10, true],
+      [2, 10, true],
+      [2, 10, true],
+      [2, 10, true],
     ]);
   });
 });

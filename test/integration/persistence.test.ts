@@ -1,7 +1,7 @@
 // A sidecar killed with SIGKILL mid-job comes back from its state directory: its process sets and
 // job history are there (the interrupted job failed, saying why), the shared-memory segments its
 // Open MPI ranks would have left are removed, and new jobs and events do not collide with old ones.
-import { spawn, type ChildProcess } from 'node:child_process';
+import { type ChildProcess, spawn } from 'node:child_process';
 import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { hostname, tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -18,9 +18,26 @@ afterAll(() => {
 });
 
 async function serve() {
-  const child = spawn(process.execPath, [join(ROOT, 'dist', 'src', 'cli', 'main.js'), 'serve', '--port', '0', '--log-level', 'warn', '--no-pmi', '--pool-size', '0', '--state-dir', dir], {
-    env: { ...process.env, DASK_PMIX_TOKEN: 'tok' }, stdio: ['ignore', 'pipe', 'inherit'],
-  });
+  const child = spawn(
+    process.execPath,
+    [
+      join(ROOT, 'dist', 'src', 'cli', 'main.js'),
+      'serve',
+      '--port',
+      '0',
+      '--log-level',
+      'warn',
+      '--no-pmi',
+      '--pool-size',
+      '0',
+      '--state-dir',
+      dir,
+    ],
+    {
+      env: { ...process.env, DASK_PMIX_TOKEN: 'tok' },
+      stdio: ['ignore', 'pipe', 'inherit'],
+    },
+  );
   started.push(child);
   let out = '';
   child.stdout!.on('data', (d: Buffer) => (out += d.toString()));
@@ -28,7 +45,13 @@ async function serve() {
   return { child, api: restClient(url, 'tok') };
 }
 
-const worker = (id: string) => ({ id, host: hostname(), pid: process.pid, uid: process.getuid!(), gid: process.getgid!() });
+const worker = (id: string) => ({
+  id,
+  host: hostname(),
+  pid: process.pid,
+  uid: process.getuid!(),
+  gid: process.getgid!(),
+});
 
 describe('the state directory', () => {
   it('the job id of a namespace is the one Open MPI 5 puts in its segment names', () => {
@@ -47,8 +70,14 @@ describe('the state directory', () => {
     const running = (await a.api('POST', '/v1/jobs', { impl: 'openmpi', pset: 'kept', labels: { app: 'x' } })).body;
     expect(running.state).toBe('pending');
     // What Open MPI ranks of the running job leave when they die with it.
-    const segment = join('/dev/shm', `sm_segment.dask-pmix-test-${process.pid}.${process.getuid!()}.${ompiJobId(running.namespace)}.0`);
-    const unrelated = join('/dev/shm', `sm_segment.dask-pmix-test-${process.pid}.${process.getuid!()}.${ompiJobId('someone-else')}.0`);
+    const segment = join(
+      '/dev/shm',
+      `sm_segment.dask-pmix-test-${process.pid}.${process.getuid!()}.${ompiJobId(running.namespace)}.0`,
+    );
+    const unrelated = join(
+      '/dev/shm',
+      `sm_segment.dask-pmix-test-${process.pid}.${process.getuid!()}.${ompiJobId('someone-else')}.0`,
+    );
     writeFileSync(segment, '');
     writeFileSync(unrelated, '');
     try {
@@ -61,7 +90,12 @@ describe('the state directory', () => {
       const jobs = (await b.api('GET', '/v1/jobs')).body.jobs;
       const byId = Object.fromEntries(jobs.map((j: any) => [j.id, j]));
       expect(byId[done.id]).toMatchObject({ state: 'failed', error: expect.stringContaining('test') });
-      expect(byId[running.id]).toMatchObject({ state: 'failed', pset: 'kept', labels: { app: 'x' }, error: expect.stringMatching(/restarted/) });
+      expect(byId[running.id]).toMatchObject({
+        state: 'failed',
+        pset: 'kept',
+        labels: { app: 'x' },
+        error: expect.stringMatching(/restarted/),
+      });
       expect(byId[running.id].releasedAt).not.toBe('');
       expect(existsSync(segment)).toBe(false);
       expect(existsSync(unrelated)).toBe(true);

@@ -7,14 +7,14 @@ import { join } from 'node:path';
 import { Writable } from 'node:stream';
 import pino from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { EXTRA, LEFT_OUT, underPrterun, type Line } from '../../compat-matrix/pmix-conformance.js';
+import { EXTRA, LEFT_OUT, type Line, underPrterun } from '../../compat-matrix/pmix-conformance.js';
 import { Status } from '../../src/pmix/index.js';
 import { Sidecar } from '../../src/service/sidecar.js';
 import { bin } from '../helpers/build-clients.js';
 import { restClient, until } from '../helpers/http.js';
 import { ROOT } from '../helpers/paths.js';
-import { describeRanks, startRank, type RankProcess } from '../helpers/ranks.js';
-import { openmpiJob, type JobWithEnvs } from '../helpers/sidecar-jobs.js';
+import { describeRanks, type RankProcess, startRank } from '../helpers/ranks.js';
+import { type JobWithEnvs, openmpiJob } from '../helpers/sidecar-jobs.js';
 
 const HOST = hostname();
 let sidecar: Sidecar;
@@ -25,12 +25,17 @@ const logged: Record<string, unknown>[] = [];
 beforeAll(async () => {
   const sink = new Writable({
     write(chunk: Buffer, _enc, done) {
-      for (const l of chunk.toString().split('\n')) if (l.startsWith('{')) logged.push(JSON.parse(l) as Record<string, unknown>);
+      for (const l of chunk.toString().split('\n'))
+        if (l.startsWith('{')) logged.push(JSON.parse(l) as Record<string, unknown>);
       done();
     },
   });
   sidecar = await Sidecar.start({
-    port: 0, tmpdir: (workdir = mkdtempSync(join(tmpdir(), 'dask-pmix-conform-'))), version: 'test', releaseGraceMs: 500, pmi: false,
+    port: 0,
+    tmpdir: (workdir = mkdtempSync(join(tmpdir(), 'dask-pmix-conform-'))),
+    version: 'test',
+    releaseGraceMs: 500,
+    pmi: false,
     logger: pino({ level: 'info' }, sink),
   });
   api = restClient(sidecar.url);
@@ -56,13 +61,16 @@ async function run(n: number, ...args: string[]): Promise<{ job: Job; ranks: Ran
 
 const prterun = (n: number, ...args: string[]) => underPrterun(ROOT, bin('pmix_conform'), n, args);
 /** prterun with the datastore every sidecar client uses (libpmix's hash: ranks may sit on other hosts). */
-const prterunHash = (n: number, ...args: string[]) => underPrterun(ROOT, bin('pmix_conform'), n, args, { PMIX_MCA_gds: 'hash' });
+const prterunHash = (n: number, ...args: string[]) =>
+  underPrterun(ROOT, bin('pmix_conform'), n, args, { PMIX_MCA_gds: 'hash' });
 
 describe('PMIx conformance', () => {
   it('PMIx_Lookup honours PMIX_WAIT as a count (int, uint32, size_t) and as a bool', async () => {
     for (const form of ['int0', 'int1', 'uint32', 'size', 'bool']) {
       const { ranks } = await run(2, 'lookup-wait', form);
-      expect(ranks[1]!.lines, form).toContainEqual(expect.objectContaining({ form, lookup: Status.SUCCESS, value: 'the-port' }));
+      expect(ranks[1]!.lines, form).toContainEqual(
+        expect.objectContaining({ form, lookup: Status.SUCCESS, value: 'the-port' }),
+      );
     }
     // Without PMIX_WAIT a lookup answers at once, as under prterun.
     const { ranks } = await run(2, 'lookup-wait', 'none');
@@ -81,19 +89,28 @@ describe('PMIx conformance', () => {
     first[1]!.kill();
     await Promise.all(first.map((r) => r.exited));
     await until(async () => (await api('GET', `/v1/jobs/${j.id}`)).body.releasedAt, 20_000, 'the job to be released');
-    await until(() => sidecar.pmixClients.count(j.namespace) === 0, 20_000, 'no client of the failed job to be counted');
+    await until(
+      () => sidecar.pmixClients.count(j.namespace) === 0,
+      20_000,
+      'no client of the failed job to be counted',
+    );
     // The dead namespace is gone from what a later job's rank sees.
     const { job: later, ranks } = await run(1, 'resolve-peers');
     const peers = ranks[0]!.lines.find((l) => 'peers' in l)!.peers as string[];
     expect(peers.length).toBeGreaterThan(0);
-    expect(peers.every((p) => p.startsWith(`${later.namespace}:`)), JSON.stringify(peers)).toBe(true);
+    expect(
+      peers.every((p) => p.startsWith(`${later.namespace}:`)),
+      JSON.stringify(peers),
+    ).toBe(true);
   });
 
-  it('registers PMIX_LOCAL_PROCS: a wildcard get and one with the own id find the node\'s ranks, as under prterun', async () => {
+  it("registers PMIX_LOCAL_PROCS: a wildcard get and one with the own id find the node's ranks, as under prterun", async () => {
     const { job: j, ranks } = await run(2, 'local-procs');
     for (const r of ranks) {
       for (const scope of ['wildcard', 'self']) {
-        expect(r.lines, `${scope} ${describeRanks([r])}`).toContainEqual(expect.objectContaining({ scope, key: 'pmix.lprocs', status: 0, value: { array: 22, size: 2 } }));
+        expect(r.lines, `${scope} ${describeRanks([r])}`).toContainEqual(
+          expect.objectContaining({ scope, key: 'pmix.lprocs', status: 0, value: { array: 22, size: 2 } }),
+        );
       }
     }
     expect(j.envs).toHaveLength(2);
@@ -104,7 +121,10 @@ describe('PMIx conformance', () => {
   it('registers every job, node, app and proc key prterun does for a job of this shape, with its type, but the listed ones', async () => {
     const { ranks } = await run(2, 'keys');
     const ref = await prterun(2, 'keys');
-    const answered = (lines: Line[]) => new Map(lines.filter((l) => 'key' in l && l.status === 0).map((l) => [`${String(l.scope)} ${String(l.key)}`, l.type]));
+    const answered = (lines: Line[]) =>
+      new Map(
+        lines.filter((l) => 'key' in l && l.status === 0).map((l) => [`${String(l.scope)} ${String(l.key)}`, l.type]),
+      );
     const ours = answered(ranks[0]!.lines);
     const theirs = answered(ref[0]!);
     expect(theirs.size).toBeGreaterThan(20);
@@ -118,8 +138,14 @@ describe('PMIx conformance', () => {
     const { job: j, ranks } = await run(1, 'query');
     const mixed = ranks[0]!.lines.find((l) => 'query' in l)!;
     expect(mixed.query).toBe(Status.ERR_PARTIAL_SUCCESS);
-    expect(mixed.answers).toMatchObject({ 'pmix.qry.ns': expect.stringContaining(j.namespace), 'pmix.qry.stabiver': expect.any(String), 'pmix.qry.prabiver': expect.any(String) });
-    expect(ranks[0]!.lines).toContainEqual(expect.objectContaining({ namespaces: Status.SUCCESS, value: expect.stringContaining(j.namespace) }));
+    expect(mixed.answers).toMatchObject({
+      'pmix.qry.ns': expect.stringContaining(j.namespace),
+      'pmix.qry.stabiver': expect.any(String),
+      'pmix.qry.prabiver': expect.any(String),
+    });
+    expect(ranks[0]!.lines).toContainEqual(
+      expect.objectContaining({ namespaces: Status.SUCCESS, value: expect.stringContaining(j.namespace) }),
+    );
   });
 
   it('tells the other ranks of a job a rank ended with PMIX_EVENT_JOB_END naming that rank', async () => {
@@ -128,7 +154,13 @@ describe('PMIx conformance', () => {
     const codes = await Promise.all(ranks.map((r) => r.exited));
     expect(codes, describeRanks(ranks)).toEqual([1, 0, 0]);
     for (const r of ranks.slice(1)) {
-      expect(r.lines).toContainEqual(expect.objectContaining({ event: Status.ERR_JOB_TERMINATED, affected: `${j.namespace}:0`, term_status: Status.ERR_PROC_TERM_WO_SYNC }));
+      expect(r.lines).toContainEqual(
+        expect.objectContaining({
+          event: Status.ERR_JOB_TERMINATED,
+          affected: `${j.namespace}:0`,
+          term_status: Status.ERR_PROC_TERM_WO_SYNC,
+        }),
+      );
       expect(r.lines).toContainEqual(expect.objectContaining({ job_end: true }));
     }
   });
@@ -137,7 +169,9 @@ describe('PMIx conformance', () => {
     const message = `a message from a rank ${Date.now()}`;
     const { job: j, ranks } = await run(1, 'log', message);
     expect(ranks[0]!.lines).toContainEqual(expect.objectContaining({ log: Status.SUCCESS }));
-    expect(logged).toContainEqual(expect.objectContaining({ msg: message, pmixLog: 'stderr', nspace: j.namespace, rank: 0 }));
+    expect(logged).toContainEqual(
+      expect.objectContaining({ msg: message, pmixLog: 'stderr', nspace: j.namespace, rank: 0 }),
+    );
   });
 
   it('answers PMIx_Get(PMIX_NODEID) for a wildcard rank as prterun does with the same datastore', async () => {
@@ -147,6 +181,9 @@ describe('PMIx conformance', () => {
     const { ranks } = await run(2, 'nodeid');
     const pick = (lines: Line[]) => lines.filter((l) => l.key === 'pmix.nodeid').map((l) => [l.scope, l.status]);
     expect(pick(ranks[0]!.lines)).toEqual(pick((await prterunHash(2, 'nodeid'))[0]!));
-    expect(pick((await prterun(2, 'nodeid'))[0]!)).toEqual([['wildcard', Status.ERR_NOT_FOUND], ['self', 0]]);
+    expect(pick((await prterun(2, 'nodeid'))[0]!)).toEqual([
+      ['wildcard', Status.ERR_NOT_FOUND],
+      ['self', 0],
+    ]);
   });
 });

@@ -22,7 +22,8 @@ const NOBODY = 65534;
 
 function openSilent(where: number | string): Promise<Socket> {
   return new Promise((resolve, reject) => {
-    const s = typeof where === 'string' ? connect(where, () => resolve(s)) : connect(where, '127.0.0.1', () => resolve(s));
+    const s =
+      typeof where === 'string' ? connect(where, () => resolve(s)) : connect(where, '127.0.0.1', () => resolve(s));
     s.on('error', reject);
   });
 }
@@ -32,8 +33,15 @@ const closed = (s: Socket) => new Promise<void>((r) => (s.destroyed ? r() : s.on
 /** A client handshake as libpmix 5.0.11's client writes it, claiming `uid`. */
 function clientHandshake(nspace: string, rank: number, uid: number, gid: number): Buffer {
   return encodeHandshake({
-    psec: 'native', credential: nativeCredential(uid, gid), flag: PeerFlag.SIMPLE_CLIENT, proc: { nspace, rank },
-    version: '5.0.11', bfrops: 'v41', bufferType: 1, gds: 'hash', blob: Buffer.alloc(0),
+    psec: 'native',
+    credential: nativeCredential(uid, gid),
+    flag: PeerFlag.SIMPLE_CLIENT,
+    proc: { nspace, rank },
+    version: '5.0.11',
+    bfrops: 'v41',
+    bufferType: 1,
+    gds: 'hash',
+    blob: Buffer.alloc(0),
   });
 }
 
@@ -44,8 +52,12 @@ describe('the PMIx listener against connections that jammed it', () => {
 
   beforeAll(async () => {
     sidecar = await Sidecar.start({
-      port: 0, tmpdir: (workdir = mkdtempSync(join(tmpdir(), 'dask-pmix-listener-'))), version: 'test',
-      releaseGraceMs: 1000, pmixHandshakeTimeoutMs: 120_000, pmixFirstByteMs: 120_000,
+      port: 0,
+      tmpdir: (workdir = mkdtempSync(join(tmpdir(), 'dask-pmix-listener-'))),
+      version: 'test',
+      releaseGraceMs: 1000,
+      pmixHandshakeTimeoutMs: 120_000,
+      pmixFirstByteMs: 120_000,
     });
     api = restClient(sidecar.url);
   });
@@ -61,7 +73,11 @@ describe('the PMIx listener against connections that jammed it', () => {
     const ranks = j.envs.map((env) => startRank(bin('mpi_job_ompi5'), ['world'], env, 60_000));
     const codes = await Promise.all(ranks.map((r) => r.exited));
     expect(codes, describeRanks(ranks)).toEqual(ranks.map(() => 0));
-    await until(async () => (await api('GET', `/v1/jobs/${j.id}`)).body.state === 'completed', 20_000, `job ${j.id} completed`);
+    await until(
+      async () => (await api('GET', `/v1/jobs/${j.id}`)).body.state === 'completed',
+      20_000,
+      `job ${j.id} completed`,
+    );
   }
 
   it('creates and runs an Open MPI job while a connection that sends nothing is held open', async () => {
@@ -91,7 +107,12 @@ describe('the PMIx listener against connections that jammed it', () => {
     const j = await job(2);
     const refusedBefore = sidecar.pmix.gateStats.refused;
     // Rank 0 runs as another user than its worker was registered with.
-    const child = spawn(bin('pmix_client'), ['fence'], { env: cleanEnv(j.envs[0]!), uid: NOBODY, gid: NOBODY, stdio: ['ignore', 'pipe', 'pipe'] });
+    const child = spawn(bin('pmix_client'), ['fence'], {
+      env: cleanEnv(j.envs[0]!),
+      uid: NOBODY,
+      gid: NOBODY,
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
     let out = '';
     child.stdout.on('data', (d: Buffer) => (out += d.toString()));
     const code = await new Promise<number | null>((r) => child.on('close', (c) => r(c)));
@@ -124,11 +145,25 @@ describe('a sidecar whose libpmix is wedged', () => {
     const exited = new Promise<number | null>((r) => child.on('close', (code) => r(code)));
     const sockets: Socket[] = [];
     try {
-      const url = await until(() => /listening on (http:\/\/\S+)/.exec(out)?.[1], SERVE_START_MS, `the listening line (stderr: ${err})`);
+      const url = await until(
+        () => /listening on (http:\/\/\S+)/.exec(out)?.[1],
+        SERVE_START_MS,
+        `the listening line (stderr: ${err})`,
+      );
       const libpmixSocket = /"libpmixSocket":"([^"]+)"/.exec(out)?.[1] ?? '';
       expect(libpmixSocket).toMatch(/dask-pmix-pmix-/);
       const api = restClient(url, 'tok');
-      expect((await api('POST', '/v1/workers', { id: 'w0', host: HOST, pid: process.pid, uid: process.getuid!(), gid: process.getgid!() })).status).toBe(201);
+      expect(
+        (
+          await api('POST', '/v1/workers', {
+            id: 'w0',
+            host: HOST,
+            pid: process.pid,
+            uid: process.getuid!(),
+            gid: process.getgid!(),
+          })
+        ).status,
+      ).toBe(201);
       const job = (await api('POST', '/v1/jobs', { impl: 'openmpi', members: ['w0'] })).body;
 
       // Straight to libpmix, past the gate (only this uid can): a client of the wrong uid (libpmix
@@ -141,10 +176,14 @@ describe('a sidecar whose libpmix is wedged', () => {
         s.write(clientHandshake(job.namespace, 0, uid, process.getgid!()));
         await new Promise((r) => setTimeout(r, 300));
       }
-      const health = await until(async () => {
-        const h = await api('GET', '/v1/health');
-        return h.status === 503 ? h : undefined;
-      }, 30_000, 'health to report the stall');
+      const health = await until(
+        async () => {
+          const h = await api('GET', '/v1/health');
+          return h.status === 503 ? h : undefined;
+        },
+        30_000,
+        'health to report the stall',
+      );
       expect(health.body).toMatchObject({ status: 'pmix-stalled' });
       expect(health.body.pmixStalledSeconds).toBeGreaterThan(1);
 

@@ -20,7 +20,12 @@ let api: ReturnType<typeof restClient>;
 let uri: string;
 
 beforeAll(async () => {
-  sidecar = await Sidecar.start({ port: 0, tmpdir: (workdir = mkdtempSync(join(tmpdir(), 'dask-pmix-tools-'))), version: 'test', releaseGraceMs: 1000 });
+  sidecar = await Sidecar.start({
+    port: 0,
+    tmpdir: (workdir = mkdtempSync(join(tmpdir(), 'dask-pmix-tools-'))),
+    version: 'test',
+    releaseGraceMs: 1000,
+  });
   api = restClient(sidecar.url);
   uri = (await memberEnv()).PMIX_SERVER_URI41!;
 });
@@ -58,7 +63,12 @@ describe('PMIx tools', () => {
 
   it('refuses a tool of another uid before libpmix sees it, and goes on serving', async () => {
     const refused = sidecar.pmix.gateStats.refused;
-    const child = spawn(bin('pmix_tool'), [uri, 'connect'], { env: cleanEnv({}), uid: 65534, gid: 65534, stdio: ['ignore', 'pipe', 'pipe'] });
+    const child = spawn(bin('pmix_tool'), [uri, 'connect'], {
+      env: cleanEnv({}),
+      uid: 65534,
+      gid: 65534,
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
     let out = '';
     child.stdout.on('data', (d: Buffer) => (out += d.toString()));
     expect(await new Promise((r) => child.on('close', r)), out).toBe(2);
@@ -70,8 +80,15 @@ describe('PMIx tools', () => {
   it('answers a tool query (namespaces, pset names), and goes on serving', async () => {
     const t = tool('query');
     expect(await t.exited, describeRanks([t])).toBe(0);
-    const active = (await api('GET', '/v1/jobs')).body.jobs.filter((j: { state: string }) => ['pending', 'wiring', 'running'].includes(j.state));
-    expect(t.lines).toContainEqual(expect.objectContaining({ query: 0, namespaces: active.map((j: { namespace: string }) => j.namespace).join(',') }));
+    const active = (await api('GET', '/v1/jobs')).body.jobs.filter((j: { state: string }) =>
+      ['pending', 'wiring', 'running'].includes(j.state),
+    );
+    expect(t.lines).toContainEqual(
+      expect.objectContaining({
+        query: 0,
+        namespaces: active.map((j: { namespace: string }) => j.namespace).join(','),
+      }),
+    );
     await serves();
   });
 });

@@ -1,6 +1,6 @@
 // `bin/dask-pmix serve` as an operator runs it: flags and env, the token, and SIGTERM (refuse new
 // jobs, abort running ones with notice, finalize PMIx, exit 0).
-import { spawn, type ChildProcess } from 'node:child_process';
+import { type ChildProcess, spawn } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { hostname, tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -12,20 +12,31 @@ import { startRank } from '../helpers/ranks.js';
 
 describe('dask-pmix serve', () => {
   it('serves the routes with a token, and on SIGTERM aborts running jobs and exits 0', async () => {
-    const child = spawn(join(ROOT, 'bin', 'dask-pmix'), ['serve', '--port', '0', '--log-level', 'warn', '--wiring-timeout', '30'], {
-      env: { ...process.env, DASK_PMIX_TOKEN: 'tok' },
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
+    const child = spawn(
+      join(ROOT, 'bin', 'dask-pmix'),
+      ['serve', '--port', '0', '--log-level', 'warn', '--wiring-timeout', '30'],
+      {
+        env: { ...process.env, DASK_PMIX_TOKEN: 'tok' },
+        stdio: ['ignore', 'pipe', 'pipe'],
+      },
+    );
     let out = '';
     let err = '';
     child.stdout.on('data', (d: Buffer) => (out += d.toString()));
     child.stderr.on('data', (d: Buffer) => (err += d.toString()));
     const exited = new Promise<number | null>((r) => child.on('exit', (code) => r(code)));
     try {
-      const url = await until(() => /listening on (http:\/\/\S+)/.exec(out)?.[1], SERVE_START_MS, `the listening line (stderr: ${err})`);
+      const url = await until(
+        () => /listening on (http:\/\/\S+)/.exec(out)?.[1],
+        SERVE_START_MS,
+        `the listening line (stderr: ${err})`,
+      );
       const anon = restClient(url);
       const api = restClient(url, 'tok');
-      expect((await anon('GET', '/v1/health')).body).toMatchObject({ status: 'ok', impls: expect.arrayContaining(['openmpi']) });
+      expect((await anon('GET', '/v1/health')).body).toMatchObject({
+        status: 'ok',
+        impls: expect.arrayContaining(['openmpi']),
+      });
       const w = { id: 'w', host: hostname(), pid: process.pid, uid: process.getuid!(), gid: process.getgid!() };
       expect((await anon('POST', '/v1/workers', w)).status).toBe(401);
       expect((await api('POST', '/v1/workers', w)).status).toBe(201);
@@ -61,13 +72,21 @@ describe('dask-pmix serve', () => {
     const dir = mkdtempSync(join(tmpdir(), 'dask-pmix-auth-'));
     const started: ChildProcess[] = [];
     const serve = async (args: string[]) => {
-      const child = spawn(join(ROOT, 'bin', 'dask-pmix'), ['serve', '--port', '0', '--log-level', 'warn', '--no-pmi', ...args], {
-        env: { ...process.env, DASK_PMIX_NO_SETUP: '1', DASK_PMIX_TOKEN: '' }, stdio: ['ignore', 'pipe', 'pipe'],
-      });
+      const child = spawn(
+        join(ROOT, 'bin', 'dask-pmix'),
+        ['serve', '--port', '0', '--log-level', 'warn', '--no-pmi', ...args],
+        {
+          env: { ...process.env, DASK_PMIX_NO_SETUP: '1', DASK_PMIX_TOKEN: '' },
+          stdio: ['ignore', 'pipe', 'pipe'],
+        },
+      );
       started.push(child);
       let out = '';
       child.stdout!.on('data', (d: Buffer) => (out += d.toString()));
-      return { child, url: await until(() => /listening on (http:\/\/\S+)/.exec(out)?.[1], SERVE_START_MS, 'the listening line') };
+      return {
+        child,
+        url: await until(() => /listening on (http:\/\/\S+)/.exec(out)?.[1], SERVE_START_MS, 'the listening line'),
+      };
     };
     try {
       writeFileSync(join(dir, 'given'), 'from-a-file\n', { mode: 0o600 });
@@ -98,7 +117,9 @@ describe('dask-pmix serve', () => {
     await new Promise<void>((r) => blocker.listen(0, '127.0.0.1', r));
     const port = (blocker.address() as { port: number }).port;
     try {
-      const child = spawn(join(ROOT, 'bin', 'dask-pmix'), ['serve', '--port', String(port), '--log-level', 'silent'], { stdio: ['ignore', 'pipe', 'pipe'] });
+      const child = spawn(join(ROOT, 'bin', 'dask-pmix'), ['serve', '--port', String(port), '--log-level', 'silent'], {
+        stdio: ['ignore', 'pipe', 'pipe'],
+      });
       let err = '';
       child.stderr.on('data', (d: Buffer) => (err += d.toString()));
       const code = await new Promise<number | null>((r) => child.on('close', (c) => r(c)));
@@ -110,7 +131,9 @@ describe('dask-pmix serve', () => {
   });
 
   it('rejects bad flags', async () => {
-    const child = spawn(join(ROOT, 'bin', 'dask-pmix'), ['serve', '--port', 'many'], { stdio: ['ignore', 'pipe', 'pipe'] });
+    const child = spawn(join(ROOT, 'bin', 'dask-pmix'), ['serve', '--port', 'many'], {
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
     let err = '';
     child.stderr.on('data', (d: Buffer) => (err += d.toString()));
     const code = await new Promise<number | null>((r) => child.on('close', (c) => r(c)));
@@ -120,10 +143,17 @@ describe('dask-pmix serve', () => {
 
   it('with --parent-pid, stops when that process is gone', async () => {
     // A parent shell starts the sidecar and exits at once, as a scheduler killed outright would.
-    const shell = spawn('bash', ['-c', `"${join(ROOT, 'bin', 'dask-pmix')}" serve --port 0 --log-level warn --parent-pid $$ >/dev/null 2>&1 & echo $!; sleep 1`], {
-      env: { ...process.env, DASK_PMIX_NO_SETUP: '1' },
-      stdio: ['ignore', 'pipe', 'inherit'],
-    });
+    const shell = spawn(
+      'bash',
+      [
+        '-c',
+        `"${join(ROOT, 'bin', 'dask-pmix')}" serve --port 0 --log-level warn --parent-pid $$ >/dev/null 2>&1 & echo $!; sleep 1`,
+      ],
+      {
+        env: { ...process.env, DASK_PMIX_NO_SETUP: '1' },
+        stdio: ['ignore', 'pipe', 'inherit'],
+      },
+    );
     let out = '';
     shell.stdout.on('data', (d: Buffer) => (out += d.toString()));
     await new Promise((r) => shell.on('exit', r));

@@ -3,12 +3,12 @@
 import { mkdtempSync, rmSync } from 'node:fs';
 import { hostname, tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import pino from 'pino';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Sidecar } from '../../src/service/sidecar.js';
 import { bin, pmiRank } from '../helpers/build-clients.js';
 import { restClient, until } from '../helpers/http.js';
-import { describeRanks, startRank, type RankProcess } from '../helpers/ranks.js';
+import { describeRanks, type RankProcess, startRank } from '../helpers/ranks.js';
 import { pmixClient } from './build.js';
 
 const HOST = hostname();
@@ -21,7 +21,10 @@ beforeAll(async () => {
   // DASK_PMIX_TEST_LOG=<file> keeps the sidecar's debug log of the run.
   const logFile = process.env.DASK_PMIX_TEST_LOG;
   sidecar = await Sidecar.start({
-    port: 0, tmpdir: (workdir = mkdtempSync(join(tmpdir(), 'dask-pmix-it-'))), releaseGraceMs: 3000, version: 'test',
+    port: 0,
+    tmpdir: (workdir = mkdtempSync(join(tmpdir(), 'dask-pmix-it-'))),
+    releaseGraceMs: 3000,
+    version: 'test',
     ...(logFile ? { logger: pino({ level: 'debug' }, pino.destination({ dest: logFile, sync: true })) } : {}),
   });
   api = restClient(sidecar.url);
@@ -36,7 +39,13 @@ async function workers(n: number): Promise<string[]> {
   const ids: string[] = [];
   for (let i = 0; i < n; i++) {
     const id = `tcp://127.0.0.1:${40000 + nextWorker++}`;
-    const r = await api('POST', '/v1/workers', { id, host: HOST, pid: process.pid, uid: process.getuid!(), gid: process.getgid!() });
+    const r = await api('POST', '/v1/workers', {
+      id,
+      host: HOST,
+      pid: process.pid,
+      uid: process.getuid!(),
+      gid: process.getgid!(),
+    });
     expect(r.status, JSON.stringify(r.body)).toBe(201);
     ids.push(id);
   }
@@ -61,8 +70,23 @@ async function envs(job: { id: string; members: { workerId: string }[] }): Promi
 
 const jobState = async (id: string) => (await api('GET', `/v1/jobs/${id}`)).body;
 const waitState = (id: string, states: string[], ms = 20_000) =>
-  until(async () => { const j = await jobState(id); return states.includes(j.state) ? j : undefined; }, ms, `job ${id} to reach ${states.join('|')}`);
-const waitReleased = (id: string) => until(async () => { const j = await jobState(id); return j.releasedAt ? j : undefined; }, 20_000, `job ${id} released`);
+  until(
+    async () => {
+      const j = await jobState(id);
+      return states.includes(j.state) ? j : undefined;
+    },
+    ms,
+    `job ${id} to reach ${states.join('|')}`,
+  );
+const waitReleased = (id: string) =>
+  until(
+    async () => {
+      const j = await jobState(id);
+      return j.releasedAt ? j : undefined;
+    },
+    20_000,
+    `job ${id} released`,
+  );
 
 const client = (env: Record<string, string>, ...args: string[]) => startRank(bin('pmix_client'), args, env, 30_000);
 
@@ -76,16 +100,28 @@ describe('the sidecar with real PMIx clients', () => {
     const ids = await workers(3);
     const job = await createJob({ members: ids });
     const e = await envs(job);
-    expect(e[0]).toMatchObject({ PMIX_NAMESPACE: job.namespace, PMIX_RANK: '0', PMIX_HOSTNAME: HOST, OMPI_MCA_btl: '^ofi' });
-    expect((await api('GET', `/v1/workers/${encodeURIComponent(ids[0]!)}`)).body).toMatchObject({ state: 'frozen', jobId: job.id });
+    expect(e[0]).toMatchObject({
+      PMIX_NAMESPACE: job.namespace,
+      PMIX_RANK: '0',
+      PMIX_HOSTNAME: HOST,
+      OMPI_MCA_btl: '^ofi',
+    });
+    expect((await api('GET', `/v1/workers/${encodeURIComponent(ids[0]!)}`)).body).toMatchObject({
+      state: 'frozen',
+      jobId: job.id,
+    });
     const ranks = e.map((env) => client(env, 'put-get'));
     await expectAllExit0(ranks);
-    for (const [rank, r] of ranks.entries()) expect(r.lines).toContainEqual({ rank, size: 3, peer: (rank + 1) % 3, got: `value-from-${(rank + 1) % 3}` });
+    for (const [rank, r] of ranks.entries())
+      expect(r.lines).toContainEqual({ rank, size: 3, peer: (rank + 1) % 3, got: `value-from-${(rank + 1) % 3}` });
     const done = await waitReleased(job.id);
     expect(done).toMatchObject({ state: 'completed', error: '' });
     expect(done.members.map((m: { state: string }) => m.state)).toEqual(['finalized', 'finalized', 'finalized']);
     expect(done.startedAt).not.toBe('');
-    expect((await api('GET', `/v1/workers/${encodeURIComponent(ids[0]!)}`)).body).toMatchObject({ state: 'available', jobId: '' });
+    expect((await api('GET', `/v1/workers/${encodeURIComponent(ids[0]!)}`)).body).toMatchObject({
+      state: 'available',
+      jobId: '',
+    });
     // The namespace is torn down once the finalized clients have closed their connections.
     await until(() => sidecar.pmixClients.count(job.namespace) === 0, 5000, 'the clients to let go');
   });
@@ -98,7 +134,8 @@ describe('the sidecar with real PMIx clients', () => {
     expect((await api('DELETE', '/v1/psets/alpha')).status).toBe(409);
     const ranks = (await envs(job)).map((env) => client(env, 'query-psets'));
     await expectAllExit0(ranks);
-    for (const r of ranks) expect(r.lines).toContainEqual(expect.objectContaining({ num_psets: 2, pset_names: 'alpha,beta' }));
+    for (const r of ranks)
+      expect(r.lines).toContainEqual(expect.objectContaining({ num_psets: 2, pset_names: 'alpha,beta' }));
     await waitReleased(job.id);
     expect((await api('DELETE', '/v1/psets/alpha')).status).toBe(200);
     expect((await api('DELETE', '/v1/psets/beta')).status).toBe(200);
@@ -108,7 +145,8 @@ describe('the sidecar with real PMIx clients', () => {
     const job = await createJob({ members: await workers(3) });
     const ranks = (await envs(job)).map((env) => client(env, 'publish-lookup', 'svc-it'));
     await expectAllExit0(ranks);
-    for (const r of ranks.slice(1)) expect(r.lines).toContainEqual(expect.objectContaining({ looked_up: `port-of-${job.namespace}`, publisher: 0 }));
+    for (const r of ranks.slice(1))
+      expect(r.lines).toContainEqual(expect.objectContaining({ looked_up: `port-of-${job.namespace}`, publisher: 0 }));
     await waitState(job.id, ['completed']);
   });
 
@@ -185,7 +223,8 @@ describe('the sidecar with real PMIx clients', () => {
     await waitState(job.id, ['running']);
     const del = await api('DELETE', `/v1/jobs/${job.id}`);
     expect(del.body).toMatchObject({ state: 'aborted', error: 'deleted over REST' });
-    for (const r of ranks) expect(await r.waitFor((l) => 'event' in l, 10_000)).toMatchObject({ event: -7, terminate: true });
+    for (const r of ranks)
+      expect(await r.waitFor((l) => 'event' in l, 10_000)).toMatchObject({ event: -7, terminate: true });
     await Promise.all(ranks.map((r) => r.exited));
     expect((await api('GET', `/v1/jobs/${job.id}`)).status).toBe(404);
     const next = await createJob({ members: job.members.map((m) => m.workerId) });
@@ -213,7 +252,10 @@ describe('the sidecar with Open MPI 5 ranks', () => {
     const ranks = (await envs(job)).map((env) => startRank(bin('mpi_job_ompi5'), ['session'], env, 60_000));
     await expectAllExit0(ranks);
     for (const [rank, r] of ranks.entries()) {
-      expect(r.lines.find((l) => 'sum' in l), describeRanks(ranks)).toMatchObject({ rank, size: 4, sum: 10, ok: true });
+      expect(
+        r.lines.find((l) => 'sum' in l),
+        describeRanks(ranks),
+      ).toMatchObject({ rank, size: 4, sum: 10, ok: true });
     }
     const done = await waitReleased(job.id);
     expect(done.state).toBe('completed');
@@ -241,7 +283,11 @@ describe('the sidecar with MPICH ranks (PMI-1)', () => {
     expect(e[1]).toMatchObject({ PMI_RANK: '1', PMI_SIZE: '2', PMI_PORT: expect.stringMatching(/:\d+$/) });
     const ranks = e.map((env) => startRank(...pmiRank(bin('mpi_job_mpich4'), ['world']), env, 60_000));
     await expectAllExit0(ranks);
-    for (const [rank, r] of ranks.entries()) expect(r.lines.find((l) => 'sum' in l), describeRanks(ranks)).toMatchObject({ rank, size: 2, sum: 3, ok: true });
+    for (const [rank, r] of ranks.entries())
+      expect(
+        r.lines.find((l) => 'sum' in l),
+        describeRanks(ranks),
+      ).toMatchObject({ rank, size: 2, sum: 3, ok: true });
     const done = await waitReleased(job.id);
     expect(done.state).toBe('completed');
   });

@@ -3,11 +3,15 @@ import { describe, expect, it } from 'vitest';
 import { PmiError } from '../../src/pmi/errors.js';
 import { PMI1_MAX_LINE } from '../../src/pmi/limits.js';
 import {
-  formatPmi1, formatPmi1Error, parsePmi1Line, parsePmi1SpawnBlock, pmi1Token,
+  formatPmi1,
+  formatPmi1Error,
+  parsePmi1Line,
+  parsePmi1SpawnBlock,
+  pmi1Token,
 } from '../../src/pmi/pmi1-codec.js';
 import { formatPmi2, isPmi2Header, parsePmi2Body, pmi2Frame } from '../../src/pmi/pmi2-codec.js';
 import { expand, nodeLayout, parseProcessMapping, processMapping } from '../../src/pmi/process-mapping.js';
-import { WireFramer, type Frame } from '../../src/pmi/wire-framer.js';
+import { type Frame, WireFramer } from '../../src/pmi/wire-framer.js';
 
 describe('PMI-1 codec', () => {
   it('parses a command with its tokens', () => {
@@ -34,7 +38,9 @@ describe('PMI-1 codec', () => {
   });
 
   it('formats replies and squeezes messages into one token', () => {
-    expect(formatPmi1('get_result', { rc: 0, value: 'abc', found: true })).toBe('cmd=get_result rc=0 value=abc found=TRUE\n');
+    expect(formatPmi1('get_result', { rc: 0, value: 'abc', found: true })).toBe(
+      'cmd=get_result rc=0 value=abc found=TRUE\n',
+    );
     expect(formatPmi1Error('put_result', new PmiError('wrong kvsname foo: this member belongs to bar'))).toBe(
       'cmd=put_result rc=-1 msg=wrong_kvsname_foo:_this_member_belongs_to_bar\n',
     );
@@ -42,7 +48,15 @@ describe('PMI-1 codec', () => {
   });
 
   it('parses a spawn block: values run to the end of the line', () => {
-    const b = parsePmi1SpawnBlock(['mcmd=spawn', 'nprocs=2', 'execname=/bin/prog', 'totspawns=1', 'spawnssofar=1', 'argcnt=1', 'arg1=hello world']);
+    const b = parsePmi1SpawnBlock([
+      'mcmd=spawn',
+      'nprocs=2',
+      'execname=/bin/prog',
+      'totspawns=1',
+      'spawnssofar=1',
+      'argcnt=1',
+      'arg1=hello world',
+    ]);
     expect(b.totspawns).toBe(1);
     expect(b.fields.get('arg1')).toBe('hello world');
     expect(() => parsePmi1SpawnBlock(['mcmd=spawn', 'nprocs=2'])).toThrow('totspawns');
@@ -144,7 +158,8 @@ describe('PMI_process_mapping', () => {
   it('round robin is one wrapped period', () => check(['a', 'b', 'a', 'b', 'a', 'b'], '(vector,(0,2,1))'));
   it('uneven blocks', () => check(['a', 'a', 'a', 'b', 'c', 'c'], '(vector,(0,1,3),(1,1,1),(2,1,2))'));
   it('a partial last period', () => check(['a', 'a', 'b', 'b', 'a'], '(vector,(0,2,2))'));
-  it('hosts in any order are numbered by first appearance', () => check(['z', 'y', 'z', 'z'], '(vector,(0,2,1),(0,1,2))'));
+  it('hosts in any order are numbered by first appearance', () =>
+    check(['z', 'y', 'z', 'z'], '(vector,(0,2,1),(0,1,2))'));
   it('no ranks', () => expect(processMapping([])).toBe(''));
 
   it('matches what MPICH would expand, for random placements', () => {

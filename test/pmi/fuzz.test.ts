@@ -9,9 +9,9 @@ import { PmiError } from '../../src/pmi/errors.js';
 import { parsePmi1Line, parsePmi1SpawnBlock } from '../../src/pmi/pmi1-codec.js';
 import { parsePmi2Body } from '../../src/pmi/pmi2-codec.js';
 import { PMI1_MAX_BLOCK, WireFramer } from '../../src/pmi/wire-framer.js';
-import { frame2, parse1, WireClient } from './helpers/wire-client.js';
-import { SEED, chunks, mutate, pmi1Transcript, pmi2Transcript, rng, type Rng } from './helpers/transcripts.js';
-import { PmiRmFixture, type FixtureJob } from './helpers/rm-fixture.js';
+import { type FixtureJob, PmiRmFixture } from './helpers/rm-fixture.js';
+import { chunks, mutate, pmi1Transcript, pmi2Transcript, type Rng, rng, SEED } from './helpers/transcripts.js';
+import { parse1, WireClient } from './helpers/wire-client.js';
 
 describe('parser fuzz', () => {
   it(`survives random and mutated input (seed ${SEED})`, () => {
@@ -35,7 +35,8 @@ describe('parser fuzz', () => {
             else if (fr.kind === 'block') parsePmi1SpawnBlock(fr.lines);
             else if (fr.fatal) dead = true;
           } catch (e) {
-            if (!(e instanceof PmiError)) throw new Error(`seed ${SEED} iter ${iter}: ${String(e)} on ${JSON.stringify(fr)}`);
+            if (!(e instanceof PmiError))
+              throw new Error(`seed ${SEED} iter ${iter}: ${String(e)} on ${JSON.stringify(fr)}`);
           }
         }
         expect(f.pending).toBeLessThanOrEqual(PMI1_MAX_BLOCK + 16);
@@ -57,7 +58,11 @@ describe('state machine fuzz over sockets', () => {
     const c = await WireClient.connect(fx.port);
     try {
       for (const line of pmi1Transcript(j.pmiIds[rank]!, j.job.namespace, rank).split('\n').filter(Boolean)) {
-        if (line.startsWith('mcmd') || /^(nprocs|execname|totspawns|spawnssofar|argcnt|preput_num|info_num|endcmd)/.test(line)) continue;
+        if (
+          line.startsWith('mcmd') ||
+          /^(nprocs|execname|totspawns|spawnssofar|argcnt|preput_num|info_num|endcmd)/.test(line)
+        )
+          continue;
         c.send(`${line}\n`);
         const reply = parse1(await c.line(10_000));
         if (line.startsWith('cmd=initack')) for (let k = 0; k < 3; k++) await c.line();
@@ -73,7 +78,12 @@ describe('state machine fuzz over sockets', () => {
 
   async function fuzzer(r: Rng, j: FixtureJob, rank: number): Promise<void> {
     const c = await WireClient.connect(fx.port);
-    const text = mutate(r, r.next() < 0.5 ? pmi1Transcript(j.pmiIds[rank]!, j.job.namespace, rank) : pmi2Transcript(j.pmiIds[rank]!, j.job.namespace, rank));
+    const text = mutate(
+      r,
+      r.next() < 0.5
+        ? pmi1Transcript(j.pmiIds[rank]!, j.job.namespace, rank)
+        : pmi2Transcript(j.pmiIds[rank]!, j.job.namespace, rank),
+    );
     for (const piece of chunks(r, text)) {
       if (c.isClosed) break;
       c.send(piece);

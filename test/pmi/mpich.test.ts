@@ -7,8 +7,8 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { bin, pmiRank } from '../helpers/build-clients.js';
 import { ROOT } from '../helpers/paths.js';
-import { describeRanks, startRank, type RankProcess } from '../helpers/ranks.js';
-import { PmiRmFixture, type FixtureJob } from './helpers/rm-fixture.js';
+import { describeRanks, type RankProcess, startRank } from '../helpers/ranks.js';
+import { type FixtureJob, PmiRmFixture } from './helpers/rm-fixture.js';
 
 let fx: PmiRmFixture;
 beforeAll(async () => {
@@ -16,7 +16,13 @@ beforeAll(async () => {
 });
 afterAll(() => fx.stop());
 
-function launch(j: FixtureJob, program: string, args: string[], extra: Record<string, string> = {}, timeoutMs = 30_000): RankProcess[] {
+function launch(
+  j: FixtureJob,
+  program: string,
+  args: string[],
+  extra: Record<string, string> = {},
+  timeoutMs = 30_000,
+): RankProcess[] {
   return j.envs.map((env) => startRank(...pmiRank(bin(program), args), { ...env, ...extra }, timeoutMs));
 }
 
@@ -26,14 +32,19 @@ async function runJob(n: number, program: string, args: string[], extra: Record<
   const ranks = launch(j, program, args, extra);
   const codes = await Promise.all(ranks.map((r) => r.exited));
   expect(codes, describeRanks(ranks)).toEqual(Array(n).fill(0));
-  expect((await fx.waitFor(j.job.id, ['completed', 'failed', 'aborted'])).state, describeRanks(ranks)).toBe('completed');
+  expect((await fx.waitFor(j.job.id, ['completed', 'failed', 'aborted'])).state, describeRanks(ranks)).toBe(
+    'completed',
+  );
   return { j, ranks };
 }
 
 function expectAllreduce(ranks: RankProcess[], mode: string) {
   const n = ranks.length;
   ranks.forEach((r, rank) => {
-    expect(r.lines.find((l) => 'sum' in l), describeRanks(ranks)).toMatchObject({ mode, rank, size: n, sum: (n * (n + 1)) / 2, ok: true });
+    expect(
+      r.lines.find((l) => 'sum' in l),
+      describeRanks(ranks),
+    ).toMatchObject({ mode, rank, size: n, sum: (n * (n + 1)) / 2, ok: true });
   });
 }
 
@@ -63,7 +74,12 @@ describe.each([
 
   it('publishes, looks up and unpublishes a name', async () => {
     const { ranks } = await runJob(2, `publish_lookup_${flavour}`, [`svc-${flavour}`]);
-    for (const r of ranks) expect(r.lines.at(-1), describeRanks(ranks)).toMatchObject({ feature: 'publish-lookup', ok: true, unpublished: true });
+    for (const r of ranks)
+      expect(r.lines.at(-1), describeRanks(ranks)).toMatchObject({
+        feature: 'publish-lookup',
+        ok: true,
+        unpublished: true,
+      });
   });
 
   it('fails the job when a rank exits before finalize, and the other rank gets an error instead of hanging', async () => {
@@ -104,9 +120,17 @@ describe('MPICH 5.0.2 (wheel) across jobs', () => {
     // With every UCX transport in its address the port name outgrows its buffer ("no space for
     // port_name tag" in MPI_Open_port, under hydra as well): limit UCX to tcp (or use ofi).
     const env = { UCX_TLS: 'tcp,self' };
-    const ranks = [...launch(a, 'connect_accept_mpich5', ['accept', service], env), ...launch(b, 'connect_accept_mpich5', ['connect', service], env)];
+    const ranks = [
+      ...launch(a, 'connect_accept_mpich5', ['accept', service], env),
+      ...launch(b, 'connect_accept_mpich5', ['connect', service], env),
+    ];
     expect(await Promise.all(ranks.map((r) => r.exited)), describeRanks(ranks)).toEqual([0, 0, 0, 0]);
-    for (const r of ranks) expect(r.lines.at(-1), describeRanks(ranks)).toMatchObject({ feature: 'connect-accept', ok: true, merged_size: 4 });
+    for (const r of ranks)
+      expect(r.lines.at(-1), describeRanks(ranks)).toMatchObject({
+        feature: 'connect-accept',
+        ok: true,
+        merged_size: 4,
+      });
   });
 });
 
@@ -125,7 +149,12 @@ describe('MPICH 5.0.2 (wheel): one process, one job after another', () => {
     const handOut = (k: number, envs: Record<string, string>[]) =>
       envs.forEach((e, r) => {
         const file = join(dirs[r]!, `round${k}.env`);
-        writeFileSync(`${file}.part`, Object.entries(e).map(([n, v]) => `${n}=${v}\n`).join(''));
+        writeFileSync(
+          `${file}.part`,
+          Object.entries(e)
+            .map(([n, v]) => `${n}=${v}\n`)
+            .join(''),
+        );
         renameSync(`${file}.part`, file);
       });
     const first = await fx.job(2);
@@ -138,10 +167,16 @@ describe('MPICH 5.0.2 (wheel): one process, one job after another', () => {
     expect(fx.state(first.job.id)).toBe('running');
     await fx.rm.deleteJob(first.job.id, 'round 1 done');
     const second = await fx.rm.createJob({ impl: 'mpich', members: first.workers });
-    handOut(2, first.workers.map((w) => fx.rm.memberEnv(second.id, w).env));
+    handOut(
+      2,
+      first.workers.map((w) => fx.rm.memberEnv(second.id, w).env),
+    );
     expect(await Promise.all(ranks.map((r) => r.exited)), describeRanks(ranks)).toEqual([0, 0]);
     for (const r of ranks) {
-      expect(r.lines.filter((l) => l.ok === true).map((l) => l.round), describeRanks(ranks)).toEqual([1, 2]);
+      expect(
+        r.lines.filter((l) => l.ok === true).map((l) => l.round),
+        describeRanks(ranks),
+      ).toEqual([1, 2]);
     }
     // The exit-time PMI finalize goes over the second job's connection: that job completes.
     expect((await fx.waitFor(second.id, ['completed', 'failed', 'aborted'])).state).toBe('completed');
@@ -152,7 +187,13 @@ describe('PMI-2', () => {
   it('serves a real PMI-2 client (Slurm libpmi2): put/fence/get, job and node attributes, name service', async () => {
     const { ranks } = await runJob(3, 'pmi2_probe', []);
     for (const r of ranks) {
-      expect(r.lines[0], describeRanks(ranks)).toMatchObject({ ok: true, size: 3, mapping: '(vector,(0,1,3))', kvs_ok: 1, node_attr: '/dev/shm/probe' });
+      expect(r.lines[0], describeRanks(ranks)).toMatchObject({
+        ok: true,
+        size: 3,
+        mapping: '(vector,(0,1,3))',
+        kvs_ok: 1,
+        node_attr: '/dev/shm/probe',
+      });
     }
   });
 });
@@ -197,7 +238,9 @@ describe.skipIf(!IMPI_LIB || !existsSync(`${IMPI_LIB}/libmpi.so.12`))('Intel MPI
   });
   it('joins over PMI-2 (I_MPI_PMI_LIBRARY = Slurm libpmi2)', async () => {
     const { ranks } = await runJob(2, 'mpi_job_mpich5', ['world'], {
-      ...env, I_MPI_PMI: 'pmi2', I_MPI_PMI_LIBRARY: '/usr/lib/x86_64-linux-gnu/libpmi2.so.0',
+      ...env,
+      I_MPI_PMI: 'pmi2',
+      I_MPI_PMI_LIBRARY: '/usr/lib/x86_64-linux-gnu/libpmi2.so.0',
     });
     expectAllreduce(ranks, 'world');
   });

@@ -4,8 +4,8 @@
 import { readFileSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { LIMITS, PMI1_MAX_LINE } from '../../src/pmi/limits.js';
+import { type FixtureJob, PmiRmFixture } from './helpers/rm-fixture.js';
 import { frame2, parse1, parse2, WireClient } from './helpers/wire-client.js';
-import { PmiRmFixture, type FixtureJob } from './helpers/rm-fixture.js';
 
 let fx: PmiRmFixture;
 beforeAll(async () => {
@@ -35,9 +35,19 @@ async function member1(j: FixtureJob, rank: number): Promise<WireClient> {
 /** Connects as member `rank` of `j` over PMI-2 (PMI-1 init line, then fullinit). */
 async function member2(j: FixtureJob, rank: number): Promise<WireClient> {
   const c = await WireClient.connect(fx.port);
-  expect(await c.cmd1('cmd=init pmi_version=2 pmi_subversion=0')).toMatchObject({ cmd: 'response_to_init', rc: '0', pmi_version: '2' });
+  expect(await c.cmd1('cmd=init pmi_version=2 pmi_subversion=0')).toMatchObject({
+    cmd: 'response_to_init',
+    rc: '0',
+    pmi_version: '2',
+  });
   const r = await c.cmd2(`cmd=fullinit;pmirank=${j.pmiIds[rank]};`);
-  expect(r).toMatchObject({ cmd: 'fullinit-response', rc: '0', rank: String(rank), size: String(j.job.members.length), appnum: '0' });
+  expect(r).toMatchObject({
+    cmd: 'fullinit-response',
+    rc: '0',
+    rank: String(rank),
+    size: String(j.job.members.length),
+    appnum: '0',
+  });
   return c;
 }
 
@@ -92,7 +102,10 @@ describe('job attributes', () => {
     expect(r).toMatchObject({ rc: '0' });
     expect(readFileSync(r.value!, 'utf8')).toContain('<topology');
     expect(await b.cmd1(`cmd=get kvsname=${j.job.namespace} key=PMI_hwloc_xmlfile`)).toMatchObject({ rc: '-1' });
-    expect(await b.cmd1(`cmd=get kvsname=${j.job.namespace} key=PMI_process_mapping`)).toMatchObject({ rc: '0', value: '(vector,(0,2,1))' });
+    expect(await b.cmd1(`cmd=get kvsname=${j.job.namespace} key=PMI_process_mapping`)).toMatchObject({
+      rc: '0',
+      value: '(vector,(0,2,1))',
+    });
     await fx.rm.deleteJob(j.job.id);
     a.close();
     b.close();
@@ -106,12 +119,27 @@ describe('PMI-1', () => {
     const [a, b] = [await member1(j, 0), await member1(j, 1)];
     expect(fx.state(j.job.id)).toBe('running');
 
-    expect(await a.cmd1('cmd=init pmi_version=1 pmi_subversion=1')).toEqual({ cmd: 'response_to_init', rc: '0', pmi_version: '1', pmi_subversion: '1' });
-    expect(await a.cmd1('cmd=get_maxes')).toEqual({ cmd: 'maxes', rc: '0', kvsname_max: '256', keylen_max: '64', vallen_max: '1024' });
+    expect(await a.cmd1('cmd=init pmi_version=1 pmi_subversion=1')).toEqual({
+      cmd: 'response_to_init',
+      rc: '0',
+      pmi_version: '1',
+      pmi_subversion: '1',
+    });
+    expect(await a.cmd1('cmd=get_maxes')).toEqual({
+      cmd: 'maxes',
+      rc: '0',
+      kvsname_max: '256',
+      keylen_max: '64',
+      vallen_max: '1024',
+    });
     expect(await a.cmd1('cmd=get_appnum')).toEqual({ cmd: 'appnum', rc: '0', appnum: '0' });
     expect(await a.cmd1('cmd=get_my_kvsname')).toEqual({ cmd: 'my_kvsname', rc: '0', kvsname: kvs });
     expect(await a.cmd1('cmd=get_universe_size')).toEqual({ cmd: 'universe_size', rc: '0', size: '2' });
-    expect(await a.cmd1(`cmd=get kvsname=${kvs} key=PMI_process_mapping`)).toEqual({ cmd: 'get_result', rc: '0', value: '(vector,(0,1,2))' });
+    expect(await a.cmd1(`cmd=get kvsname=${kvs} key=PMI_process_mapping`)).toEqual({
+      cmd: 'get_result',
+      rc: '0',
+      value: '(vector,(0,1,2))',
+    });
 
     // A put is the putter's at once, everyone's after the next barrier.
     expect(await a.cmd1(`cmd=put kvsname=${kvs} key=card-0 value=AB12`)).toEqual({ cmd: 'put_result', rc: '0' });
@@ -129,9 +157,19 @@ describe('PMI-1', () => {
     expect(await b.cmd1(`cmd=get kvsname=${kvs} key=card-0`)).toEqual({ cmd: 'get_result', rc: '0', value: 'AB12' });
 
     // Name service, shared by every job of the sidecar.
-    expect(await a.cmd1('cmd=publish_name service=svc-1 port=tag#0$connentry#00AB$')).toEqual({ cmd: 'publish_result', rc: '0' });
-    expect(await a.cmd1('cmd=publish_name service=svc-1 port=other')).toMatchObject({ cmd: 'publish_result', rc: '-1' });
-    expect(await b.cmd1('cmd=lookup_name service=svc-1')).toEqual({ cmd: 'lookup_result', rc: '0', port: 'tag#0$connentry#00AB$' });
+    expect(await a.cmd1('cmd=publish_name service=svc-1 port=tag#0$connentry#00AB$')).toEqual({
+      cmd: 'publish_result',
+      rc: '0',
+    });
+    expect(await a.cmd1('cmd=publish_name service=svc-1 port=other')).toMatchObject({
+      cmd: 'publish_result',
+      rc: '-1',
+    });
+    expect(await b.cmd1('cmd=lookup_name service=svc-1')).toEqual({
+      cmd: 'lookup_result',
+      rc: '0',
+      port: 'tag#0$connentry#00AB$',
+    });
     expect(await b.cmd1('cmd=unpublish_name service=svc-1')).toMatchObject({ cmd: 'unpublish_result', rc: '-1' });
     expect(await a.cmd1('cmd=unpublish_name service=svc-1')).toEqual({ cmd: 'unpublish_result', rc: '0' });
     expect(await b.cmd1('cmd=lookup_name service=svc-1')).toMatchObject({ cmd: 'lookup_result', rc: '-1' });
@@ -160,16 +198,37 @@ describe('PMI-1', () => {
     // merits (here: not this member's kvsname), not dropped for its length.
     const longest = `cmd=put kvsname=${'n'.repeat(kvsMax)} key=${key} value=${value}`;
     expect(longest.length + 1).toBe(PMI1_MAX_LINE);
-    expect(await a.cmd1(longest)).toMatchObject({ cmd: 'put_result', rc: '-1', msg: expect.stringContaining('wrong_kvsname') });
-    expect(await a.cmd1(`cmd=publish_name service=${'s'.repeat(kvsMax)} port=${value}`)).toEqual({ cmd: 'publish_result', rc: '0' });
+    expect(await a.cmd1(longest)).toMatchObject({
+      cmd: 'put_result',
+      rc: '-1',
+      msg: expect.stringContaining('wrong_kvsname'),
+    });
+    expect(await a.cmd1(`cmd=publish_name service=${'s'.repeat(kvsMax)} port=${value}`)).toEqual({
+      cmd: 'publish_result',
+      rc: '0',
+    });
     await Promise.all([a.cmd1('cmd=barrier_in'), b.cmd1('cmd=barrier_in')]);
     expect(await b.cmd1(`cmd=get kvsname=${kvs} key=${key}`)).toEqual({ cmd: 'get_result', rc: '0', value });
-    expect(await b.cmd1(`cmd=lookup_name service=${'s'.repeat(kvsMax)}`)).toEqual({ cmd: 'lookup_result', rc: '0', port: value });
+    expect(await b.cmd1(`cmd=lookup_name service=${'s'.repeat(kvsMax)}`)).toEqual({
+      cmd: 'lookup_result',
+      rc: '0',
+      port: value,
+    });
     // Past the bound: a clear error, and the connection goes on.
     a.send(`${longest}X\n`);
-    expect(parse1(await a.line())).toMatchObject({ cmd: 'error', rc: '-1', msg: `line_longer_than_${PMI1_MAX_LINE}_bytes` });
-    expect(await a.cmd1(`cmd=put kvsname=${kvs} key=${key} value=${value}F`)).toMatchObject({ rc: '-1', msg: `value_longer_than_${valMax}_characters` });
-    expect(await a.cmd1(`cmd=lookup_name service=${'s'.repeat(kvsMax + 1)}`)).toMatchObject({ rc: '-1', msg: expect.stringContaining(`longer_than_${kvsMax}`) });
+    expect(parse1(await a.line())).toMatchObject({
+      cmd: 'error',
+      rc: '-1',
+      msg: `line_longer_than_${PMI1_MAX_LINE}_bytes`,
+    });
+    expect(await a.cmd1(`cmd=put kvsname=${kvs} key=${key} value=${value}F`)).toMatchObject({
+      rc: '-1',
+      msg: `value_longer_than_${valMax}_characters`,
+    });
+    expect(await a.cmd1(`cmd=lookup_name service=${'s'.repeat(kvsMax + 1)}`)).toMatchObject({
+      rc: '-1',
+      msg: expect.stringContaining(`longer_than_${kvsMax}`),
+    });
     await fx.rm.deleteJob(j.job.id);
     a.close();
     b.close();
@@ -180,21 +239,43 @@ describe('PMI-1', () => {
     const j = await fx.job(2);
     const kvs = j.job.namespace;
     const before = await WireClient.connect(fx.port);
-    expect(await before.cmd1('cmd=get_my_kvsname')).toMatchObject({ cmd: 'my_kvsname', rc: '-1', msg: expect.stringContaining('no_PMI_ID') });
+    expect(await before.cmd1('cmd=get_my_kvsname')).toMatchObject({
+      cmd: 'my_kvsname',
+      rc: '-1',
+      msg: expect.stringContaining('no_PMI_ID'),
+    });
     before.close();
 
     const c = await member1(j, 0);
     const bad: [string, Record<string, unknown>][] = [
       ['cmd=frobnicate x=1', { cmd: 'error', rc: '-1', msg: 'unknown_PMI-1_command_frobnicate' }],
-      ['cmd=put kvsname=kvs_other key=k value=v', { cmd: 'put_result', rc: '-1', msg: expect.stringContaining('wrong_kvsname_kvs_other') }],
-      [`cmd=put kvsname=${kvs} key=PMI_process_mapping value=v`, { cmd: 'put_result', rc: '-1', msg: expect.stringContaining('reserved') }],
-      [`cmd=put kvsname=${kvs} key=${'k'.repeat(65)} value=v`, { cmd: 'put_result', rc: '-1', msg: expect.stringContaining('longer_than_64') }],
+      [
+        'cmd=put kvsname=kvs_other key=k value=v',
+        { cmd: 'put_result', rc: '-1', msg: expect.stringContaining('wrong_kvsname_kvs_other') },
+      ],
+      [
+        `cmd=put kvsname=${kvs} key=PMI_process_mapping value=v`,
+        { cmd: 'put_result', rc: '-1', msg: expect.stringContaining('reserved') },
+      ],
+      [
+        `cmd=put kvsname=${kvs} key=${'k'.repeat(65)} value=v`,
+        { cmd: 'put_result', rc: '-1', msg: expect.stringContaining('longer_than_64') },
+      ],
       [`cmd=put kvsname=${kvs} value=v`, { cmd: 'put_result', rc: '-1', msg: 'missing_key=' }],
-      [`cmd=put kvsname=${kvs} key=a value=b stray`, { cmd: 'put_result', rc: '-1', msg: expect.stringContaining('malformed_token') }],
+      [
+        `cmd=put kvsname=${kvs} key=a value=b stray`,
+        { cmd: 'put_result', rc: '-1', msg: expect.stringContaining('malformed_token') },
+      ],
       [`cmd=get kvsname=${kvs} key=PMI_dead_processes`, { cmd: 'get_result', rc: '-1' }],
-      ['cmd=init pmi_version=3 pmi_subversion=0', { cmd: 'response_to_init', rc: '-1', msg: expect.stringContaining('version_mismatch') }],
+      [
+        'cmd=init pmi_version=3 pmi_subversion=0',
+        { cmd: 'response_to_init', rc: '-1', msg: expect.stringContaining('version_mismatch') },
+      ],
       ['cmd=barrier_in group=WORLD:1', { cmd: 'barrier_out', rc: '-1', msg: expect.stringContaining('PMI_1.2') }],
-      [`cmd=initack pmiid=${j.pmiIds[0]}`, { cmd: 'initack', rc: '-1', msg: expect.stringContaining('already_initialized') }],
+      [
+        `cmd=initack pmiid=${j.pmiIds[0]}`,
+        { cmd: 'initack', rc: '-1', msg: expect.stringContaining('already_initialized') },
+      ],
       ['cmd=initack pmiid=seven', { cmd: 'initack', rc: '-1', msg: expect.stringContaining('already_initialized') }],
     ];
     for (const [line, reply] of bad) expect(await c.cmd1(line), line).toMatchObject(reply);
@@ -203,17 +284,32 @@ describe('PMI-1', () => {
 
     // An over-long line is skipped up to its newline; the next command is served.
     c.send(`cmd=put kvsname=${kvs} key=big value=${'F'.repeat(PMI1_MAX_LINE)}\n`);
-    expect(parse1(await c.line())).toMatchObject({ cmd: 'error', rc: '-1', msg: `line_longer_than_${PMI1_MAX_LINE}_bytes` });
+    expect(parse1(await c.line())).toMatchObject({
+      cmd: 'error',
+      rc: '-1',
+      msg: `line_longer_than_${PMI1_MAX_LINE}_bytes`,
+    });
     expect(await c.cmd1('cmd=get_appnum')).toEqual({ cmd: 'appnum', rc: '0', appnum: '0' });
 
     // Spawn: a clear refusal after the last block of the request.
-    c.send('mcmd=spawn\nnprocs=1\nexecname=/bin/true\ntotspawns=2\nspawnssofar=1\nargcnt=0\npreput_num=0\ninfo_num=0\nendcmd\n');
+    c.send(
+      'mcmd=spawn\nnprocs=1\nexecname=/bin/true\ntotspawns=2\nspawnssofar=1\nargcnt=0\npreput_num=0\ninfo_num=0\nendcmd\n',
+    );
     expect(await c.silent(100)).toBe(true);
-    c.send('mcmd=spawn\nnprocs=1\nexecname=/bin/true\ntotspawns=2\nspawnssofar=2\nargcnt=1\narg1=a b\npreput_num=0\ninfo_num=0\nendcmd\n');
-    expect(parse1(await c.line())).toMatchObject({ cmd: 'spawn_result', rc: '-1', msg: expect.stringContaining('MPI_Comm_spawn_is_not_supported') });
+    c.send(
+      'mcmd=spawn\nnprocs=1\nexecname=/bin/true\ntotspawns=2\nspawnssofar=2\nargcnt=1\narg1=a b\npreput_num=0\ninfo_num=0\nendcmd\n',
+    );
+    expect(parse1(await c.line())).toMatchObject({
+      cmd: 'spawn_result',
+      rc: '-1',
+      msg: expect.stringContaining('MPI_Comm_spawn_is_not_supported'),
+    });
 
     expect(await c.cmd1('cmd=finalize')).toEqual({ cmd: 'finalize_ack', rc: '0' });
-    expect(await c.cmd1('cmd=get_appnum')).toMatchObject({ rc: '-1', msg: expect.stringContaining('already_finalized') });
+    expect(await c.cmd1('cmd=get_appnum')).toMatchObject({
+      rc: '-1',
+      msg: expect.stringContaining('already_finalized'),
+    });
     c.close();
     expect(fx.state(j.job.id)).toBe('wiring');
     await fx.rm.deleteJob(j.job.id);
@@ -230,7 +326,11 @@ describe('PMI-1', () => {
     // MPI sending PMI_ID itself (an int, as MPICH and Intel MPI do) is told how to join.
     const raw = await WireClient.connect(fx.port);
     raw.send('cmd=initack pmiid=12345\n');
-    expect(parse1(await raw.line())).toMatchObject({ cmd: 'initack', rc: '-1', msg: expect.stringContaining('dask_pmix.pmi_connect') });
+    expect(parse1(await raw.line())).toMatchObject({
+      cmd: 'initack',
+      rc: '-1',
+      msg: expect.stringContaining('dask_pmix.pmi_connect'),
+    });
     await raw.closed;
     // Guesses sent along after a wrong one are not looked at.
     const pipelined = await WireClient.connect(fx.port);
@@ -242,7 +342,11 @@ describe('PMI-1', () => {
     const first = await member1(j, 0);
     const twin = await WireClient.connect(fx.port);
     twin.send(`cmd=initack pmiid=${j.pmiIds[0]}\n`);
-    expect(parse1(await twin.line())).toMatchObject({ cmd: 'initack', rc: '-1', msg: expect.stringContaining('already_connected') });
+    expect(parse1(await twin.line())).toMatchObject({
+      cmd: 'initack',
+      rc: '-1',
+      msg: expect.stringContaining('already_connected'),
+    });
     await twin.closed;
     // The twin's hang-up is not the member's: the job goes on.
     expect(fx.state(j.job.id)).toBe('running');
@@ -255,7 +359,11 @@ describe('PMI-1', () => {
     const [a, b] = [await member1(j, 0), await member1(j, 1)];
     a.send('cmd=barrier_in\n');
     b.send('GET / HTTP/1.1\r\n\r\n');
-    expect(parse1(await b.line())).toMatchObject({ cmd: 'error', rc: '-1', msg: expect.stringContaining('not_a_PMI_command') });
+    expect(parse1(await b.line())).toMatchObject({
+      cmd: 'error',
+      rc: '-1',
+      msg: expect.stringContaining('not_a_PMI_command'),
+    });
     await b.closed;
     const out = parse1(await a.line());
     expect(out).toMatchObject({ cmd: 'barrier_out', rc: '-1' });
@@ -280,7 +388,10 @@ describe('PMI-1', () => {
     expect(job.error).toMatch(/rank 2 .* was lost: its PMI connection closed before PMI finalize/);
     // Everything after the failure says so; finalize is still acknowledged so that the process
     // can exit. The server never hangs up on its own (MPICH 5 crashes on an unexpected EOF).
-    expect(await a.cmd1(`cmd=get kvsname=${j.job.namespace} key=x`)).toMatchObject({ rc: '-1', msg: expect.stringContaining('failed') });
+    expect(await a.cmd1(`cmd=get kvsname=${j.job.namespace} key=x`)).toMatchObject({
+      rc: '-1',
+      msg: expect.stringContaining('failed'),
+    });
     expect(await a.cmd1('cmd=barrier_in')).toMatchObject({ cmd: 'barrier_out', rc: '-1' });
     expect(await a.cmd1('cmd=finalize')).toEqual({ cmd: 'finalize_ack', rc: '0' });
     expect(a.isClosed).toBe(false);
@@ -323,23 +434,34 @@ describe('PMI-1', () => {
     expect(parse1(await m2[1]!.line())).toMatchObject({ rc: '0' });
     expect(await m1[0]!.silent(20)).toBe(true);
     // A member of job 1 cannot read job 2's store.
-    expect(await m1[1]!.cmd1(`cmd=get kvsname=${j2.job.namespace} key=k`)).toMatchObject({ rc: '-1', msg: expect.stringContaining('wrong_kvsname') });
+    expect(await m1[1]!.cmd1(`cmd=get kvsname=${j2.job.namespace} key=k`)).toMatchObject({
+      rc: '-1',
+      msg: expect.stringContaining('wrong_kvsname'),
+    });
     // Job 1 fails; job 2 goes on.
     m1[1]!.close();
     expect(parse1(await m1[0]!.line())).toMatchObject({ cmd: 'barrier_out', rc: '-1' });
     await fx.waitFor(j1.job.id, ['failed']);
-    expect(await m2[1]!.cmd1(`cmd=get kvsname=${j2.job.namespace} key=k`)).toEqual({ cmd: 'get_result', rc: '0', value: 'two' });
+    expect(await m2[1]!.cmd1(`cmd=get kvsname=${j2.job.namespace} key=k`)).toEqual({
+      cmd: 'get_result',
+      rc: '0',
+      value: 'two',
+    });
     for (const m of m2) expect(await m.cmd1('cmd=finalize')).toMatchObject({ rc: '0' });
     expect(fx.state(j2.job.id)).toBe('completed');
     for (const m of [...m1, ...m2]) m.close();
   });
 
-  it('keeps the connections of a released job open, answering with the job\'s end', async () => {
+  it("keeps the connections of a released job open, answering with the job's end", async () => {
     const j = await fx.job(2);
     const [a, b] = [await member1(j, 0), await member1(j, 1)];
     const job = await fx.rm.deleteJob(j.job.id, 'deleted by the test');
     expect(job.state).toBe('aborted');
-    expect(await a.cmd1('cmd=barrier_in')).toMatchObject({ cmd: 'barrier_out', rc: '-1', msg: expect.stringContaining('released') });
+    expect(await a.cmd1('cmd=barrier_in')).toMatchObject({
+      cmd: 'barrier_out',
+      rc: '-1',
+      msg: expect.stringContaining('released'),
+    });
     expect(await b.cmd1('cmd=finalize')).toEqual({ cmd: 'finalize_ack', rc: '0' });
     expect(a.isClosed || b.isClosed).toBe(false);
     a.close();
@@ -352,20 +474,38 @@ describe('PMI-2', () => {
     const j = await fx.job(2, { hosts: ['hostA', 'hostA'] });
     const kvs = j.job.namespace;
     const [a, b] = [await member2(j, 0), await member2(j, 1)];
-    expect(await a.cmd2('cmd=job-getid;thrid=0x7f01;')).toEqual({ cmd: 'job-getid-response', thrid: '0x7f01', rc: '0', jobid: kvs });
-    expect(await a.cmd2('cmd=info-getjobattr;key=PMI_process_mapping;')).toMatchObject({ rc: '0', found: 'TRUE', value: '(vector,(0,1,2))' });
+    expect(await a.cmd2('cmd=job-getid;thrid=0x7f01;')).toEqual({
+      cmd: 'job-getid-response',
+      thrid: '0x7f01',
+      rc: '0',
+      jobid: kvs,
+    });
+    expect(await a.cmd2('cmd=info-getjobattr;key=PMI_process_mapping;')).toMatchObject({
+      rc: '0',
+      found: 'TRUE',
+      value: '(vector,(0,1,2))',
+    });
     expect(await a.cmd2('cmd=info-getjobattr;key=universeSize;')).toMatchObject({ rc: '0', found: 'TRUE', value: '2' });
     expect(await a.cmd2('cmd=info-getjobattr;key=PMI_dead_processes;')).toMatchObject({ rc: '0', found: 'FALSE' });
 
     expect(await a.cmd2('cmd=kvs-put;key=bc-0;value=with space;')).toEqual({ cmd: 'kvs-put-response', rc: '0' });
-    expect(await b.cmd2('cmd=kvs-get;jobid=' + kvs + ';srcid=0;key=bc-0;')).toMatchObject({ rc: '-1', errmsg: expect.stringContaining('after the next kvs-fence') });
+    expect(await b.cmd2(`cmd=kvs-get;jobid=${kvs};srcid=0;key=bc-0;`)).toMatchObject({
+      rc: '-1',
+      errmsg: expect.stringContaining('after the next kvs-fence'),
+    });
     expect(await b.cmd2('cmd=kvs-get;key=-NONEXIST-KEY;')).toMatchObject({ rc: '0', found: 'FALSE' });
 
     // Node attributes: a waiting get is answered when another rank on the host puts the key.
     b.send(frame2('cmd=info-getnodeattr;thrid=0xb;key=shm;wait=TRUE;'));
     expect(await b.silent(50)).toBe(true);
     expect(await a.cmd2('cmd=info-putnodeattr;key=shm;value=/dev/shm/x;')).toMatchObject({ rc: '0' });
-    expect(parse2(await b.frame())).toEqual({ cmd: 'info-getnodeattr-response', thrid: '0xb', rc: '0', found: 'TRUE', value: '/dev/shm/x' });
+    expect(parse2(await b.frame())).toEqual({
+      cmd: 'info-getnodeattr-response',
+      thrid: '0xb',
+      rc: '0',
+      found: 'TRUE',
+      value: '/dev/shm/x',
+    });
     expect(await b.cmd2('cmd=info-getnodeattr;key=nope;')).toMatchObject({ rc: '0', found: 'FALSE' });
 
     a.send(frame2('cmd=kvs-fence;thrid=0xa;'));
@@ -374,7 +514,12 @@ describe('PMI-2', () => {
     b.send(frame2('cmd=kvs-fence;thrid=0x1;'));
     expect(parse2(await a.frame())).toEqual({ cmd: 'kvs-fence-response', thrid: '0xa', rc: '0' });
     expect(parse2(await b.frame())).toEqual({ cmd: 'kvs-fence-response', thrid: '0x1', rc: '0' });
-    expect(await b.cmd2('cmd=kvs-get;key=bc-0;')).toEqual({ cmd: 'kvs-get-response', rc: '0', found: 'TRUE', value: 'with space' });
+    expect(await b.cmd2('cmd=kvs-get;key=bc-0;')).toEqual({
+      cmd: 'kvs-get-response',
+      rc: '0',
+      found: 'TRUE',
+      value: 'with space',
+    });
 
     expect(await a.cmd2('cmd=name-publish;name=svc-2;port=p2;')).toMatchObject({ rc: '0' });
     expect(await b.cmd2('cmd=name-lookup;name=svc-2;')).toMatchObject({ rc: '0', port: 'p2', value: 'p2' });
@@ -395,7 +540,14 @@ describe('PMI-2', () => {
     const body = `cmd=fullinit;pmijobid=x;srcid=${j.pmiIds[0]};threaded=FALSE;`;
     c.send(`${String(body.length).padEnd(6, ' ')}${body}`);
     expect(parse2(await c.frame())).toEqual({
-      cmd: 'fullinit-response', rc: '0', 'pmi-version': '2', 'pmi-subversion': '0', rank: '0', size: '1', appnum: '0', pmiverbose: 'FALSE',
+      cmd: 'fullinit-response',
+      rc: '0',
+      'pmi-version': '2',
+      'pmi-subversion': '0',
+      rank: '0',
+      size: '1',
+      appnum: '0',
+      pmiverbose: 'FALSE',
     });
     // Their abort says msg=, not message=.
     c.send(frame2('cmd=abort;isworld=TRUE;msg=bye;'));
@@ -409,11 +561,20 @@ describe('PMI-2', () => {
     const [a, b] = [await member2(j, 0), await member2(j, 1)];
     const key = 'k'.repeat(LIMITS.keyMax);
     const value = 'F'.repeat(LIMITS.valueMax);
-    expect(await a.cmd2(`cmd=kvs-put;thrid=0x7fffffffffff;key=${key};value=${value};`)).toEqual({ cmd: 'kvs-put-response', thrid: '0x7fffffffffff', rc: '0' });
+    expect(await a.cmd2(`cmd=kvs-put;thrid=0x7fffffffffff;key=${key};value=${value};`)).toEqual({
+      cmd: 'kvs-put-response',
+      thrid: '0x7fffffffffff',
+      rc: '0',
+    });
     await Promise.all([a.cmd2('cmd=kvs-fence;'), b.cmd2('cmd=kvs-fence;')]);
     expect(await b.cmd2(`cmd=kvs-get;key=${key};`)).toEqual({ cmd: 'kvs-get-response', rc: '0', found: 'TRUE', value });
-    expect(await a.cmd2(`cmd=name-publish;name=${'s'.repeat(LIMITS.kvsnameMax)};port=${value};`)).toMatchObject({ rc: '0' });
-    expect(await a.cmd2(`cmd=kvs-put;key=${key};value=${value}F;`)).toMatchObject({ rc: '-1', errmsg: expect.stringContaining(`longer than ${LIMITS.valueMax}`) });
+    expect(await a.cmd2(`cmd=name-publish;name=${'s'.repeat(LIMITS.kvsnameMax)};port=${value};`)).toMatchObject({
+      rc: '0',
+    });
+    expect(await a.cmd2(`cmd=kvs-put;key=${key};value=${value}F;`)).toMatchObject({
+      rc: '-1',
+      errmsg: expect.stringContaining(`longer than ${LIMITS.valueMax}`),
+    });
     await fx.rm.deleteJob(j.job.id);
     a.close();
     b.close();
@@ -440,9 +601,20 @@ describe('PMI-2', () => {
     const [a, b] = [await member1(j, 0), await member1(j, 1)];
     // What MPICH >= 4.1 sends on PMI_FD with PMI_RANK set, and what Slurm's libpmi2 sends.
     expect(await a.cmd1('cmd=init pmi_version=2 pmi_subversion=0')).toMatchObject({ rc: '0', pmi_version: '2' });
-    expect(await a.cmd2('cmd=fullinit;pmirank=0;')).toMatchObject({ cmd: 'fullinit-response', rc: '0', rank: '0', size: '2' });
-    expect(await a.cmd2('cmd=fullinit;pmirank=0;')).toMatchObject({ rc: '-1', errmsg: expect.stringContaining('already initialized') });
-    expect(await b.cmd2('cmd=fullinit;pmirank=0;')).toMatchObject({ rc: '-1', errmsg: expect.stringContaining('rank 1') });
+    expect(await a.cmd2('cmd=fullinit;pmirank=0;')).toMatchObject({
+      cmd: 'fullinit-response',
+      rc: '0',
+      rank: '0',
+      size: '2',
+    });
+    expect(await a.cmd2('cmd=fullinit;pmirank=0;')).toMatchObject({
+      rc: '-1',
+      errmsg: expect.stringContaining('already initialized'),
+    });
+    expect(await b.cmd2('cmd=fullinit;pmirank=0;')).toMatchObject({
+      rc: '-1',
+      errmsg: expect.stringContaining('rank 1'),
+    });
     expect(b.isClosed).toBe(false);
     expect(await b.cmd2('cmd=fullinit;srcid=1;threaded=FALSE;')).toMatchObject({ rc: '0', rank: '1' });
     await Promise.all([a.cmd2('cmd=kvs-fence;'), b.cmd2('cmd=kvs-fence;')]);
@@ -456,14 +628,32 @@ describe('PMI-2', () => {
   it('answers bad input with rc=-1 and an errmsg', async () => {
     const j = await fx.job(2);
     const c = await WireClient.connect(fx.port);
-    expect(await c.cmd2('cmd=kvs-put;key=a;value=b;')).toMatchObject({ cmd: 'kvs-put-response', rc: '-1', errmsg: expect.stringContaining('no PMI_ID') });
+    expect(await c.cmd2('cmd=kvs-put;key=a;value=b;')).toMatchObject({
+      cmd: 'kvs-put-response',
+      rc: '-1',
+      errmsg: expect.stringContaining('no PMI_ID'),
+    });
     expect(await c.cmd2(`cmd=fullinit;pmirank=${j.pmiIds[0]};`)).toMatchObject({ rc: '0' });
-    expect(await c.cmd2('cmd=warp-drive;')).toMatchObject({ cmd: 'warp-drive-response', rc: '-1', errmsg: 'unknown PMI-2 command warp-drive' });
-    expect(await c.cmd2('cmd=kvs-get;jobid=someone-else;key=k;')).toMatchObject({ rc: '-1', errmsg: expect.stringContaining('wrong kvsname') });
-    expect(await c.cmd2('cmd=kvs-put;key=PMI_x;value=1;')).toMatchObject({ rc: '-1', errmsg: expect.stringContaining('reserved') });
+    expect(await c.cmd2('cmd=warp-drive;')).toMatchObject({
+      cmd: 'warp-drive-response',
+      rc: '-1',
+      errmsg: 'unknown PMI-2 command warp-drive',
+    });
+    expect(await c.cmd2('cmd=kvs-get;jobid=someone-else;key=k;')).toMatchObject({
+      rc: '-1',
+      errmsg: expect.stringContaining('wrong kvsname'),
+    });
+    expect(await c.cmd2('cmd=kvs-put;key=PMI_x;value=1;')).toMatchObject({
+      rc: '-1',
+      errmsg: expect.stringContaining('reserved'),
+    });
     expect(await c.cmd2('cmd=job-connect;jobid=x;')).toMatchObject({ rc: '-1' });
-    expect(await c.cmd2('cmd=spawn;ncmds=1;preputcount=0;subcmd=/bin/true;maxprocs=1;argc=0;infokeycount=0;')).toMatchObject({
-      cmd: 'spawn-response', rc: '-1', errmsg: expect.stringContaining('not supported'),
+    expect(
+      await c.cmd2('cmd=spawn;ncmds=1;preputcount=0;subcmd=/bin/true;maxprocs=1;argc=0;infokeycount=0;'),
+    ).toMatchObject({
+      cmd: 'spawn-response',
+      rc: '-1',
+      errmsg: expect.stringContaining('not supported'),
     });
     c.send('000000');
     expect(parse2(await c.frame())).toMatchObject({ cmd: 'error-response', rc: '-1', errmsg: 'empty PMI-2 command' });
@@ -471,15 +661,23 @@ describe('PMI-2', () => {
     c.send(frame2('cmd=info-getnodeattr;key=never;wait=TRUE;'));
     const other = await member2(j, 1);
     other.close();
-    expect(parse2(await c.frame())).toMatchObject({ cmd: 'info-getnodeattr-response', rc: '-1', errmsg: expect.stringContaining('failed') });
+    expect(parse2(await c.frame())).toMatchObject({
+      cmd: 'info-getnodeattr-response',
+      rc: '-1',
+      errmsg: expect.stringContaining('failed'),
+    });
     c.close();
   });
 });
 
-describe('limits: a hostile client gets errors, not the sidecar\'s memory, and other jobs are untouched', () => {
+describe("limits: a hostile client gets errors, not the sidecar's memory, and other jobs are untouched", () => {
   let lx: PmiRmFixture;
   beforeAll(async () => {
-    lx = await PmiRmFixture.start({ limits: { kvEntries: 4, kvBytes: 64, puts: 8 }, bindTimeoutMs: 300, maxUnbound: 3 });
+    lx = await PmiRmFixture.start({
+      limits: { kvEntries: 4, kvBytes: 64, puts: 8 },
+      bindTimeoutMs: 300,
+      maxUnbound: 3,
+    });
   });
   afterAll(() => lx.stop());
 

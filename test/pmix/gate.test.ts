@@ -6,10 +6,16 @@ import { dirname } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { admit, ClientRegistry } from '../../src/pmix/admission.js';
 import { PmixGate } from '../../src/pmix/gate.js';
-import { decodeInfoBlob } from '../../src/pmix/handshake-blob.js';
 import {
-  encodeHandshake, HandshakeError, nativeCredential, nativeCredentialIds, parseHandshake, PeerFlag, type Handshake,
+  encodeHandshake,
+  type Handshake,
+  HandshakeError,
+  nativeCredential,
+  nativeCredentialIds,
+  PeerFlag,
+  parseHandshake,
 } from '../../src/pmix/handshake.js';
+import { decodeInfoBlob } from '../../src/pmix/handshake-blob.js';
 import { Status } from '../../src/pmix/index.js';
 import { bin } from '../helpers/build-clients.js';
 import { tcpListeningPorts } from '../helpers/listening.js';
@@ -29,7 +35,15 @@ const TOOL_HANDSHAKE = Buffer.from(
 describe('the PMIx handshake', () => {
   it('reads a client handshake as libpmix writes it, and writes it back the same', () => {
     const h = parseHandshake(CLIENT_HANDSHAKE);
-    expect(h).toMatchObject({ psec: 'native', flag: PeerFlag.SIMPLE_CLIENT, proc: { nspace: 'capjob', rank: 0 }, version: '5.0.11rc1', bfrops: 'v41', bufferType: 1, gds: 'hash' });
+    expect(h).toMatchObject({
+      psec: 'native',
+      flag: PeerFlag.SIMPLE_CLIENT,
+      proc: { nspace: 'capjob', rank: 0 },
+      version: '5.0.11rc1',
+      bfrops: 'v41',
+      bufferType: 1,
+      gds: 'hash',
+    });
     expect(nativeCredentialIds(h)).toEqual({ uid: 0, gid: 0 });
     expect(h.blob.length).toBe(0);
     expect(encodeHandshake(h).equals(CLIENT_HANDSHAKE)).toBe(true);
@@ -40,7 +54,15 @@ describe('the PMIx handshake', () => {
     expect(h).toMatchObject({ flag: PeerFlag.TOOL_NEEDS_ID, uid: 0, gid: 0 });
     expect(encodeHandshake(h).equals(TOOL_HANDSHAKE)).toBe(true);
     const blob = decodeInfoBlob(h.blob);
-    expect(blob.map((i) => i.key)).toEqual(['pmix.srvr.uri', 'pmix.ppid', 'pmix.ruid', 'pmix.euid', 'pmix.rgid', 'pmix.egid', 'pmix.cmd.line']);
+    expect(blob.map((i) => i.key)).toEqual([
+      'pmix.srvr.uri',
+      'pmix.ppid',
+      'pmix.ruid',
+      'pmix.euid',
+      'pmix.rgid',
+      'pmix.egid',
+      'pmix.cmd.line',
+    ]);
     expect(blob.find((i) => i.key === 'pmix.ppid')).toMatchObject({ type: 5, value: 25768 });
     expect(blob.find((i) => i.key === 'pmix.euid')).toMatchObject({ type: 14, value: 0 });
   });
@@ -64,9 +86,15 @@ describe('admission', () => {
   it('refuses every tool under the refuse policy, and admits one of its own uid under same-uid', () => {
     const tool = parseHandshake(TOOL_HANDSHAKE);
     const self = { uid: 0, gid: 0 };
-    expect(admit(tool, new ClientRegistry(), { tools: 'refuse', self })).toMatchObject({ ok: false, status: Status.ERR_NOT_SUPPORTED });
+    expect(admit(tool, new ClientRegistry(), { tools: 'refuse', self })).toMatchObject({
+      ok: false,
+      status: Status.ERR_NOT_SUPPORTED,
+    });
     expect(admit(tool, new ClientRegistry(), { tools: 'same-uid', self })).toEqual({ ok: true });
-    expect(admit(tool, new ClientRegistry(), { tools: 'same-uid', self: { uid: 1000, gid: 1000 } })).toMatchObject({ ok: false, status: Status.ERR_NO_PERMISSIONS });
+    expect(admit(tool, new ClientRegistry(), { tools: 'same-uid', self: { uid: 1000, gid: 1000 } })).toMatchObject({
+      ok: false,
+      status: Status.ERR_NO_PERMISSIONS,
+    });
   });
 
   it('refuses a peer whose socket belongs to another uid than the one it claims, unless that is root', () => {
@@ -74,10 +102,17 @@ describe('admission', () => {
     reg.add({ nspace: 'capjob', rank: 0 }, 0, 0);
     const h = parseHandshake(CLIENT_HANDSHAKE);
     const self = { uid: 0, gid: 0 };
-    expect(admit(h, reg, { tools: 'same-uid', self, peerUid: 65534 })).toMatchObject({ ok: false, status: Status.ERR_INVALID_CRED, reason: 'a connection of uid 65534 claims to be uid 0' });
+    expect(admit(h, reg, { tools: 'same-uid', self, peerUid: 65534 })).toMatchObject({
+      ok: false,
+      status: Status.ERR_INVALID_CRED,
+      reason: 'a connection of uid 65534 claims to be uid 0',
+    });
     expect(admit(h, reg, { tools: 'same-uid', self, peerUid: 0 })).toEqual({ ok: true });
     const tool = parseHandshake(TOOL_HANDSHAKE);
-    expect(admit(tool, reg, { tools: 'same-uid', self, peerUid: 1000 })).toMatchObject({ ok: false, status: Status.ERR_INVALID_CRED });
+    expect(admit(tool, reg, { tools: 'same-uid', self, peerUid: 1000 })).toMatchObject({
+      ok: false,
+      status: Status.ERR_INVALID_CRED,
+    });
   });
 
   it('asks about a registered client of the right uid, and refuses it with the reason given', () => {
@@ -85,28 +120,45 @@ describe('admission', () => {
     reg.add({ nspace: 'capjob', rank: 0 }, 0, 0);
     const h = parseHandshake(CLIENT_HANDSHAKE);
     expect(admit(h, reg, { tools: 'same-uid', self: { uid: 0, gid: 0 } })).toEqual({ ok: true });
-    expect(admit(h, reg, { tools: 'same-uid', self: { uid: 0, gid: 0 }, client: () => 'job j1 is failed' }))
-      .toEqual({ ok: false, status: Status.ERR_NO_PERMISSIONS, reason: 'capjob:0: job j1 is failed' });
+    expect(admit(h, reg, { tools: 'same-uid', self: { uid: 0, gid: 0 }, client: () => 'job j1 is failed' })).toEqual({
+      ok: false,
+      status: Status.ERR_NO_PERMISSIONS,
+      reason: 'capjob:0: job j1 is failed',
+    });
     reg.removeNspace('capjob');
-    expect(admit(h, reg, { tools: 'same-uid', self: { uid: 0, gid: 0 } })).toMatchObject({ ok: false, status: Status.ERR_NOT_FOUND });
+    expect(admit(h, reg, { tools: 'same-uid', self: { uid: 0, gid: 0 } })).toMatchObject({
+      ok: false,
+      status: Status.ERR_NOT_FOUND,
+    });
   });
 });
 
 describe('the gate on its own (a stand-in takes the admitted sockets)', () => {
   /** A gate whose admitted sockets go to `taken`, each with the handshake it was handed with. */
-  async function standIn(opts: { peerOf?: (s: Socket) => { key: string }; maxPendingPerPeer?: number; maxPending?: number; firstByteMs?: number } = {}) {
+  async function standIn(
+    opts: {
+      peerOf?: (s: Socket) => { key: string };
+      maxPendingPerPeer?: number;
+      maxPending?: number;
+      firstByteMs?: number;
+    } = {},
+  ) {
     const taken: { fd: number; first: Buffer }[] = [];
     const refused: string[] = [];
     const gate = await PmixGate.listen({
-      host: '127.0.0.1', admit: () => ({ ok: true }), handOver: (fd, first) => taken.push({ fd, first }),
-      onRefused: (r) => refused.push(r), ...opts,
+      host: '127.0.0.1',
+      admit: () => ({ ok: true }),
+      handOver: (fd, first) => taken.push({ fd, first }),
+      onRefused: (r) => refused.push(r),
+      ...opts,
     });
     return { gate, taken, refused };
   }
-  const open = (port: number) => new Promise<Socket>((resolve, reject) => {
-    const s = connect(port, '127.0.0.1', () => resolve(s));
-    s.on('error', reject);
-  });
+  const open = (port: number) =>
+    new Promise<Socket>((resolve, reject) => {
+      const s = connect(port, '127.0.0.1', () => resolve(s));
+      s.on('error', reject);
+    });
   const closedOf = (s: Socket) => new Promise<void>((r) => (s.destroyed ? r() : s.on('close', () => r())));
 
   it('hands over an admitted socket with exactly its handshake, and refuses a peer that says more before its answer', async () => {
@@ -133,7 +185,11 @@ describe('the gate on its own (a stand-in takes the admitted sockets)', () => {
 
   it('makes room for a newcomer by closing the oldest silent connection of the same peer, and leaves other peers alone', async () => {
     // Two peers told apart by their source port's parity stand for two uids.
-    const { gate, taken } = await standIn({ peerOf: (s) => ({ key: `peer ${s.remotePort! % 2}` }), maxPendingPerPeer: 4, maxPending: 100 });
+    const { gate, taken } = await standIn({
+      peerOf: (s) => ({ key: `peer ${s.remotePort! % 2}` }),
+      maxPendingPerPeer: 4,
+      maxPending: 100,
+    });
     try {
       const even: Socket[] = [];
       const odd: Socket[] = [];
@@ -145,7 +201,10 @@ describe('the gate on its own (a stand-in takes the admitted sockets)', () => {
       await Promise.all(even.slice(0, 4).map(closedOf));
       expect(gate.stats.evicted).toBeGreaterThanOrEqual(4);
       // The other peer's connections (fewer than its bound) are all still open.
-      expect(odd.slice(-4).every((s) => !s.destroyed), `${odd.length} of the other peer's`).toBe(true);
+      expect(
+        odd.slice(-4).every((s) => !s.destroyed),
+        `${odd.length} of the other peer's`,
+      ).toBe(true);
       // A client of the crowded peer that sends its handshake at once gets through.
       let c = await open(gate.port);
       while (c.localPort! % 2 !== 0) {
@@ -199,8 +258,16 @@ describe('the gate', () => {
   }
   const status = (b: Buffer) => (b.length >= 4 ? b.readInt32BE(0) : undefined);
   const client = (over: Partial<Handshake> = {}): Handshake => ({
-    psec: 'native', credential: nativeCredential(process.getuid!(), process.getgid!()), flag: PeerFlag.SIMPLE_CLIENT,
-    proc: { nspace: 'gatejob', rank: 0 }, version: '5.0.11', bfrops: 'v41', bufferType: 1, gds: 'hash', blob: Buffer.alloc(0), ...over,
+    psec: 'native',
+    credential: nativeCredential(process.getuid!(), process.getgid!()),
+    flag: PeerFlag.SIMPLE_CLIENT,
+    proc: { nspace: 'gatejob', rank: 0 },
+    version: '5.0.11',
+    bfrops: 'v41',
+    bufferType: 1,
+    gds: 'hash',
+    blob: Buffer.alloc(0),
+    ...over,
   });
 
   it('closes a connection that sends nothing at the handshake deadline', async () => {
@@ -221,19 +288,51 @@ describe('the gate', () => {
     const uid = process.getuid!();
     const gid = process.getgid!();
     const cases: [string, Buffer, number][] = [
-      ['oversized', (() => { const b = Buffer.from(CLIENT_HANDSHAKE); b.writeUInt32LE(200_000, 8); return b.subarray(0, 16); })(), Status.ERR_BAD_PARAM],
+      [
+        'oversized',
+        (() => {
+          const b = Buffer.from(CLIENT_HANDSHAKE);
+          b.writeUInt32LE(200_000, 8);
+          return b.subarray(0, 16);
+        })(),
+        Status.ERR_BAD_PARAM,
+      ],
       ['garbage', Buffer.concat([CLIENT_HANDSHAKE.subarray(0, 16), Buffer.alloc(0x33, 0xff)]), Status.ERR_BAD_PARAM],
       ['unregistered', encodeHandshake(client({ proc: { nspace: 'nobody-knows', rank: 0 } })), Status.ERR_NOT_FOUND],
       ['other uid', encodeHandshake(client({ credential: nativeCredential(4242, gid) })), Status.ERR_INVALID_CRED],
       ['other gid', encodeHandshake(client({ credential: nativeCredential(uid, 4242) })), Status.ERR_INVALID_CRED],
-      ['no credential', encodeHandshake(client({ psec: 'none', credential: Buffer.alloc(0) })), Status.ERR_INVALID_CRED],
+      [
+        'no credential',
+        encodeHandshake(client({ psec: 'none', credential: Buffer.alloc(0) })),
+        Status.ERR_INVALID_CRED,
+      ],
       ['unknown bfrops', encodeHandshake(client({ bfrops: 'v99' })), Status.ERR_NOT_SUPPORTED],
       ['unknown gds', encodeHandshake(client({ gds: 'nosuch' })), Status.ERR_NOT_SUPPORTED],
-      ['launcher', encodeHandshake(client({ flag: PeerFlag.LAUNCHER_NEEDS_ID, uid, gid, proc: undefined })), Status.ERR_NOT_SUPPORTED],
+      [
+        'launcher',
+        encodeHandshake(client({ flag: PeerFlag.LAUNCHER_NEEDS_ID, uid, gid, proc: undefined })),
+        Status.ERR_NOT_SUPPORTED,
+      ],
       ['singleton', encodeHandshake(client({ flag: PeerFlag.SINGLETON_CLIENT, uid, gid })), Status.ERR_NOT_SUPPORTED],
-      ['tool of another uid', encodeHandshake(client({ flag: PeerFlag.TOOL_NEEDS_ID, uid: 4242, gid, proc: undefined })), Status.ERR_NO_PERMISSIONS],
-      ['tool claiming a job', encodeHandshake(client({ flag: PeerFlag.TOOL_GIVEN_ID, uid, gid })), Status.ERR_NO_PERMISSIONS],
-      ['lying blob', encodeHandshake(client({ blob: Buffer.from([0x02, 0x01, 0x02, 0x14, ...Buffer.from('pmix.euid\0'), 0x00, 0x0e, 0x92, 0x21]) })), Status.ERR_INVALID_CRED],
+      [
+        'tool of another uid',
+        encodeHandshake(client({ flag: PeerFlag.TOOL_NEEDS_ID, uid: 4242, gid, proc: undefined })),
+        Status.ERR_NO_PERMISSIONS,
+      ],
+      [
+        'tool claiming a job',
+        encodeHandshake(client({ flag: PeerFlag.TOOL_GIVEN_ID, uid, gid })),
+        Status.ERR_NO_PERMISSIONS,
+      ],
+      [
+        'lying blob',
+        encodeHandshake(
+          client({
+            blob: Buffer.from([0x02, 0x01, 0x02, 0x14, ...Buffer.from('pmix.euid\0'), 0x00, 0x0e, 0x92, 0x21]),
+          }),
+        ),
+        Status.ERR_INVALID_CRED,
+      ],
     ];
     for (const [what, bytes, want] of cases) {
       const { reply } = await exchange(bytes);
@@ -260,18 +359,31 @@ describe('the gate', () => {
     }
   });
 
-  it('asks a client to retry while the server is busy, and libpmix\'s client connects again as often as its environment says', async () => {
+  it("asks a client to retry while the server is busy, and libpmix's client connects again as often as its environment says", async () => {
     const [env] = await fx.job('gateretry', 1);
     let attempts = 0;
     const busy = await PmixGate.listen({
-      host: '127.0.0.1', admit: () => { attempts++; return { ok: true }; }, handOver: () => undefined,
-      busy: () => 'a test says so', retryPauseMs: 100,
+      host: '127.0.0.1',
+      admit: () => {
+        attempts++;
+        return { ok: true };
+      },
+      handOver: () => undefined,
+      busy: () => 'a test says so',
+      retryPauseMs: 100,
     });
     try {
       const uri = (v: string) => v.replace(/tcp4:\/\/127\.0\.0\.1:\d+/, `tcp4://127.0.0.1:${busy.port}`);
-      const redirected = Object.fromEntries(Object.entries(env!).map(([k, v]) => [k, k.startsWith('PMIX_SERVER_URI') ? uri(v) : v]));
+      const redirected = Object.fromEntries(
+        Object.entries(env!).map(([k, v]) => [k, k.startsWith('PMIX_SERVER_URI') ? uri(v) : v]),
+      );
       expect(redirected.PMIX_MCA_ptl_base_handshake_max_retries).toBe('60');
-      const r = startRank(bin('pmix_client'), ['fence'], { ...redirected, PMIX_MCA_ptl_base_handshake_max_retries: '3' }, 30_000);
+      const r = startRank(
+        bin('pmix_client'),
+        ['fence'],
+        { ...redirected, PMIX_MCA_ptl_base_handshake_max_retries: '3' },
+        30_000,
+      );
       expect(await r.exited, describeRanks([r])).not.toBe(0);
       // max_retries counts attempts: the first one and two more.
       expect(attempts).toBe(3);
@@ -291,7 +403,7 @@ describe('the gate', () => {
     expect(after.relayed).toBe(0);
   });
 
-  it('leaves libpmix no TCP listener: only a UNIX socket in a directory of this uid\'s', async () => {
+  it("leaves libpmix no TCP listener: only a UNIX socket in a directory of this uid's", async () => {
     const path = fx.server.libpmixSocket;
     const dir = statSync(dirname(path));
     expect(dir.mode & 0o077).toBe(0);

@@ -6,7 +6,9 @@ import { PmixFixture } from '../helpers/pmix-fixture.js';
 import { describeRanks, startRank } from '../helpers/ranks.js';
 
 let fx: PmixFixture;
-beforeAll(async () => { fx = await PmixFixture.start(); });
+beforeAll(async () => {
+  fx = await PmixFixture.start();
+});
 afterAll(() => fx?.stop());
 
 // The wheel's libfabric transport costs about a second per init on a machine without a fabric.

@@ -1,14 +1,16 @@
 // The native binding with real PMIx clients: separate processes that connect to our server with
 // the environment from PMIx_server_setup_fork and nothing else.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { PmixError, PmixServer, Status, v } from '../../src/pmix/index.js';
+import { loadNative } from '../../src/pmix/native.js';
 import { bin } from '../helpers/build-clients.js';
 import { PmixFixture } from '../helpers/pmix-fixture.js';
 import { describeRanks, startRank } from '../helpers/ranks.js';
-import { PmixError, PmixServer, Status, v } from '../../src/pmix/index.js';
-import { loadNative } from '../../src/pmix/native.js';
 
 let fx: PmixFixture;
-beforeAll(async () => { fx = await PmixFixture.start(); });
+beforeAll(async () => {
+  fx = await PmixFixture.start();
+});
 afterAll(() => fx?.stop());
 
 const client = (env: Record<string, string>, ...args: string[]) => startRank(bin('pmix_client'), args, env, 30_000);
@@ -79,16 +81,24 @@ describe('PMIx server binding', () => {
     const r = client(env!, 'abort', '7');
     await r.waitFor((l) => 'abort_returned' in l);
     r.kill();
-    expect(fx.recorded.aborts).toContainEqual({ proc: { nspace: 'abortjob', rank: 0 }, status: 7, message: 'test client abort' });
+    expect(fx.recorded.aborts).toContainEqual({
+      proc: { nspace: 'abortjob', rank: 0 },
+      status: 7,
+      message: 'test client abort',
+    });
   });
 
   it('answers a client with the status a handler throws, and keeps serving', async () => {
-    fx.extraHandlers.query = async () => { throw new PmixError(Status.ERR_NO_PERMISSIONS); };
+    fx.extraHandlers.query = async () => {
+      throw new PmixError(Status.ERR_NO_PERMISSIONS);
+    };
     const [env] = await fx.job('qfail', 1);
     const r = client(env!, 'query-psets');
     expect(await r.exited).toBe(2);
     expect(r.lines).toContainEqual(expect.objectContaining({ error: 'query', status: Status.ERR_NO_PERMISSIONS }));
-    fx.extraHandlers.query = async () => { throw new Error('a bug in a handler'); };
+    fx.extraHandlers.query = async () => {
+      throw new Error('a bug in a handler');
+    };
     const [env2] = await fx.job('qfail2', 1);
     const r2 = client(env2!, 'query-psets');
     expect(await r2.exited).toBe(2);
@@ -101,8 +111,12 @@ describe('PMIx server binding', () => {
 
   it('rejects bad input with clear errors and loses nothing', async () => {
     await expect(fx.server.registerNspace('x'.repeat(300), 1, [])).rejects.toThrow(/nspace must have/);
-    await expect(fx.server.registerNspace('bad', 1, [{ key: 'k', value: v.uint16(70000) }])).rejects.toThrow(/out of range for uint16/);
-    await expect(fx.server.registerNspace('bad', 1, [{ key: 'k', value: { type: 'nope' } as never }])).rejects.toThrow(/unknown PMIx data type/);
+    await expect(fx.server.registerNspace('bad', 1, [{ key: 'k', value: v.uint16(70000) }])).rejects.toThrow(
+      /out of range for uint16/,
+    );
+    await expect(fx.server.registerNspace('bad', 1, [{ key: 'k', value: { type: 'nope' } as never }])).rejects.toThrow(
+      /unknown PMIx data type/,
+    );
     expect(() => fx.server.setupFork({ nspace: 'never-registered', rank: 0 })).not.toThrow();
     await expect(fx.server.defineProcessSet('ok-set', [{ nspace: 'putget', rank: 0 }])).resolves.toBeUndefined();
     await expect(fx.server.deleteProcessSet('ok-set')).resolves.toBeUndefined();

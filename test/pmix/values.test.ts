@@ -2,12 +2,14 @@
 // from JavaScript to a pmix_value_t and back, and also packed and unpacked by libpmix in
 // between, as on the wire. Bounds and malformed values are refused with an error.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { type Value, v } from '../../src/pmix/index.js';
 import { loadNative } from '../../src/pmix/native.js';
-import { v, type Value } from '../../src/pmix/index.js';
 import { PmixFixture } from '../helpers/pmix-fixture.js';
 
 let fx: PmixFixture;
-beforeAll(async () => { fx = await PmixFixture.start(); });
+beforeAll(async () => {
+  fx = await PmixFixture.start();
+});
 afterAll(() => fx?.stop());
 
 const trip = (value: Value, throughLibpmix: boolean) => loadNative().valueRoundTrip(value, throughLibpmix);
@@ -45,6 +47,7 @@ const CASES: [string, Value, Value?][] = [
   ['size beyond 2^53', { type: 'size', value: 2n ** 53n + 1n }],
   ['size', v.size(7)],
   ['float', { type: 'float', value: 1.5 }],
+  // biome-ignore lint/suspicious/noApproximativeNumericConstant: libpmix packs a double with six decimals
   ['double', { type: 'double', value: Math.PI }, { type: 'double', value: 3.141593 }],
   ['double, exact in six decimals', { type: 'double', value: -1234.5 }],
   ['time', { type: 'time', value: 1796000000 }],
@@ -69,7 +72,14 @@ const CASES: [string, Value, Value?][] = [
   ['proc_info', { type: 'proc_info', value: pinfo }, { type: 'proc_info', value: { ...pinfo, exitCode: 0 } }],
   ['envar', { type: 'envar', value: { envar: 'PATH', value: '/bin', separator: ':' } }],
   ['undef (a bare key)', { type: 'undef', value: null }],
-  ['array of info', v.infos([{ key: 'k1', value: v.uint32(1) }, { key: 'k2', value: v.string('two') }, { key: 'k3', value: v.procs([proc]) }])],
+  [
+    'array of info',
+    v.infos([
+      { key: 'k1', value: v.uint32(1) },
+      { key: 'k2', value: v.string('two') },
+      { key: 'k3', value: v.procs([proc]) },
+    ]),
+  ],
   ['array of proc', v.procs([proc, { nspace: 'ns-2', rank: 0xffffffff }])],
   ['array of string', { type: 'data_array', value: { type: 'string', items: ['a', '', 'c'] } }],
   ['array of bool', { type: 'data_array', value: { type: 'bool', items: [true, false] } }],
@@ -81,16 +91,37 @@ const CASES: [string, Value, Value?][] = [
   ['array of double', { type: 'data_array', value: { type: 'double', items: [0.5, -1e30] } }],
   ['array of status', { type: 'data_array', value: { type: 'status', items: [0, -46] } }],
   ['array of proc_rank', { type: 'data_array', value: { type: 'proc_rank', items: [0, 1, 0xfffffffe] } }],
-  ['array of byte_object', { type: 'data_array', value: { type: 'byte_object', items: [Buffer.from('x'), Buffer.alloc(0)] } }],
-  ['array of proc_info', { type: 'data_array', value: { type: 'proc_info', items: [pinfo, { ...pinfo, hostname: null, executable: null }] } },
-    { type: 'data_array', value: { type: 'proc_info', items: [{ ...pinfo, exitCode: 0 }, { ...pinfo, hostname: null, executable: null, exitCode: 0 }] } }],
-  ['array of envar', { type: 'data_array', value: { type: 'envar', items: [{ envar: 'A', value: '1', separator: ';' }] } }],
+  [
+    'array of byte_object',
+    { type: 'data_array', value: { type: 'byte_object', items: [Buffer.from('x'), Buffer.alloc(0)] } },
+  ],
+  [
+    'array of proc_info',
+    {
+      type: 'data_array',
+      value: { type: 'proc_info', items: [pinfo, { ...pinfo, hostname: null, executable: null }] },
+    },
+    {
+      type: 'data_array',
+      value: {
+        type: 'proc_info',
+        items: [
+          { ...pinfo, exitCode: 0 },
+          { ...pinfo, hostname: null, executable: null, exitCode: 0 },
+        ],
+      },
+    },
+  ],
+  [
+    'array of envar',
+    { type: 'data_array', value: { type: 'envar', items: [{ envar: 'A', value: '1', separator: ';' }] } },
+  ],
   ['empty array', { type: 'data_array', value: { type: 'uint32', items: [] } }],
 ];
 
 describe('the value codec', () => {
   for (const through of [false, true]) {
-    const how = through ? 'packed and unpacked by libpmix' : 'to libpmix\'s form and back';
+    const how = through ? 'packed and unpacked by libpmix' : "to libpmix's form and back";
     it.each(CASES)(`keeps %s ${how}`, (_what, value, wire) => {
       expect(trip(value, through)).toEqual((through && wire) || value);
     });
@@ -102,7 +133,7 @@ describe('the value codec', () => {
     expect(trip(regex, true)).toEqual(regex);
   });
 
-  it('refuses values out of their type\'s range, of the wrong kind, or that libpmix cannot take', () => {
+  it("refuses values out of their type's range, of the wrong kind, or that libpmix cannot take", () => {
     const bad: [Value, RegExp][] = [
       [{ type: 'uint8', value: 256 }, /out of range for uint8/],
       [{ type: 'int8', value: -129 }, /out of range for int8/],
@@ -116,12 +147,18 @@ describe('the value codec', () => {
       [{ type: 'byte_object', value: 'text' } as unknown as Value, /Buffer|bytes|byte/],
       [{ type: 'proc', value: { nspace: 'x'.repeat(300), rank: 0 } }, /nspace/],
       [{ type: 'nope' } as unknown as Value, /unknown PMIx data type/],
-      [{ type: 'data_array', value: { type: 'data_array', items: [] } } as unknown as Value, /unsupported data_array element type/],
+      [
+        { type: 'data_array', value: { type: 'data_array', items: [] } } as unknown as Value,
+        /unsupported data_array element type/,
+      ],
       [v.infos([{ key: 'k'.repeat(600), value: v.bool(true) }]), /key/],
       [{ type: 'unsupported', typeId: 99, value: 'x' }, /unknown PMIx data type/],
     ];
     for (const [value, message] of bad) {
-      expect(() => trip(value, false), JSON.stringify(value, (_k, x) => (typeof x === 'bigint' ? `${x}n` : x))).toThrow(message);
+      expect(
+        () => trip(value, false),
+        JSON.stringify(value, (_k, x) => (typeof x === 'bigint' ? `${x}n` : x)),
+      ).toThrow(message);
     }
   });
 });

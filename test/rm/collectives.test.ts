@@ -79,15 +79,25 @@ describe('Collectives', () => {
     const p = c.join({ name: 'fence', participants: 'all', contributors: [0] });
     c.close('job j1 aborted');
     await expect(p).rejects.toMatchObject({ kind: 'aborted' });
-    await expect(c.join({ name: 'fence', participants: 'all', contributors: [1] })).rejects.toMatchObject({ kind: 'aborted' });
+    await expect(c.join({ name: 'fence', participants: 'all', contributors: [1] })).rejects.toMatchObject({
+      kind: 'aborted',
+    });
   });
 
   it('rejects bad input', async () => {
     const c = new Collectives(2, new ManualClock(), 0);
-    await expect(c.join({ name: 'f', participants: [0, 5], contributors: [0] })).rejects.toMatchObject({ kind: 'bad_request' });
-    await expect(c.join({ name: 'f', participants: [0], contributors: [1] })).rejects.toMatchObject({ kind: 'bad_request' });
-    await expect(c.join({ name: 'f', participants: [], contributors: [] })).rejects.toMatchObject({ kind: 'bad_request' });
-    await expect(c.join({ name: 'f', participants: 'all', contributors: [] })).rejects.toMatchObject({ kind: 'bad_request' });
+    await expect(c.join({ name: 'f', participants: [0, 5], contributors: [0] })).rejects.toMatchObject({
+      kind: 'bad_request',
+    });
+    await expect(c.join({ name: 'f', participants: [0], contributors: [1] })).rejects.toMatchObject({
+      kind: 'bad_request',
+    });
+    await expect(c.join({ name: 'f', participants: [], contributors: [] })).rejects.toMatchObject({
+      kind: 'bad_request',
+    });
+    await expect(c.join({ name: 'f', participants: 'all', contributors: [] })).rejects.toMatchObject({
+      kind: 'bad_request',
+    });
   });
 
   it('reports durations and outcomes to its observer', async () => {
@@ -101,7 +111,10 @@ describe('Collectives', () => {
     const q = c.join({ name: 'fence', participants: 'all', contributors: [0] });
     clock.advance(1000);
     await expect(q).rejects.toThrow();
-    expect(seen).toEqual([['fence', 0.25, 'ok'], ['fence', 1, 'timeout']]);
+    expect(seen).toEqual([
+      ['fence', 0.25, 'ok'],
+      ['fence', 1, 'timeout'],
+    ]);
   });
 
   it('hands a collective over to a delegate, which hears who is gone and when the job ends', async () => {
@@ -109,18 +122,33 @@ describe('Collectives', () => {
     const c = new Collectives(3, new ManualClock(), 500, (n, s, o) => seen.push([n, s, o]));
     c.markGone(2, 'was lost (gone early)');
     const told: string[] = [];
-    const d = c.delegate('fence', { rankGone: (r, m) => told.push(`${r}: ${m}`), close: (m) => told.push(`closed: ${m}`) });
+    const d = c.delegate('fence', {
+      rankGone: (r, m) => told.push(`${r}: ${m}`),
+      close: (m) => told.push(`closed: ${m}`),
+    });
     // It starts from what the model knows.
-    expect(d).toMatchObject({ timeoutMs: 500, gone: [[2, "collective 'fence' cannot complete: rank 2 was lost (gone early)"]], closed: undefined });
+    expect(d).toMatchObject({
+      timeoutMs: 500,
+      gone: [[2, "collective 'fence' cannot complete: rank 2 was lost (gone early)"]],
+      closed: undefined,
+    });
     // Joins of the delegated name are refused here; other collectives go on as before.
-    await expect(c.join({ name: 'fence', participants: 'all', contributors: [0] })).rejects.toMatchObject({ kind: 'conflict' });
+    await expect(c.join({ name: 'fence', participants: 'all', contributors: [0] })).rejects.toMatchObject({
+      kind: 'conflict',
+    });
     expect(() => c.delegate('fence', { rankGone: () => {}, close: () => {} })).toThrow('already');
     const group = c.join({ name: 'group:g', participants: [0, 1], contributors: [0] });
     c.markGone(1, 'has finalized');
     await expect(group).rejects.toThrow('rank 1 has finalized');
     c.close('job j-1 failed: test');
-    expect(told).toEqual(["1: collective 'fence' cannot complete: rank 1 has finalized", 'closed: job j-1 failed: test']);
+    expect(told).toEqual([
+      "1: collective 'fence' cannot complete: rank 1 has finalized",
+      'closed: job j-1 failed: test',
+    ]);
     d.observe(0.5, 'ok');
-    expect(seen).toEqual([['group:g', 0, 'failed'], ['fence', 0.5, 'ok']]);
+    expect(seen).toEqual([
+      ['group:g', 0, 'failed'],
+      ['fence', 0.5, 'ok'],
+    ]);
   });
 });

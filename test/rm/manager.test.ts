@@ -16,11 +16,18 @@ function setup(policy = defaultPolicy({ releaseGraceMs: 5000 })) {
   rm = new ResourceManager({ clock, backends: [backend], policy, wiringTimeoutSeconds: 30 });
   events = [];
   rm.events.subscribe((e) => events.push(e.event));
-  for (const [id, host] of [['w0', 'h1'], ['w1', 'h1'], ['w2', 'h2'], ['w3', 'h2']] as const) rm.registerWorker({ id, host });
+  for (const [id, host] of [
+    ['w0', 'h1'],
+    ['w1', 'h1'],
+    ['w2', 'h2'],
+    ['w3', 'h2'],
+  ] as const)
+    rm.registerWorker({ id, host });
 }
 beforeEach(() => setup());
 
-const jobStates = () => events.filter((e) => e.kind === 'jobStateChanged').map((e) => (e.kind === 'jobStateChanged' ? e.to : ''));
+const jobStates = () =>
+  events.filter((e) => e.kind === 'jobStateChanged').map((e) => (e.kind === 'jobStateChanged' ? e.to : ''));
 
 async function connectAll(ns: string, n: number) {
   for (let r = 0; r < n; r++) rm.memberConnected(ns, r);
@@ -40,7 +47,9 @@ describe('ResourceManager: workers and psets', () => {
     rm.removeWorker('w1');
     expect(rm.getPset('p').gone).toEqual(['w1']);
     expect(events.at(-1)).toMatchObject({ kind: 'psetDefined', pset: { name: 'p', gone: ['w1'] } });
-    await expect(rm.createJob({ impl: 'openmpi', pset: 'p' })).rejects.toThrow(/pset 'p' names worker w1, which left the cluster: redefine it/);
+    await expect(rm.createJob({ impl: 'openmpi', pset: 'p' })).rejects.toThrow(
+      /pset 'p' names worker w1, which left the cluster: redefine it/,
+    );
     rm.registerWorker({ id: 'w1', host: 'h1' });
     expect(rm.getPset('p').gone).toBeUndefined();
     expect((await rm.createJob({ impl: 'openmpi', pset: 'p' })).members.map((m) => m.workerId)).toEqual(['w0', 'w1']);
@@ -50,7 +59,9 @@ describe('ResourceManager: workers and psets', () => {
     rm.definePset({ name: 'p', members: ['w1', 'w0'] });
     expect(rm.getPset('p').members).toEqual(['w1', 'w0']);
     expect(() => rm.definePset({ name: 'p', members: ['w0'] })).toThrow(/already exists/);
-    expect(() => rm.definePset({ name: 'q', members: ['nope'] })).toThrow(expect.objectContaining({ kind: 'unprocessable' }));
+    expect(() => rm.definePset({ name: 'q', members: ['nope'] })).toThrow(
+      expect.objectContaining({ kind: 'unprocessable' }),
+    );
     expect(() => rm.definePset({ name: 'mpi://WORLD', members: ['w0'] })).toThrow(/reserved/);
     expect(() => rm.definePset({ name: 'q', members: ['w0', 'w0'] })).toThrow(/twice/);
     expect(() => rm.definePset({ name: 'q' })).toThrow(/exactly one/);
@@ -68,7 +79,9 @@ describe('ResourceManager: the job state machine', () => {
     const job = await rm.createJob({ impl: 'openmpi', members: ['w2', 'w0', 'w1'] });
     expect(job.state).toBe('pending');
     expect(job.members.map((m) => [m.workerId, m.rank, m.host, m.localRank, m.nodeId])).toEqual([
-      ['w2', 0, 'h2', 0, 0], ['w0', 1, 'h1', 0, 1], ['w1', 2, 'h1', 1, 1],
+      ['w2', 0, 'h2', 0, 0],
+      ['w0', 1, 'h1', 0, 1],
+      ['w1', 2, 'h1', 1, 1],
     ]);
     expect(rm.getWorker('w0')).toMatchObject({ state: 'frozen', jobId: job.id });
     expect(rm.memberEnv(job.id, 'w1').env).toEqual({ NS: job.namespace, RANK: '2' });
@@ -192,34 +205,57 @@ describe('ResourceManager: admission and failed requests', () => {
     const job = await rm.createJob({ impl: 'openmpi', pset: 'p' });
     expect(job.pset).toBe('p');
     expect(rm.getPset('p').jobId).toBe(job.id);
-    await expect(rm.createJob({ impl: 'openmpi', members: ['w1', 'w2'] })).rejects.toMatchObject({ kind: 'conflict', message: `worker 'w1' is already in job ${job.id}` });
+    await expect(rm.createJob({ impl: 'openmpi', members: ['w1', 'w2'] })).rejects.toMatchObject({
+      kind: 'conflict',
+      message: `worker 'w1' is already in job ${job.id}`,
+    });
     await expect(rm.createJob({ impl: 'openmpi', pset: 'p' })).rejects.toMatchObject({ kind: 'conflict' });
     expect(() => rm.deletePset('p')).toThrow(/used by active job/);
     expect(() => rm.redefinePset({ name: 'p', members: ['w3'] })).toThrow(/used by active job/);
-    expect(rm.psetProcs('p')).toEqual([{ namespace: job.namespace, rank: 0 }, { namespace: job.namespace, rank: 1 }]);
+    expect(rm.psetProcs('p')).toEqual([
+      { namespace: job.namespace, rank: 0 },
+      { namespace: job.namespace, rank: 1 },
+    ]);
     // A selector only sees the free workers.
     const other = await rm.createJob({ impl: 'openmpi', selector: { count: 2 } });
     expect(other.members.map((m) => m.workerId)).toEqual(['w2', 'w3']);
     // Every worker is in a job: the request could start later (it may wait), unlike one that never can.
-    await expect(rm.createJob({ impl: 'openmpi', selector: { count: 1 } })).rejects.toMatchObject({ kind: 'conflict', message: expect.stringMatching(/in jobs now/) });
-    await expect(rm.createJob({ impl: 'openmpi', selector: { count: 9 } })).rejects.toMatchObject({ kind: 'unprocessable' });
+    await expect(rm.createJob({ impl: 'openmpi', selector: { count: 1 } })).rejects.toMatchObject({
+      kind: 'conflict',
+      message: expect.stringMatching(/in jobs now/),
+    });
+    await expect(rm.createJob({ impl: 'openmpi', selector: { count: 9 } })).rejects.toMatchObject({
+      kind: 'unprocessable',
+    });
   });
 
   it('rejects malformed and unservable requests', async () => {
     await expect(rm.createJob({ impl: 'openmpi' })).rejects.toMatchObject({ kind: 'bad_request' });
-    await expect(rm.createJob({ impl: 'openmpi', members: ['w0'], pset: 'p' })).rejects.toMatchObject({ kind: 'bad_request' });
-    await expect(rm.createJob({ impl: 'mpich', members: ['w0'] })).rejects.toMatchObject({ kind: 'unprocessable', message: expect.stringMatching(/cannot serve mpich/) });
+    await expect(rm.createJob({ impl: 'openmpi', members: ['w0'], pset: 'p' })).rejects.toMatchObject({
+      kind: 'bad_request',
+    });
+    await expect(rm.createJob({ impl: 'mpich', members: ['w0'] })).rejects.toMatchObject({
+      kind: 'unprocessable',
+      message: expect.stringMatching(/cannot serve mpich/),
+    });
     await expect(rm.createJob({ impl: 'openmpi', members: ['zz'] })).rejects.toMatchObject({ kind: 'unprocessable' });
     await expect(rm.createJob({ impl: 'openmpi', pset: 'nope' })).rejects.toMatchObject({ kind: 'unprocessable' });
-    await expect(rm.createJob({ impl: 'openmpi', members: ['w0', 'w0'] })).rejects.toMatchObject({ kind: 'bad_request' });
-    await expect(rm.createJob({ impl: 'openmpi', members: ['w0'], wiringTimeoutSeconds: -1 })).rejects.toMatchObject({ kind: 'bad_request' });
+    await expect(rm.createJob({ impl: 'openmpi', members: ['w0', 'w0'] })).rejects.toMatchObject({
+      kind: 'bad_request',
+    });
+    await expect(rm.createJob({ impl: 'openmpi', members: ['w0'], wiringTimeoutSeconds: -1 })).rejects.toMatchObject({
+      kind: 'bad_request',
+    });
     expect(rm.listJobs()).toHaveLength(0);
     expect(events.filter((e) => e.kind !== 'workerJoined')).toHaveLength(0);
   });
 
   it('changes nothing when the backend refuses the job', async () => {
     backend.failPrepare = new Error('nspace registration failed');
-    await expect(rm.createJob({ impl: 'openmpi', members: ['w0', 'w1'] })).rejects.toMatchObject({ kind: 'unavailable', message: expect.stringMatching(/nspace registration failed/) });
+    await expect(rm.createJob({ impl: 'openmpi', members: ['w0', 'w1'] })).rejects.toMatchObject({
+      kind: 'unavailable',
+      message: expect.stringMatching(/nspace registration failed/),
+    });
     expect(rm.listJobs()).toHaveLength(0);
     expect(rm.getWorker('w0').state).toBe('available');
   });
@@ -241,7 +277,10 @@ describe('ResourceManager: admission and failed requests', () => {
     await expect(rm.createJob({ impl: 'openmpi', members: ['w2'] })).rejects.toMatchObject({ kind: 'conflict' });
     go();
     await first;
-    await expect(rm.createJob({ impl: 'openmpi', members: ['w1'] })).rejects.toMatchObject({ kind: 'conflict', message: expect.stringMatching(/at most 1 job/) });
+    await expect(rm.createJob({ impl: 'openmpi', members: ['w1'] })).rejects.toMatchObject({
+      kind: 'conflict',
+      message: expect.stringMatching(/at most 1 job/),
+    });
   });
 
   it('on shutdown refuses new jobs and aborts the active ones', async () => {

@@ -24,7 +24,12 @@ describe('NameService', () => {
     const ns = new NameService<string>(new ManualClock());
     ns.publish(a0, [{ key: 'k', value: 'v' }]);
     expect(() => ns.publish(b0, [{ key: 'k', value: 'w' }])).toThrow(/already published/);
-    expect(() => ns.publish(a0, [{ key: 'x', value: '1' }, { key: 'x', value: '2' }])).toThrow(/twice/);
+    expect(() =>
+      ns.publish(a0, [
+        { key: 'x', value: '1' },
+        { key: 'x', value: '2' },
+      ]),
+    ).toThrow(/twice/);
   });
 
   it('holds a waiting lookup until every key is published', async () => {
@@ -78,7 +83,10 @@ describe('NameService', () => {
 
   it('unpublishes only what the caller published', () => {
     const ns = new NameService<string>(new ManualClock());
-    ns.publish(a0, [{ key: 'k1', value: '1' }, { key: 'k2', value: '2' }]);
+    ns.publish(a0, [
+      { key: 'k1', value: '1' },
+      { key: 'k2', value: '2' },
+    ]);
     expect(ns.unpublish(a1, ['k1'])).toBe(0);
     expect(ns.unpublish(a0, ['k1'])).toBe(1);
     expect(ns.unpublish(a0, [])).toBe(1);

@@ -2,7 +2,16 @@
 // fork mode, and the life of an in-process job (join barrier, group, leave, a member's death).
 import { beforeEach, describe, expect, it } from 'vitest';
 import { defaultPolicy } from '../../src/policy/index.js';
-import { ManualClock, ResourceManager, type CohortOptions, type Job, type PoolBackend, type PoolEpochSpec, type PoolUser, type RmEvent } from '../../src/rm/index.js';
+import {
+  type CohortOptions,
+  type Job,
+  ManualClock,
+  type PoolBackend,
+  type PoolEpochSpec,
+  type PoolUser,
+  ResourceManager,
+  type RmEvent,
+} from '../../src/rm/index.js';
 import { RecordingBackend } from './fake-backend.js';
 
 class FakePool implements PoolBackend {
@@ -46,7 +55,12 @@ async function setup(size = 8, cohort?: CohortOptions) {
   clock = new ManualClock();
   pool = new FakePool();
   fork = new RecordingBackend(['openmpi', 'mpich']);
-  rm = new ResourceManager({ clock, backends: [fork], policy: defaultPolicy({ releaseGraceMs: 5000 }), pool: { size, backend: pool, ...(cohort ? { cohort } : {}) } });
+  rm = new ResourceManager({
+    clock,
+    backends: [fork],
+    policy: defaultPolicy({ releaseGraceMs: 5000 }),
+    pool: { size, backend: pool, ...(cohort ? { cohort } : {}) },
+  });
   events = [];
   rm.events.subscribe((e) => events.push(e.event));
   if (!cohort) await rm.pool!.start();
@@ -67,7 +81,11 @@ describe('the pool: ranks and epochs', () => {
   it('hands each worker its rank as it registers, never reuses one, and opens a new epoch before they run out', async () => {
     await setup(4);
     const seats = ['a', 'b', 'c'].map((id) => rm.registerWorker({ id, host: 'h' }).pool!);
-    expect(seats.map((s) => [s.epoch, s.rank, s.state])).toEqual([[0, 0, 'assigned'], [0, 1, 'assigned'], [0, 2, 'assigned']]);
+    expect(seats.map((s) => [s.epoch, s.rank, s.state])).toEqual([
+      [0, 0, 'assigned'],
+      [0, 1, 'assigned'],
+      [0, 2, 'assigned'],
+    ]);
     // One rank left (a tenth of 4, at least one): the next epoch is already being opened.
     expect(pool.opened.map((e) => e.epoch)).toEqual([0, 1]);
     rm.removeWorker('b');
@@ -112,7 +130,9 @@ describe('the pool: ranks and epochs', () => {
   it('a worker whose client cannot be registered as its user is retired, saying why', async () => {
     pool.setUser = () => Promise.reject(new Error('libpmix said no'));
     rm.registerWorker({ id: 'b', host: 'h' });
-    await expect(rm.joinPool('b', { uid: 0, gid: 0 })).rejects.toThrow(/could not be registered as uid 0\/gid 0: libpmix said no/);
+    await expect(rm.joinPool('b', { uid: 0, gid: 0 })).rejects.toThrow(
+      /could not be registered as uid 0\/gid 0: libpmix said no/,
+    );
     expect(rm.getWorker('b').pool!.state).toBe('retired');
     await expect(rm.joinPool('b', {})).rejects.toThrow(/left the pool/);
   });
@@ -142,7 +162,13 @@ describe('cohorts: the workers that join the first epoch together', () => {
 
   it('are declared on one node per host once nobody arrived for the quiet time; later joiners are alone', async () => {
     await setup(16, cohort);
-    for (const [id, host] of [['a', 'h1'], ['b', 'h1'], ['c', 'h1'], ['d', 'h2']]) rm.registerWorker({ id: id!, host: host!, uid: 1000, gid: 1000 });
+    for (const [id, host] of [
+      ['a', 'h1'],
+      ['b', 'h1'],
+      ['c', 'h1'],
+      ['d', 'h2'],
+    ])
+      rm.registerWorker({ id: id!, host: host!, uid: 1000, gid: 1000 });
     expect(pool.opened).toEqual([]);
     const joins = ['a', 'b', 'c', 'd'].map((id) => rm.joinPool(id, { pid: 1 }));
     clock.advance(999);
@@ -154,7 +180,10 @@ describe('cohorts: the workers that join the first epoch together', () => {
     expect([...pool.opened[0]!.users.keys()]).toEqual([0, 1, 2, 3]);
     const seats = (await Promise.all(joins)).map((j) => j.seat);
     expect(seats.map((s) => [s.rank, s.state, s.localPeers])).toEqual([
-      [0, 'joining', [0, 1, 2]], [1, 'joining', [0, 1, 2]], [2, 'joining', [0, 1, 2]], [3, 'joining', undefined],
+      [0, 'joining', [0, 1, 2]],
+      [1, 'joining', [0, 1, 2]],
+      [2, 'joining', [0, 1, 2]],
+      [3, 'joining', undefined],
     ]);
     // A later joiner is answered at once, alone on its own node.
     rm.registerWorker({ id: 'e', host: 'h1', uid: 1000, gid: 1000 });
@@ -162,7 +191,9 @@ describe('cohorts: the workers that join the first epoch together', () => {
     expect([e.seat.rank, e.seat.state, e.seat.localPeers]).toEqual([4, 'joining', undefined]);
     expect(pool.opened).toHaveLength(1);
     // GET /v1/workers and the events show the cohort.
-    expect(events.some((ev) => ev.kind === 'workerPoolChanged' && ev.workerId === 'a' && ev.pool.localPeers?.length === 3)).toBe(true);
+    expect(
+      events.some((ev) => ev.kind === 'workerPoolChanged' && ev.workerId === 'a' && ev.pool.localPeers?.length === 3),
+    ).toBe(true);
   });
 
   it('a worker that never asks holds the epoch until the deadline; one that leaves is not declared and holds nothing', async () => {
@@ -179,7 +210,10 @@ describe('cohorts: the workers that join the first epoch together', () => {
     clock.advance(1); // the deadline: d never asked
     await flush();
     expect(pool.opened[0]!.cohorts).toEqual([{ host: 'h1', ranks: [0, 1] }]);
-    expect((await Promise.all(joins)).map((j) => j.seat.localPeers)).toEqual([[0, 1], [0, 1]]);
+    expect((await Promise.all(joins)).map((j) => j.seat.localPeers)).toEqual([
+      [0, 1],
+      [0, 1],
+    ]);
     const d = await rm.joinPool('d', {});
     expect(d.seat.localPeers).toBeUndefined();
   });
@@ -196,21 +230,36 @@ describe('cohorts: the workers that join the first epoch together', () => {
     await Promise.all(joins);
   });
 
-  it('one cohort per host and user; each client is registered as its worker\'s user', async () => {
+  it("one cohort per host and user; each client is registered as its worker's user", async () => {
     await setup(16, cohort);
-    const users: [string, number][] = [['a', 1000], ['b', 2000], ['c', 1000], ['d', 2000], ['e', 3000]];
+    const users: [string, number][] = [
+      ['a', 1000],
+      ['b', 2000],
+      ['c', 1000],
+      ['d', 2000],
+      ['e', 3000],
+    ];
     for (const [id, uid] of users) rm.registerWorker({ id, host: 'h1', uid, gid: uid });
     const joins = users.map(([id]) => rm.joinPool(id, {}));
     clock.advance(1000);
     await flush();
     const spec = pool.opened[0]!;
-    expect(spec.cohorts).toEqual([{ host: 'h1', ranks: [0, 2] }, { host: 'h1', ranks: [1, 3] }]);
-    expect(Object.fromEntries([...spec.users].map(([r, u]) => [r, u.uid]))).toEqual({ 0: 1000, 1: 2000, 2: 1000, 3: 2000, 4: 3000 });
+    expect(spec.cohorts).toEqual([
+      { host: 'h1', ranks: [0, 2] },
+      { host: 'h1', ranks: [1, 3] },
+    ]);
+    expect(Object.fromEntries([...spec.users].map(([r, u]) => [r, u.uid]))).toEqual({
+      0: 1000,
+      1: 2000,
+      2: 1000,
+      3: 2000,
+      4: 3000,
+    });
     await Promise.all(joins);
     expect(pool.users).toEqual([]); // registered as their users up front: nothing to register again
   });
 
-  it('workers beyond the forming epoch\'s ranks wait for the next epoch', async () => {
+  it("workers beyond the forming epoch's ranks wait for the next epoch", async () => {
     await setup(2, cohort);
     for (const id of ['a', 'b', 'c']) rm.registerWorker({ id, host: 'h1' });
     expect(rm.getWorker('c').pool).toBeUndefined();
@@ -218,7 +267,10 @@ describe('cohorts: the workers that join the first epoch together', () => {
     clock.advance(1000);
     await flush();
     await flush();
-    expect(pool.opened.map((e) => [e.epoch, e.cohorts.length]).slice(0, 2)).toEqual([[0, 1], [1, 0]]);
+    expect(pool.opened.map((e) => [e.epoch, e.cohorts.length]).slice(0, 2)).toEqual([
+      [0, 1],
+      [1, 0],
+    ]);
     await Promise.all(joins);
     expect(rm.getWorker('c').pool).toMatchObject({ epoch: 1, rank: 0 });
     expect((await rm.joinPool('c', {})).seat).toMatchObject({ epoch: 1, rank: 0, state: 'joining' });
@@ -231,7 +283,11 @@ describe('cohorts: the workers that join the first epoch together', () => {
     clock.advance(1000);
     for (let i = 0; i < 5; i++) await flush();
     const seats = (await Promise.all(joins)).map((j) => [j.seat.epoch, j.seat.rank, j.seat.localPeers]);
-    expect(seats).toEqual([[0, 0, [0, 1]], [0, 1, [0, 1]], [1, 0, undefined]]);
+    expect(seats).toEqual([
+      [0, 0, [0, 1]],
+      [0, 1, [0, 1]],
+      [1, 0, undefined],
+    ]);
   });
 
   /** Workers `ids` of host h1 form the forming epoch's cohort and connect; their seats. */
@@ -255,7 +311,10 @@ describe('cohorts: the workers that join the first epoch together', () => {
     const c = (await rm.joinPool('c', {})).seat;
     expect([c.epoch, c.rank, c.localPeers]).toEqual([0, 2, undefined]);
     // All gone: the workers that come next gather into a cohort of a new epoch.
-    for (const [id, s] of [['a', seats[0]!], ['c', rm.getWorker('c').pool!]] as const) {
+    for (const [id, s] of [
+      ['a', seats[0]!],
+      ['c', rm.getWorker('c').pool!],
+    ] as const) {
       rm.removeWorker(id, 'restarted');
       rm.poolClientGone(s.namespace, s.rank, 'restarted');
     }
@@ -268,8 +327,14 @@ describe('cohorts: the workers that join the first epoch together', () => {
     expect(pool.opened).toHaveLength(1);
     clock.advance(1);
     await flush();
-    expect(pool.opened.map((e) => [e.epoch, e.cohorts])).toEqual([[0, [{ host: 'h1', ranks: [0, 1] }]], [1, [{ host: 'h1', ranks: [0, 1] }]]]);
-    expect((await Promise.all(again)).map((j) => [j.seat.epoch, j.seat.localPeers])).toEqual([[1, [0, 1]], [1, [0, 1]]]);
+    expect(pool.opened.map((e) => [e.epoch, e.cohorts])).toEqual([
+      [0, [{ host: 'h1', ranks: [0, 1] }]],
+      [1, [{ host: 'h1', ranks: [0, 1] }]],
+    ]);
+    expect((await Promise.all(again)).map((j) => [j.seat.epoch, j.seat.localPeers])).toEqual([
+      [1, [0, 1]],
+      [1, [0, 1]],
+    ]);
   });
 
   it('the workers of a restart that registered before the old ones were gone still form a new cohort when they ask', async () => {
@@ -278,7 +343,10 @@ describe('cohorts: the workers that join the first epoch together', () => {
     // The new workers register while the old ones are still there: seats of the old epoch.
     for (const id of ['c', 'd']) rm.registerWorker({ id, host: 'h1' });
     expect(['c', 'd'].map((id) => rm.getWorker(id).pool!.epoch)).toEqual([0, 0]);
-    for (const [id, s] of [['a', old[0]!], ['b', old[1]!]] as const) {
+    for (const [id, s] of [
+      ['a', old[0]!],
+      ['b', old[1]!],
+    ] as const) {
       rm.removeWorker(id, 'restarted');
       rm.poolClientGone(s.namespace, s.rank, 'restarted');
     }
@@ -287,8 +355,14 @@ describe('cohorts: the workers that join the first epoch together', () => {
     expect(['c', 'd'].map((id) => rm.getWorker(id).pool!.epoch)).toEqual([1, 1]);
     clock.advance(1000);
     await flush();
-    expect(pool.opened.map((e) => [e.epoch, e.cohorts])).toEqual([[0, [{ host: 'h1', ranks: [0, 1] }]], [1, [{ host: 'h1', ranks: [0, 1] }]]]);
-    expect((await Promise.all(again)).map((j) => [j.seat.epoch, j.seat.rank, j.seat.localPeers])).toEqual([[1, 0, [0, 1]], [1, 1, [0, 1]]]);
+    expect(pool.opened.map((e) => [e.epoch, e.cohorts])).toEqual([
+      [0, [{ host: 'h1', ranks: [0, 1] }]],
+      [1, [{ host: 'h1', ranks: [0, 1] }]],
+    ]);
+    expect((await Promise.all(again)).map((j) => [j.seat.epoch, j.seat.rank, j.seat.localPeers])).toEqual([
+      [1, 0, [0, 1]],
+      [1, 1, [0, 1]],
+    ]);
     expect(pool.closed).toEqual([old[0]!.namespace]);
     // A lone newcomer beside workers in use stays in their epoch, alone on its node.
     for (const j of await Promise.all(again)) rm.poolClientConnected(j.seat.namespace, j.seat.rank);
@@ -333,7 +407,9 @@ describe('in-process jobs', () => {
     await rm.released(job.id);
     expect(rm.getWorker('a').state).toBe('available');
     // The same workers serve the next job at once.
-    expect((await rm.createJob({ impl: 'openmpi', mode: 'inprocess', members: ['a', 'b', 'c'] })).mode).toBe('inprocess');
+    expect((await rm.createJob({ impl: 'openmpi', mode: 'inprocess', members: ['a', 'b', 'c'] })).mode).toBe(
+      'inprocess',
+    );
   });
 
   it('a join waits at most waitMs and tells the member to ask again', async () => {
@@ -367,7 +443,8 @@ describe('in-process jobs', () => {
     await readyWorker('a');
     rm.registerWorker({ id: 'late', host: 'h1' });
     let settled: Job | undefined;
-    const creating = rm.createJob({ impl: 'openmpi', mode: 'inprocess', members: ['a', 'late'], poolJoinMs: 5000 }, { waitMs: 60_000 })
+    const creating = rm
+      .createJob({ impl: 'openmpi', mode: 'inprocess', members: ['a', 'late'], poolJoinMs: 5000 }, { waitMs: 60_000 })
       .then((j) => (settled = j));
     await flush();
     clock.advance(1000);
@@ -381,21 +458,29 @@ describe('in-process jobs', () => {
   it('after poolJoinMs a member that never asked makes the job run in fork mode, or fail when in-process was demanded', async () => {
     await readyWorker('a');
     rm.registerWorker({ id: 'never', host: 'h1' });
-    const lenient = rm.createJob({ impl: 'openmpi', mode: 'inprocess', members: ['a', 'never'], poolJoinMs: 2000 }, { waitMs: 60_000 });
+    const lenient = rm.createJob(
+      { impl: 'openmpi', mode: 'inprocess', members: ['a', 'never'], poolJoinMs: 2000 },
+      { waitMs: 60_000 },
+    );
     await flush();
     clock.advance(2000);
     const j = await lenient;
     expect([j.mode, j.modeReason]).toEqual(['fork', expect.stringMatching(/'never' has not joined the pool/)]);
     await rm.deleteJob(j.id);
-    const strict = rm.createJob({ impl: 'openmpi', mode: 'inprocess', strictMode: true, members: ['a', 'never'], poolJoinMs: 2000 },
-      { waitMs: 60_000 });
-    const refused = expect(strict).rejects.toThrow(/asked to run in-process, but worker 'never' has not joined the pool .*after waiting/);
+    const strict = rm.createJob(
+      { impl: 'openmpi', mode: 'inprocess', strictMode: true, members: ['a', 'never'], poolJoinMs: 2000 },
+      { waitMs: 60_000 },
+    );
+    const refused = expect(strict).rejects.toThrow(
+      /asked to run in-process, but worker 'never' has not joined the pool .*after waiting/,
+    );
     await flush();
     clock.advance(2000);
     await refused;
     // Without waiting (a plain REST request), strict mode fails at once and fork mode is immediate.
-    await expect(rm.createJob({ impl: 'openmpi', mode: 'inprocess', strictMode: true, members: ['a', 'never'] }))
-      .rejects.toThrow(/asked to run in-process/);
+    await expect(
+      rm.createJob({ impl: 'openmpi', mode: 'inprocess', strictMode: true, members: ['a', 'never'] }),
+    ).rejects.toThrow(/asked to run in-process/);
   });
 
   it('a selector prefers workers that can run in-process', async () => {
@@ -448,14 +533,23 @@ describe('in-process jobs', () => {
     rm.leaveJob(job.id, 'a', false, 'MPI_ERR_PROC_FAILED', [2]);
     const j = rm.getJob(job.id);
     expect(j.state).toBe('failed');
-    expect(j.members.map((m) => [m.state, m.endedJob ?? false])).toEqual([['lost', false], ['assigned', false], ['lost', true]]);
+    expect(j.members.map((m) => [m.state, m.endedJob ?? false])).toEqual([
+      ['lost', false],
+      ['assigned', false],
+      ['lost', true],
+    ]);
     expect(j.error).toMatch(/rank 2 \(worker c\) was lost: rank 0 \(worker a\) saw its process fail/);
   });
 
   it('the wiring timeout fails a job whose communicator is never built; the grace releases a member that never leaves', async () => {
     await readyWorker('a');
     await readyWorker('b');
-    const job = await rm.createJob({ impl: 'openmpi', mode: 'inprocess', members: ['a', 'b'], wiringTimeoutSeconds: 5 });
+    const job = await rm.createJob({
+      impl: 'openmpi',
+      mode: 'inprocess',
+      members: ['a', 'b'],
+      wiringTimeoutSeconds: 5,
+    });
     const j = rm.joinJob(job.id, 'a', 10_000);
     clock.advance(5000);
     await expect(j).rejects.toThrow(/wiring timeout/);
@@ -466,11 +560,14 @@ describe('in-process jobs', () => {
     expect(rm.getWorker('a').state).toBe('available');
   });
 
-  it('MPI_Abort from a pool rank aborts its worker\'s job', async () => {
+  it("MPI_Abort from a pool rank aborts its worker's job", async () => {
     const ra = await readyWorker('a');
     await readyWorker('b');
     const job = await rm.createJob({ impl: 'openmpi', mode: 'inprocess', members: ['a', 'b'] });
     rm.poolAbort(job.namespace, ra, 3, 'boom');
-    expect(rm.getJob(job.id)).toMatchObject({ state: 'aborted', error: expect.stringMatching(/rank 0 aborted the job with status 3: boom/) });
+    expect(rm.getJob(job.id)).toMatchObject({
+      state: 'aborted',
+      error: expect.stringMatching(/rank 0 aborted the job with status 3: boom/),
+    });
   });
 });

@@ -3,7 +3,14 @@
 // sidecar must report itself (MPICH tells its processes of none).
 import { beforeEach, describe, expect, it } from 'vitest';
 import { defaultPolicy } from '../../src/policy/index.js';
-import { acceptSteps, ManualClock, ResourceManager, type Impl, type Worker, type WorldBackend } from '../../src/rm/index.js';
+import {
+  acceptSteps,
+  type Impl,
+  ManualClock,
+  ResourceManager,
+  type Worker,
+  type WorldBackend,
+} from '../../src/rm/index.js';
 import { RecordingBackend } from './fake-backend.js';
 
 class FakeWorlds implements WorldBackend {
@@ -76,7 +83,9 @@ describe('worlds', () => {
     expect(fork.calls).toEqual([]);
     const first = rm.joinJob(job.id, 'c', 1000, portsOf(0, 3));
     // A member must bring exactly the ports of its accepting steps.
-    await expect(rm.joinJob(job.id, 'a', 1000, { 1: 'p' })).rejects.toThrow(/merge steps \[\] and must bring one port for each/);
+    await expect(rm.joinJob(job.id, 'a', 1000, { 1: 'p' })).rejects.toThrow(
+      /merge steps \[\] and must bring one port for each/,
+    );
     await expect(rm.joinJob(job.id, 'c', 1000, { 1: 'other', 2: 'x' })).rejects.toThrow(/other ports/);
     const second = rm.joinJob(job.id, 'a', 1000, portsOf(1, 3));
     expect(rm.getJob(job.id).state).toBe('wiring');
@@ -124,7 +133,7 @@ describe('worlds', () => {
     expect(rm.getWorker('b').pool!.state).toBe('retired');
   });
 
-  it('MPI_Abort from a world aborts its worker\'s job', async () => {
+  it("MPI_Abort from a world aborts its worker's job", async () => {
     const a = await readyWorld('a');
     await readyWorld('b');
     const job = await rm.createJob({ impl: 'mpich', mode: 'inprocess', members: ['a', 'b'] });

@@ -1,18 +1,39 @@
 // The PMIx upcall handlers against the real core, without libpmix: what each upcall answers.
 import { beforeEach, describe, expect, it } from 'vitest';
-import { Keys, PmixError, Rank, Status, info, v, type Info, type UpcallHandlers } from '../../src/pmix/index.js';
-import { ManualClock, ResourceManager, type Job, type PoolBackend } from '../../src/rm/index.js';
+import { type Info, info, Keys, PmixError, Rank, Status, type UpcallHandlers, v } from '../../src/pmix/index.js';
 import { defaultPolicy } from '../../src/policy/index.js';
-import { pmixHandlers } from '../../src/service/pmix-handlers.js';
+import { type Job, ManualClock, type PoolBackend, ResourceManager } from '../../src/rm/index.js';
 import { PmixClients } from '../../src/service/pmix-clients.js';
+import { pmixHandlers } from '../../src/service/pmix-handlers.js';
 import { RecordingBackend } from '../rm/fake-backend.js';
 
 let rm: ResourceManager;
-let h: Required<Pick<UpcallHandlers, 'query' | 'group' | 'fence' | 'publish' | 'lookup' | 'unpublish' | 'abort' | 'localEvent' | 'clientConnected' | 'clientFinalized' | 'spawn' | 'jobControl' | 'directModex'>>;
+let h: Required<
+  Pick<
+    UpcallHandlers,
+    | 'query'
+    | 'group'
+    | 'fence'
+    | 'publish'
+    | 'lookup'
+    | 'unpublish'
+    | 'abort'
+    | 'localEvent'
+    | 'clientConnected'
+    | 'clientFinalized'
+    | 'spawn'
+    | 'jobControl'
+    | 'directModex'
+  >
+>;
 let job: Readonly<Job>;
 
 beforeEach(async () => {
-  rm = new ResourceManager({ clock: new ManualClock(), backends: [new RecordingBackend(['openmpi'])], policy: defaultPolicy() });
+  rm = new ResourceManager({
+    clock: new ManualClock(),
+    backends: [new RecordingBackend(['openmpi'])],
+    policy: defaultPolicy(),
+  });
   h = pmixHandlers({ rm }) as typeof h;
   for (const id of ['a', 'b', 'c']) rm.registerWorker({ id, host: 'h' });
   rm.definePset({ name: 'p1', members: ['a', 'b'] });
@@ -46,9 +67,18 @@ describe('query', () => {
   });
 
   it('refuses what it cannot answer with a PMIx status', async () => {
-    await expect(h.query({ proc: null, queries: [{ keys: ['pmix.qry.unknown'], qualifiers: [] }] })).rejects.toMatchObject({ status: Status.ERR_NOT_FOUND });
-    await expect(h.query({ proc: null, queries: [{ keys: [Keys.QUERY_PSET_MEMBERSHIP], qualifiers: [] }] })).rejects.toMatchObject({ status: Status.ERR_BAD_PARAM });
-    await expect(h.query({ proc: null, queries: [{ keys: [Keys.QUERY_PSET_MEMBERSHIP], qualifiers: [info(Keys.PSET_NAME, v.string('zz'))] }] })).rejects.toMatchObject({ status: Status.ERR_NOT_FOUND });
+    await expect(
+      h.query({ proc: null, queries: [{ keys: ['pmix.qry.unknown'], qualifiers: [] }] }),
+    ).rejects.toMatchObject({ status: Status.ERR_NOT_FOUND });
+    await expect(
+      h.query({ proc: null, queries: [{ keys: [Keys.QUERY_PSET_MEMBERSHIP], qualifiers: [] }] }),
+    ).rejects.toMatchObject({ status: Status.ERR_BAD_PARAM });
+    await expect(
+      h.query({
+        proc: null,
+        queries: [{ keys: [Keys.QUERY_PSET_MEMBERSHIP], qualifiers: [info(Keys.PSET_NAME, v.string('zz'))] }],
+      }),
+    ).rejects.toMatchObject({ status: Status.ERR_NOT_FOUND });
   });
 });
 
@@ -57,7 +87,11 @@ describe('group', () => {
     const endpt = info(Keys.GROUP_ENDPT_DATA, v.bytes(Buffer.from('ep')));
     const dirs = [info(Keys.GROUP_ASSIGN_CONTEXT_ID, v.bool(true)), endpt];
     const a = await h.group({ op: 'construct', group: 'g', procs: [p(0), p(1)], directives: dirs });
-    expect(a).toEqual([info(Keys.GROUP_CONTEXT_ID, v.size(0xffffffff)), info(Keys.GROUP_MEMBERSHIP, v.procs([p(0), p(1)])), endpt]);
+    expect(a).toEqual([
+      info(Keys.GROUP_CONTEXT_ID, v.size(0xffffffff)),
+      info(Keys.GROUP_MEMBERSHIP, v.procs([p(0), p(1)])),
+      endpt,
+    ]);
     const b = await h.group({ op: 'construct', group: 'g', procs: [p(0), p(1)], directives: dirs });
     expect(b[0]).toEqual(info(Keys.GROUP_CONTEXT_ID, v.size(0xfffffffe)));
     expect(await h.group({ op: 'destruct', group: 'g', procs: [p(0), p(1)], directives: [] })).toEqual([]);
@@ -68,26 +102,42 @@ describe('group', () => {
     // in-process job added its members' endpoint data to the pool namespace (about 50 KB for
     // four ranks) and slowed every later store. Pool ranks are all this server's clients already.
     const pool: PoolBackend = {
-      uid: 1000, gid: 1000,
+      uid: 1000,
+      gid: 1000,
       async open() {},
       rankEnv: () => ({}),
       async setUser() {},
       async notifyJobEnded() {},
       async close() {},
     };
-    const prm = new ResourceManager({ clock: new ManualClock(), backends: [new RecordingBackend(['openmpi'])], policy: defaultPolicy(), pool: { size: 8, backend: pool } });
+    const prm = new ResourceManager({
+      clock: new ManualClock(),
+      backends: [new RecordingBackend(['openmpi'])],
+      policy: defaultPolicy(),
+      pool: { size: 8, backend: pool },
+    });
     await prm.pool!.start();
     const seat = prm.registerWorker({ id: 'w', host: 'h' }).pool!;
     expect(prm.isPoolNamespace(seat.namespace)).toBe(true);
     const ph = pmixHandlers({ rm: prm }) as typeof h;
     const endpt = info(Keys.GROUP_ENDPT_DATA, v.bytes(Buffer.from('ep')));
-    const procs = [{ nspace: seat.namespace, rank: 0 }, { nspace: seat.namespace, rank: 1 }];
-    const out = await ph.group({ op: 'construct', group: 'not-a-job', procs, directives: [info(Keys.GROUP_ASSIGN_CONTEXT_ID, v.bool(true)), endpt] });
+    const procs = [
+      { nspace: seat.namespace, rank: 0 },
+      { nspace: seat.namespace, rank: 1 },
+    ];
+    const out = await ph.group({
+      op: 'construct',
+      group: 'not-a-job',
+      procs,
+      directives: [info(Keys.GROUP_ASSIGN_CONTEXT_ID, v.bool(true)), endpt],
+    });
     expect(keysOf(out)).toEqual([Keys.GROUP_CONTEXT_ID, Keys.GROUP_MEMBERSHIP]);
   });
 
   it('refuses a group of an unknown namespace', async () => {
-    await expect(h.group({ op: 'construct', group: 'g', procs: [{ nspace: 'nope', rank: 0 }], directives: [] })).rejects.toBeInstanceOf(PmixError);
+    await expect(
+      h.group({ op: 'construct', group: 'g', procs: [{ nspace: 'nope', rank: 0 }], directives: [] }),
+    ).rejects.toBeInstanceOf(PmixError);
   });
 });
 
@@ -101,10 +151,16 @@ describe('fence, name service, abort, lifecycle', () => {
     await h.publish({ proc: p(0), info: [info('svc', v.string('port')), info(Keys.RANGE, v.range(5))] });
     const got = await h.lookup({ proc: p(1), keys: ['svc'], info: [] });
     expect(got).toEqual([{ proc: p(0), key: 'svc', value: v.string('port') }]);
-    await expect(h.publish({ proc: p(1), info: [info('svc', v.string('x'))] })).rejects.toMatchObject({ status: Status.ERR_DUPLICATE_KEY });
-    await expect(h.lookup({ proc: p(1), keys: ['none'], info: [] })).rejects.toMatchObject({ status: Status.ERR_NOT_FOUND });
+    await expect(h.publish({ proc: p(1), info: [info('svc', v.string('x'))] })).rejects.toMatchObject({
+      status: Status.ERR_DUPLICATE_KEY,
+    });
+    await expect(h.lookup({ proc: p(1), keys: ['none'], info: [] })).rejects.toMatchObject({
+      status: Status.ERR_NOT_FOUND,
+    });
     await h.unpublish({ proc: p(0), keys: ['svc'], info: [] });
-    await expect(h.lookup({ proc: p(1), keys: ['svc'], info: [] })).rejects.toMatchObject({ status: Status.ERR_NOT_FOUND });
+    await expect(h.lookup({ proc: p(1), keys: ['svc'], info: [] })).rejects.toMatchObject({
+      status: Status.ERR_NOT_FOUND,
+    });
   });
 
   it('drives the job: connected, finalized, completed', async () => {
@@ -138,7 +194,11 @@ describe('fence, name service, abort, lifecycle', () => {
     await h.clientConnected({ proc: p(0), info: [] });
     await h.clientConnected({ proc: p(1), info: [] });
     // Open MPI's fault tolerance in rank 0 relays that rank 1 failed (its TCP link broke).
-    await h.localEvent({ status: Status.ERR_PROC_TERM_WO_SYNC, source: p(0), info: [info(Keys.EVENT_AFFECTED_PROC, v.proc(p(1)))] });
+    await h.localEvent({
+      status: Status.ERR_PROC_TERM_WO_SYNC,
+      source: p(0),
+      info: [info(Keys.EVENT_AFFECTED_PROC, v.proc(p(1)))],
+    });
     expect(clients.snapshot()[job.namespace]).toEqual([0, 1]);
     expect(job.members.map((m) => m.state)).toEqual(['connected', 'connected']);
     // libpmix's own word that rank 1's connection dropped is what counts.
@@ -148,8 +208,12 @@ describe('fence, name service, abort, lifecycle', () => {
   });
 
   it('does not spawn, control jobs, or serve a direct modex', async () => {
-    await expect(h.spawn({ proc: p(0), jobInfo: [], apps: [] })).rejects.toMatchObject({ status: Status.ERR_NOT_SUPPORTED });
-    await expect(h.jobControl({ proc: p(0), directives: [], targets: [] })).rejects.toMatchObject({ status: Status.ERR_NOT_SUPPORTED });
+    await expect(h.spawn({ proc: p(0), jobInfo: [], apps: [] })).rejects.toMatchObject({
+      status: Status.ERR_NOT_SUPPORTED,
+    });
+    await expect(h.jobControl({ proc: p(0), directives: [], targets: [] })).rejects.toMatchObject({
+      status: Status.ERR_NOT_SUPPORTED,
+    });
     await expect(h.directModex({ proc: p(0), info: [] })).rejects.toMatchObject({ status: Status.ERR_NOT_FOUND });
   });
 });

@@ -2,7 +2,7 @@
 import type { ResourceManager } from '../../rm/manager.js';
 import type { Auth } from '../auth.js';
 import { REQUEST_LIMITS } from '../limits.js';
-import { responses, type JsonSchema } from '../schemas.js';
+import { type JsonSchema, responses } from '../schemas.js';
 
 export interface RouteOptions {
   rm: ResourceManager;
@@ -13,7 +13,9 @@ export const errors = (...codes: number[]) => Object.fromEntries(codes.map((c) =
 
 export const params = (...names: string[]): JsonSchema => ({
   type: 'object',
-  properties: Object.fromEntries(names.map((n) => [n, { type: 'string', minLength: 1, maxLength: REQUEST_LIMITS.idLength }])),
+  properties: Object.fromEntries(
+    names.map((n) => [n, { type: 'string', minLength: 1, maxLength: REQUEST_LIMITS.idLength }]),
+  ),
   required: names,
 });
 

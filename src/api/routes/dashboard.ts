@@ -90,9 +90,14 @@ function noticeOf(e: RmEvent, time: number): Notice | undefined {
   if (e.kind === 'workerPoolChanged' && e.pool.state === 'retired') {
     return { time: at, what: 'left the pool', worker: e.workerId, reason: redact(e.pool.reason ?? '') };
   }
-  if (e.kind === 'workerLeft') return { time: at, what: 'left the cluster', worker: e.workerId, reason: redact(e.reason) };
+  if (e.kind === 'workerLeft')
+    return { time: at, what: 'left the cluster', worker: e.workerId, reason: redact(e.reason) };
   if (e.kind === 'healthChanged') {
-    return { time: at, what: e.status === 'ok' ? 'PMIx progresses again' : 'PMIx server stalled', reason: `${e.pmixStalledSeconds.toFixed(1)} s` };
+    return {
+      time: at,
+      what: e.status === 'ok' ? 'PMIx progresses again' : 'PMIx server stalled',
+      reason: `${e.pmixStalledSeconds.toFixed(1)} s`,
+    };
   }
   return undefined;
 }

@@ -51,60 +51,80 @@ export const eventRoutes: FastifyPluginAsync<EventRouteOptions> = async (app, { 
   await app.register(sse, { heartbeatInterval: HEARTBEAT_MS, serializer: (d: unknown) => String(d) });
   let subscribers = 0;
 
-  app.get<{ Querystring: { since?: number } }>('/events', {
-    onRequest: auth.read,
-    sse: 'manual',
-    schema: {
-      security: auth.security.read,
-      summary: 'Stream events (SSE with JSON, or length-delimited protobuf frames)',
-      tags: ['events'],
-      querystring: { type: 'object', properties: { since: { type: 'integer', minimum: 0 } }, additionalProperties: false },
-      response: {
-        200: { description: 'text/event-stream of Event as JSON, or application/x-protobuf delimited Event frames', type: 'string' },
-        ...errors(400, 401, 429),
+  app.get<{ Querystring: { since?: number } }>(
+    '/events',
+    {
+      onRequest: auth.read,
+      sse: 'manual',
+      schema: {
+        security: auth.security.read,
+        summary: 'Stream events (SSE with JSON, or length-delimited protobuf frames)',
+        tags: ['events'],
+        querystring: {
+          type: 'object',
+          properties: { since: { type: 'integer', minimum: 0 } },
+          additionalProperties: false,
+        },
+        response: {
+          200: {
+            description: 'text/event-stream of Event as JSON, or application/x-protobuf delimited Event frames',
+            type: 'string',
+          },
+          ...errors(400, 401, 429),
+        },
       },
     },
-  }, async (req, reply) => {
-    const binary = (req.headers.accept ?? '').includes('application/x-protobuf');
-    const header = req.headers['last-event-id'];
-    const lastId = typeof header === 'string' && /^\d+$/.test(header.trim()) ? Number(header) : undefined;
-    const since = req.query.since ?? lastId;
-    if (since !== undefined && since > rm.events.lastSeq) {
-      throw new HttpError(400, `since=${since} is ahead of the last event (${rm.events.lastSeq})`);
-    }
-    if (subscribers >= limits.subscribers) {
-      throw new HttpError(429, `too many open event streams (at most ${limits.subscribers})`);
-    }
-    // since=0 asks for everything: only a trimmed history is a gap. Any other number below the
-    // oldest held names an event that is gone, or one of an earlier run of the sidecar.
-    const gap = since !== undefined && (since === 0 ? rm.events.oldestSeq > rm.events.firstSeq : since < rm.events.oldestSeq - 1);
-    // A reader that stopped reading altogether leaves the writer waiting for a drain that does
-    // not come: a second after it overflows, its connection is cut.
-    let done = false;
-    const feed = new EventFeed(rm.events, since, limits.queuedEvents, () => {
-      setTimeout(() => { if (!done) reply.raw.destroy(); }, OVERFLOW_GRACE_MS).unref();
-    });
-    const close = () => feed.close();
-    subscribers++;
-    metrics.eventSubscribers.inc();
-    open.add(close);
-    req.raw.once('close', close);
-    try {
-      const trusted = await auth.trusted(req);
-      if (binary) await streamFrames(reply, feed, trusted);
-      else await streamSse(reply, feed, gap ? { since: since!, oldestSeq: rm.events.oldestSeq } : undefined, trusted);
-    } finally {
-      done = true;
-      feed.close();
-      open.delete(close);
-      subscribers--;
-      metrics.eventSubscribers.dec();
-      if (feed.overflowed) metrics.eventStreamsDropped.inc();
-    }
-  });
+    async (req, reply) => {
+      const binary = (req.headers.accept ?? '').includes('application/x-protobuf');
+      const header = req.headers['last-event-id'];
+      const lastId = typeof header === 'string' && /^\d+$/.test(header.trim()) ? Number(header) : undefined;
+      const since = req.query.since ?? lastId;
+      if (since !== undefined && since > rm.events.lastSeq) {
+        throw new HttpError(400, `since=${since} is ahead of the last event (${rm.events.lastSeq})`);
+      }
+      if (subscribers >= limits.subscribers) {
+        throw new HttpError(429, `too many open event streams (at most ${limits.subscribers})`);
+      }
+      // since=0 asks for everything: only a trimmed history is a gap. Any other number below the
+      // oldest held names an event that is gone, or one of an earlier run of the sidecar.
+      const gap =
+        since !== undefined &&
+        (since === 0 ? rm.events.oldestSeq > rm.events.firstSeq : since < rm.events.oldestSeq - 1);
+      // A reader that stopped reading altogether leaves the writer waiting for a drain that does
+      // not come: a second after it overflows, its connection is cut.
+      let done = false;
+      const feed = new EventFeed(rm.events, since, limits.queuedEvents, () => {
+        setTimeout(() => {
+          if (!done) reply.raw.destroy();
+        }, OVERFLOW_GRACE_MS).unref();
+      });
+      const close = () => feed.close();
+      subscribers++;
+      metrics.eventSubscribers.inc();
+      open.add(close);
+      req.raw.once('close', close);
+      try {
+        const trusted = await auth.trusted(req);
+        if (binary) await streamFrames(reply, feed, trusted);
+        else await streamSse(reply, feed, gap ? { since: since!, oldestSeq: rm.events.oldestSeq } : undefined, trusted);
+      } finally {
+        done = true;
+        feed.close();
+        open.delete(close);
+        subscribers--;
+        metrics.eventSubscribers.dec();
+        if (feed.overflowed) metrics.eventStreamsDropped.inc();
+      }
+    },
+  );
 };
 
-async function streamSse(reply: FastifyReply, feed: EventFeed, gap: { since: number; oldestSeq: number } | undefined, trusted: boolean): Promise<void> {
+async function streamSse(
+  reply: FastifyReply,
+  feed: EventFeed,
+  gap: { since: number; oldestSeq: number } | undefined,
+  trusted: boolean,
+): Promise<void> {
   const out = reply.sse;
   out.keepAlive();
   out.onClose(() => feed.close());
@@ -151,7 +171,12 @@ async function streamSse(reply: FastifyReply, feed: EventFeed, gap: { since: num
 async function streamFrames(reply: FastifyReply, feed: EventFeed, trusted: boolean): Promise<void> {
   reply.hijack();
   const raw = reply.raw;
-  raw.writeHead(200, { 'content-type': 'application/x-protobuf', 'cache-control': 'no-cache', connection: 'keep-alive', 'x-accel-buffering': 'no' });
+  raw.writeHead(200, {
+    'content-type': 'application/x-protobuf',
+    'cache-control': 'no-cache',
+    connection: 'keep-alive',
+    'x-accel-buffering': 'no',
+  });
   raw.flushHeaders();
   for (let e = await feed.next(); e && !raw.destroyed; e = await feed.next()) {
     const msg = eventMsg(e);

@@ -12,19 +12,30 @@ export interface HealthOptions extends RouteOptions {
   pmixProgress?: () => { stalled: boolean; stalledMs: number };
 }
 
-export const healthRoutes: FastifyPluginAsync<HealthOptions> = async (app, { rm, version, pmixVersion, startedAt, pmixProgress }) => {
-  app.get('/health', {
-    schema: { summary: 'Liveness and versions; 503 while the PMIx server does not progress', tags: ['service'], response: { 200: responses.health, 503: responses.health } },
-  }, async (_req, reply) => {
-    const pmix = pmixProgress?.() ?? { stalled: false, stalledMs: 0 };
-    if (pmix.stalled) reply.code(503);
-    return toJson.health({
-      status: rm.isStopping ? 'stopping' : pmix.stalled ? 'pmix-stalled' : 'ok',
-      version,
-      pmixVersion,
-      uptimeSeconds: (Date.now() - startedAt) / 1000,
-      impls: rm.impls,
-      pmixStalledSeconds: pmix.stalledMs / 1000,
-    });
-  });
+export const healthRoutes: FastifyPluginAsync<HealthOptions> = async (
+  app,
+  { rm, version, pmixVersion, startedAt, pmixProgress },
+) => {
+  app.get(
+    '/health',
+    {
+      schema: {
+        summary: 'Liveness and versions; 503 while the PMIx server does not progress',
+        tags: ['service'],
+        response: { 200: responses.health, 503: responses.health },
+      },
+    },
+    async (_req, reply) => {
+      const pmix = pmixProgress?.() ?? { stalled: false, stalledMs: 0 };
+      if (pmix.stalled) reply.code(503);
+      return toJson.health({
+        status: rm.isStopping ? 'stopping' : pmix.stalled ? 'pmix-stalled' : 'ok',
+        version,
+        pmixVersion,
+        uptimeSeconds: (Date.now() - startedAt) / 1000,
+        impls: rm.impls,
+        pmixStalledSeconds: pmix.stalledMs / 1000,
+      });
+    },
+  );
 };

@@ -1,10 +1,10 @@
 // The real resource manager with the PMI backend installed, as the sidecar runs them, plus
 // helpers to create MPICH jobs over registered workers and wait for their ends.
 import type { TraceEvent } from '../../../src/pmi/index.js';
-import { WireClient } from './wire-client.js';
-import { PmiBackend, type PmiBackendOptions } from '../../../src/service/pmi-backend.js';
-import { ResourceManager, type Impl, type Job, type JobState, type RmOptions } from '../../../src/rm/index.js';
 import { defaultPolicy } from '../../../src/policy/index.js';
+import { type Impl, type Job, type JobState, ResourceManager, type RmOptions } from '../../../src/rm/index.js';
+import { PmiBackend, type PmiBackendOptions } from '../../../src/service/pmi-backend.js';
+import { WireClient } from './wire-client.js';
 
 export interface FixtureJob {
   job: Readonly<Job>;
@@ -26,8 +26,11 @@ export class PmiRmFixture {
   ) {}
 
   static async start(
-    opts: { traceOn?: boolean; extraEnv?: Record<string, string>; releaseGraceMs?: number } & Pick<PmiBackendOptions, 'limits' | 'bindTimeoutMs' | 'maxUnbound'>
-      & Pick<RmOptions, 'collectiveTimeoutMs' | 'onCollective'> = {},
+    opts: { traceOn?: boolean; extraEnv?: Record<string, string>; releaseGraceMs?: number } & Pick<
+      PmiBackendOptions,
+      'limits' | 'bindTimeoutMs' | 'maxUnbound'
+    > &
+      Pick<RmOptions, 'collectiveTimeoutMs' | 'onCollective'> = {},
   ): Promise<PmiRmFixture> {
     const rm = new ResourceManager({
       policy: defaultPolicy({ releaseGraceMs: opts.releaseGraceMs ?? 2000 }),
@@ -55,7 +58,10 @@ export class PmiRmFixture {
   }
 
   /** Registers `n` workers on `hosts` (default all on this host) and creates a job over them. */
-  async job(n: number, opts: { hosts?: string[]; impl?: Impl; wiringTimeoutSeconds?: number } = {}): Promise<FixtureJob> {
+  async job(
+    n: number,
+    opts: { hosts?: string[]; impl?: Impl; wiringTimeoutSeconds?: number } = {},
+  ): Promise<FixtureJob> {
     const workers: string[] = [];
     for (let i = 0; i < n; i++) {
       const id = `w${++this.nextWorker}`;

@@ -29,7 +29,10 @@ export class WireClient {
   /** Over TCP to host:port, or to a UNIX socket path. */
   static connect(port: number | string, host = '127.0.0.1'): Promise<WireClient> {
     return new Promise((resolve, reject) => {
-      const s = typeof port === 'string' ? connect(port, () => resolve(new WireClient(s))) : connect(port, host, () => resolve(new WireClient(s)));
+      const s =
+        typeof port === 'string'
+          ? connect(port, () => resolve(new WireClient(s)))
+          : connect(port, host, () => resolve(new WireClient(s)));
       s.once('error', reject);
     });
   }
@@ -55,7 +58,8 @@ export class WireClient {
     for (;;) {
       const v = take();
       if (v !== undefined) return v;
-      if (this.ended) throw new Error(`connection closed while waiting for ${what}; buffer ${JSON.stringify(this.buf)}`);
+      if (this.ended)
+        throw new Error(`connection closed while waiting for ${what}; buffer ${JSON.stringify(this.buf)}`);
       const left = deadline - Date.now();
       if (left <= 0) throw new Error(`timed out waiting for ${what}; buffer ${JSON.stringify(this.buf)}`);
       await new Promise<void>((resolve) => {
