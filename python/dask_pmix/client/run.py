@@ -143,6 +143,9 @@ async def _start_job(
         local_by_worker = _holders(who_has, local)
         if workers is None and pset is None and n is None:
             workers = sorted(local_by_worker)
+    # Pickled once for every rank (not by the scheduler as it sends each rank's task: cloudpickle of a
+    # function by value takes milliseconds), while the job is being created.
+    pickling = asyncio.ensure_future(asyncio.to_thread(pickled_function, fn))
     created = await getattr(client.scheduler, Scheduler.CREATE_JOB)(
         workers=workers,
         n=n,
@@ -155,13 +158,12 @@ async def _start_job(
         strict=asked == "inprocess",
     )
     if "error" in created:
+        pickling.cancel()
         raise MPIJobError(created["error"])
     job = created["job"]
     mpi_job = MPIJob(client, job, [])
     try:
-        # Pickled once here, not once per rank by the scheduler as it sends each task (cloudpickle
-        # of a function by value took 2.5 ms a rank, on the scheduler's event loop).
-        function = pickled_function(fn)
+        function = await pickling
     except Exception as e:
         await mpi_job._release()
         raise TypeError(unpicklable(fn, (), {}) or f"the MPI job's function cannot be pickled: {e!r}") from e
