@@ -400,6 +400,48 @@ async def _echo_client(addr_file: str, timeout: float) -> dict:
     return {"sessions": PAIR_CONNECTIONS + 1}
 
 
+async def slow_pair(addr: str) -> None:
+    """A pair communicator that is not built within PAIR_WAIT: the connection carries its frames in
+    the TCP stream (and keeps the contract), the build goes on, and once the communicator exists the
+    idle connection says it is closed, so that its next one (Dask's pool opens it) runs over MPI."""
+    import numpy as np
+    from distributed.comm import connect, listen
+    from distributed.protocol import to_serialize
+
+    from dask_pmix.comm import hello, pairs
+
+    pairs._registries.clear()   # forget the pair communicator the checks built: the next is new
+    wait, hello.PAIR_WAIT = hello.PAIR_WAIT, 0.0
+    got = []
+
+    async def handler(comm):
+        got.append((comm.transport, (await comm.read())["x"].nbytes))
+        await comm.write("ok")
+        await comm.close()
+
+    listener = await listen(addr, handler)
+    try:
+        payload = {"x": to_serialize(np.ones(4 << 20, dtype="u1"))}
+        first = await connect(listener.contact_address)
+        assert first.transport == "tcp", first.transport
+        await first.write(payload)
+        assert await first.read() == "ok"
+        hello.PAIR_WAIT = wait
+        deadline = time.monotonic() + 30
+        while not first.closed():   # the revisit: due once the communicator exists and the comm is idle
+            assert time.monotonic() < deadline, "the connection never asked to be renegotiated"
+            await asyncio.sleep(0.2)
+        second = await connect(listener.contact_address)
+        assert second.transport == "mpi", second.transport
+        await second.write(payload)
+        assert await second.read() == "ok"
+        await second.close()
+        assert got == [("tcp", 4 << 20), ("mpi", 4 << 20)], got
+    finally:
+        hello.PAIR_WAIT = wait
+        listener.stop()
+
+
 def main_pair(link_world, addr_file: str, timeout: float = 120) -> dict:
     """Two ranks, two processes: the connection runs over a pair communicator between them."""
     addr = scheme_addr("tcp+mpi")
@@ -443,6 +485,7 @@ def main() -> None:
     out["idle_polls_per_s"] = (eng.polls if eng else 0) - before
     out["engine_in_flight"] = eng.in_flight() if eng else 0
     out["posted_now"] = eng.posted_now if eng else 0
+    out["slow_pair"] = asyncio.run(run_all(addr, {"slow_pair": slow_pair}))["slow_pair"]
     print("RESULT " + json.dumps(out), flush=True)
     link.leave_launcher_world(world)
 

@@ -106,6 +106,8 @@ def test_contract_over_mpi_self_pair():
     assert out["engine_in_flight"] == 0 and out["idle_polls_per_s"] == 0, out
     # the event loop posted transfers itself (no hand-off to the progress thread)
     assert out["posted_now"] > 0, out
+    # a pair communicator slower than PAIR_WAIT: TCP meanwhile, MPI once it exists
+    assert out["slow_pair"] == "ok", out["slow_pair"]
     s = out["stats"]
     assert s["tcp"]["connections"] == 0  # no connection fell back
     assert s["mpi"]["connections"] > 0 and s["events"]["pair_comms"] == 1

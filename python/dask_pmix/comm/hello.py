@@ -8,6 +8,14 @@ which pair communicator, and with which tags?
                             or {"mpi": false, "why": ..., "epoch": E' or None, "starting": bool}
     connector -> listener   {"mpi": true, "pair": name, "tag": t}  or {"mpi": false, "why": ...}
     listener  -> connector  {"committed": true}   (after an MPI choice: it builds its side too)
+    connector -> listener   {"use": "mpi"} once the pair communicator exists here, or {"use": "tcp"}
+
+The connection waits for the pair communicator's construction for at most PAIR_WAIT: one that
+takes longer (a loaded host, or an Open MPI 5.0.x construction that never returns: see
+worker/activation.py) goes on in the background, this connection carries its frames in the TCP
+stream, and the connector's comm renegotiates once the communicator exists (Revisit); a later
+connection that finds the construction still under way does not wait for it at all. A Dask
+transfer never waits for MPI's construction longer than that, and never fails because of it.
 
 Both ends choose the path from the same two descriptions (paths.choose is symmetric), so a pair
 without an MPI path is answered at once and stays a plain TCP connection: no pair communicator,
@@ -30,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import struct
 import time
 from dataclasses import dataclass
@@ -44,6 +53,8 @@ from .link import PoolLink, current_link, pool_starting
 from .pairs import PairCancelled, peer_index, registry_for
 from .paths import Path, choose, describe, why_not
 
+logger = logging.getLogger(__name__)
+
 MAGIC = b"DPMX"
 _HEAD = struct.Struct("<4sI")
 MAX_HELLO = 1 << 20
@@ -54,6 +65,7 @@ class HelloError(ConnectionError):
 
 
 REVISIT_AFTER = 2.0   # seconds before asking a listener that was joining its pool again
+PAIR_WAIT = 2.0       # seconds a connection waits for its pair communicator before it goes TCP
 
 
 @dataclass
@@ -61,8 +73,11 @@ class Revisit:
     """When a TCP connection may be worth negotiating again."""
     epoch: Optional[str] = None     # once this process is in this epoch
     after: Optional[float] = None   # or after this time.monotonic()
+    pair: Optional[concurrent.futures.Future] = None   # or once this pair communicator exists
 
     def due(self) -> bool:
+        if self.pair is not None:
+            return self.pair.done() and self.pair.exception() is None
         if self.after is not None:
             return time.monotonic() >= self.after
         link = current_link()
@@ -103,6 +118,8 @@ async def _read(stream) -> dict:
 async def _comm_of(fut: concurrent.futures.Future, timeout: float):
     """Wait for a pair communicator without cancelling its construction on timeout (the other
     connections of the pair may still want it)."""
+    if fut.done():
+        return fut.result()
     loop = asyncio.get_running_loop()
     done = loop.create_future()
 
@@ -177,7 +194,23 @@ async def offer(stream, timeout: float, chunk_bytes: int) -> tuple[Optional[Rout
         if ours:
             reg.cancel(name, peer, f"the connection ended before the listener committed to it ({exc!r})")
         raise
-    comm = await _built(reg, fut, peer, timeout)
+    try:
+        # The one that started it waits a little; one that found it under way does not.
+        comm = await _comm_of(fut, min(timeout, PAIR_WAIT) if ours else 0)
+    except asyncio.TimeoutError:
+        await _write(stream, {"use": "tcp"})
+        _fallback("pair-slow")
+        if ours:
+            _give_up_later(reg, fut, peer, timeout)
+        return None, Revisit(pair=fut)
+    except Exception as exc:  # not CancelledError: a connect given up on says nothing about the pair
+        if not isinstance(exc, PairCancelled):
+            reg.mark_broken(peer)
+        await _write(stream, {"use": "tcp"})
+        _fallback("pair-failed")
+        logger.info("tcp+mpi: building the MPI communicator with pool rank %s failed: %r", peer, exc)
+        return None, None
+    await _write(stream, {"use": "mpi"})
     stats.path(path.name)
     return Route(_engine(link, chunk_bytes), comm, peer_index(link.rank, peer), int(reply["tag"]), tag, name, peer,
                  path, _pid(reply)), None
@@ -222,6 +255,11 @@ async def answer(stream, timeout: float, chunk_bytes: int) -> Optional[Route]:
     # start() lets the reservation go when the communicator exists or another connection builds it.
     fut = reg.start(name, peer, reserved=reserved)
     await _write(stream, {"committed": True})
+    # The connector says whether it got the communicator in time (else: TCP, the build goes on).
+    use = await asyncio.wait_for(_read(stream), timeout + PAIR_WAIT)
+    if use.get("use") != "mpi":
+        _fallback("pair-slow")
+        return None
     comm = await _built(reg, fut, peer, timeout)
     stats.path(path.name)
     return Route(_engine(link, chunk_bytes), comm, peer_index(link.rank, peer), int(choice["tag"]), tag, name, peer,
@@ -231,6 +269,18 @@ async def answer(stream, timeout: float, chunk_bytes: int) -> Optional[Route]:
 def _pid(desc: dict) -> Optional[int]:
     pid = desc.get("pid")
     return int(pid) if isinstance(pid, int) and pid > 0 else None
+
+
+def _give_up_later(reg, fut, peer: int, timeout: float) -> None:
+    """A construction still under way `timeout` s from now is not coming (its peer is gone or
+    stuck): the pair is marked broken (later connections stay TCP at once) and nothing waits for
+    it any longer, as _built does for a connection that waits the whole timeout."""
+    def check() -> None:
+        if not fut.done():
+            reg.mark_broken(peer)
+            reg.cancel_wait(fut, peer, f"not built within {timeout:g} s")
+
+    asyncio.get_running_loop().call_later(timeout, check)
 
 
 async def _built(reg, fut, peer: int, timeout: float):
