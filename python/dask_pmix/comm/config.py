@@ -9,9 +9,9 @@ from dask.utils import parse_bytes, parse_timedelta
 DEFAULTS = {
     # frames at least this large go over MPI between workers that share memory (see paths.py);
     # smaller ones stay in the TCP stream, where a message costs what it costs on tcp://. Measured
-    # on a loaded 2-core host (bench/comm.py, paired rounds): MPI wins from 2-4 MiB on, and
-    # between 256 KiB and 1 MiB the two are within the machine's noise
-    "sm-threshold": "1 MiB",
+    # on a loaded 2-core host (bench/comm.py, paired rounds): from 4 MiB on MPI wins in every run
+    # (1.1-1.7x), at 1-2 MiB it won in some runs and lost in others (0.76-1.33x)
+    "sm-threshold": "4 MiB",
     # whether this worker's MPI library reaches workers of other hosts over a network faster than
     # TCP (UCX or OFI on InfiniBand, RoCE, EFA): then pairs on different hosts use MPI too
     "fabric": False,
