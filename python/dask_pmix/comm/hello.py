@@ -13,8 +13,7 @@ which pair communicator, and with which tags?
 The connection waits for the pair communicator's construction for at most PAIR_WAIT: one that
 takes longer (a loaded host, or an Open MPI 5.0.x construction that never returns: see
 worker/activation.py) goes on in the background, this connection carries its frames in the TCP
-stream, and the connector's comm renegotiates once the communicator exists (Revisit); a later
-connection that finds the construction still under way does not wait for it at all. A Dask
+stream, and the connector's comm renegotiates once the communicator exists (Revisit). A Dask
 transfer never waits for MPI's construction longer than that, and never fails because of it.
 
 Both ends choose the path from the same two descriptions (paths.choose is symmetric), so a pair
@@ -195,8 +194,7 @@ async def offer(stream, timeout: float, chunk_bytes: int) -> tuple[Optional[Rout
             reg.cancel(name, peer, f"the connection ended before the listener committed to it ({exc!r})")
         raise
     try:
-        # The one that started it waits a little; one that found it under way does not.
-        comm = await _comm_of(fut, min(timeout, PAIR_WAIT) if ours else 0)
+        comm = await _comm_of(fut, min(timeout, PAIR_WAIT))
     except asyncio.TimeoutError:
         await _write(stream, {"use": "tcp"})
         _fallback("pair-slow")
