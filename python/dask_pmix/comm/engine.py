@@ -29,7 +29,8 @@ import logging
 import queue
 import threading
 import time
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -38,15 +39,15 @@ from . import prefault
 
 logger = logging.getLogger(__name__)
 
-AHEAD_WAIT = 0.002         # how long a post waits for the helper that populates its chunk
+AHEAD_WAIT = 0.002  # how long a post waits for the helper that populates its chunk
 INLINE_RECV_MAX = 4 << 20  # receives of a message up to this size may be posted and completed on the event loop
 
-SPIN_SECONDS = 0.002       # poll without sleeping this long after the last post or completion
+SPIN_SECONDS = 0.002  # poll without sleeping this long after the last post or completion
 BACKOFF_MIN = 20e-6
 BACKOFF_MAX = 1e-3
-STALE_SECONDS = 60.0       # nothing posted for this long: what is left is probably orphaned, poll slowly
+STALE_SECONDS = 60.0  # nothing posted for this long: what is left is probably orphaned, poll slowly
 BACKOFF_STALE = 20e-3
-DRAIN_PERIOD = 20e-3       # how often closed connections' tags are probed for stray messages
+DRAIN_PERIOD = 20e-3  # how often closed connections' tags are probed for stray messages
 
 
 def _plain(exc: BaseException) -> ConnectionError:
@@ -63,16 +64,23 @@ class Transfer:
 
     __slots__ = ("send", "comm", "peer", "tag", "buffers", "on_done", "remaining", "error", "requests")
 
-    def __init__(self, send: bool, comm, peer: int, tag: int, buffers: list,
-                 on_done: Optional[Callable[[Optional[BaseException]], None]]):
+    def __init__(
+        self,
+        send: bool,
+        comm,
+        peer: int,
+        tag: int,
+        buffers: list,
+        on_done: Callable[[BaseException | None], None] | None,
+    ):
         self.send = send
         self.comm = comm
         self.peer = peer
         self.tag = tag
-        self.buffers = buffers      # kept alive here until MPI is done with them
+        self.buffers = buffers  # kept alive here until MPI is done with them
         self.on_done = on_done
         self.remaining = 0
-        self.error: Optional[BaseException] = None
+        self.error: BaseException | None = None
         self.requests: list = []
 
 
@@ -84,20 +92,20 @@ class Engine:
         self._wake = threading.Event()
         self._requests: list = []
         self._owners: list[Transfer] = []
-        self._drains: list[list] = []      # [comm, peer, tag, deadline]
+        self._drains: list[list] = []  # [comm, peer, tag, deadline]
         self._next_drain = 0.0
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self._stop = False
         self._closed = False
-        self.polls = 0                     # test rounds, for the idle-cost tests
+        self.polls = 0  # test rounds, for the idle-cost tests
         # Transfers in the inbox not posted yet, per (communicator, peer, tag, direction): while one
         # waits, later ones of that connection go through the inbox too (MPI matches in posting order).
         self._queued: dict[tuple, int] = {}
         self._queued_lock = threading.Lock()
-        self._ahead = prefault.Ahead()     # populates a large receive's chunks ahead of their posts
-        self.posted_now = 0                # transfers posted by their caller, for the tests
-        self.completed_now = 0             # ... and completed there
+        self._ahead = prefault.Ahead()  # populates a large receive's chunks ahead of their posts
+        self.posted_now = 0  # transfers posted by their caller, for the tests
+        self.completed_now = 0  # ... and completed there
 
     @staticmethod
     def _key(t: Transfer) -> tuple:
@@ -261,7 +269,7 @@ class Engine:
         MPI = self.MPI
         op = t.comm.Isend if t.send else t.comm.Irecv
         step = self.chunk_bytes
-        chunks = [buf[start:start + step] for buf in t.buffers for start in range(0, buf.nbytes, step)]
+        chunks = [buf[start : start + step] for buf in t.buffers for start in range(0, buf.nbytes, step)]
         ready = [self._ahead.ask(c) for c in chunks] if not t.send and len(chunks) > 1 else None
         for i, chunk in enumerate(chunks):
             # The helper may be slow to get the CPU on a loaded host: then this thread populates
@@ -346,7 +354,7 @@ class Engine:
                 msg = comm.Improbe(peer, tag, status)
                 while msg is not None:
                     buf = np.empty(status.Get_count(self.MPI.BYTE), dtype=np.uint8)
-                    t = Transfer(False, comm, peer, tag, [memoryview(buf)], None)
+                    t = Transfer(False, comm, peer, tag, [buf.data], None)
                     req = msg.Irecv([buf, self.MPI.BYTE])
                     t.requests.append(req)
                     t.remaining = 1
@@ -360,7 +368,7 @@ class Engine:
         self._drains = keep
 
 
-_engine: Optional[Engine] = None
+_engine: Engine | None = None
 _engine_lock = threading.Lock()
 
 
@@ -373,7 +381,7 @@ def engine_for(MPI: Any, chunk_bytes: int) -> Engine:
         return _engine
 
 
-_retired: list = []   # closed engines: their abandoned requests' buffers must never be freed
+_retired: list = []  # closed engines: their abandoned requests' buffers must never be freed
 
 
 def stop_engine() -> bool:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import struct
 
 INSIDE, AFTER, MPI = 0, 1, 2
-JOINED = 0x80     # this frame continues the previous one's buffer (a shard of the same buffer)
+JOINED = 0x80  # this frame continues the previous one's buffer (a shard of the same buffer)
 INSIDE_MAX = 64 * 1024
 LENGTH = struct.Struct("<Q")
 COUNT = struct.Struct("<I")
@@ -81,7 +81,7 @@ def parse_block(block: memoryview) -> tuple[list, list, list, list]:
     off = COUNT.size
     sizes = list(struct.unpack_from(f"<{n}Q", block, off))
     off += 8 * n
-    codes = list(block[off:off + n])
+    codes = list(block[off : off + n])
     off += n
     where = [c & ~JOINED for c in codes]
     join = [bool(c & JOINED) for c in codes]
@@ -92,7 +92,7 @@ def parse_block(block: memoryview) -> tuple[list, list, list, list]:
     inside = []
     for size, w in zip(sizes, where):
         if w == INSIDE:
-            inside.append(block[off:off + size])
+            inside.append(block[off : off + size])
             off += size
     if off != len(block):
         raise ValueError("malformed tcp+mpi block: frame sizes do not add up")
@@ -114,7 +114,7 @@ def buffers(sizes: list, where: list, join: list, host_array) -> list:
         buf = host_array(sum(sizes[i:j]))
         off = 0
         for k in range(i, j):
-            out[k] = buf[off:off + sizes[k]]
+            out[k] = buf[off : off + sizes[k]]
             off += sizes[k]
         i = j
     return out

@@ -41,7 +41,7 @@ import logging
 import struct
 import time
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import msgpack
 
@@ -63,16 +63,17 @@ class HelloError(ConnectionError):
     """The peer does not speak this negotiation (not a tcp+mpi end), or broke it off."""
 
 
-REVISIT_AFTER = 2.0   # seconds before asking a listener that was joining its pool again
-PAIR_WAIT = 2.0       # seconds a connection waits for its pair communicator before it goes TCP
+REVISIT_AFTER = 2.0  # seconds before asking a listener that was joining its pool again
+PAIR_WAIT = 2.0  # seconds a connection waits for its pair communicator before it goes TCP
 
 
 @dataclass
 class Revisit:
     """When a TCP connection may be worth negotiating again."""
-    epoch: Optional[str] = None     # once this process is in this epoch
-    after: Optional[float] = None   # or after this time.monotonic()
-    pair: Optional[concurrent.futures.Future] = None   # or once this pair communicator exists
+
+    epoch: str | None = None  # once this process is in this epoch
+    after: float | None = None  # or after this time.monotonic()
+    pair: concurrent.futures.Future | None = None  # or once this pair communicator exists
 
     def due(self) -> bool:
         if self.pair is not None:
@@ -87,6 +88,7 @@ class Revisit:
 class Route:
     """Where one connection's MPI frames go: the pair communicator, the peer's rank in it, the
     tag the peer receives on (chosen by the peer), and the tag this end receives on."""
+
     engine: Engine
     comm: Any
     peer: int
@@ -95,7 +97,7 @@ class Route:
     pair: str
     peer_rank: int
     path: Path
-    peer_pid: Optional[int] = None  # on the sm path (one host): the peer's process, to tell a death at once
+    peer_pid: int | None = None  # on the sm path (one host): the peer's process, to tell a death at once
 
 
 async def _write(stream, body: dict) -> None:
@@ -132,6 +134,7 @@ async def _comm_of(fut: concurrent.futures.Future, timeout: float):
 
 def _engine(link: PoolLink, chunk_bytes: int) -> Engine:
     from .engine import engine_for
+
     return engine_for(link.MPI, chunk_bytes)
 
 
@@ -139,7 +142,7 @@ def _fallback(why: str) -> None:
     stats.note(f"tcp_fallback:{why}")
 
 
-async def offer(stream, timeout: float, chunk_bytes: int) -> tuple[Optional[Route], Optional[Revisit]]:
+async def offer(stream, timeout: float, chunk_bytes: int) -> tuple[Route | None, Revisit | None]:
     """Connector side: the MPI route, or None for a TCP connection and when to revisit that."""
     link = current_link()
     mine = describe(link)
@@ -163,6 +166,7 @@ async def offer(stream, timeout: float, chunk_bytes: int) -> tuple[Optional[Rout
         _fallback("path-mismatch")
         stats.path("tcp")
         return None, None
+    assert link is not None  # a path needs both ends in one epoch
     reg = registry_for(link)
     tag = None if reg.broken(peer) else reg.alloc_tag(peer)
     if tag is None:
@@ -210,11 +214,20 @@ async def offer(stream, timeout: float, chunk_bytes: int) -> tuple[Optional[Rout
         return None, None
     await _write(stream, {"use": "mpi"})
     stats.path(path.name)
-    return Route(_engine(link, chunk_bytes), comm, peer_index(link.rank, peer), int(reply["tag"]), tag, name, peer,
-                 path, _pid(reply)), None
+    return Route(
+        _engine(link, chunk_bytes),
+        comm,
+        peer_index(link.rank, peer),
+        int(reply["tag"]),
+        tag,
+        name,
+        peer,
+        path,
+        _pid(reply),
+    ), None
 
 
-async def answer(stream, timeout: float, chunk_bytes: int) -> Optional[Route]:
+async def answer(stream, timeout: float, chunk_bytes: int) -> Route | None:
     """Listener side. Returns the MPI route, or None for a TCP connection."""
     hello = await asyncio.wait_for(_read(stream), timeout)
     link = current_link()
@@ -228,6 +241,7 @@ async def answer(stream, timeout: float, chunk_bytes: int) -> Optional[Route]:
         if me["epoch"] is not None and hello.get("epoch") is not None:
             stats.path("tcp")  # two pool workers without an MPI path between them
         return None
+    assert link is not None  # a path needs both ends in one epoch
     peer = int(hello["rank"])
     reg = registry_for(link)
     tag = None if reg.broken(peer) else reg.alloc_tag(peer)
@@ -239,8 +253,17 @@ async def answer(stream, timeout: float, chunk_bytes: int) -> Optional[Route]:
     # until the connector's choice says whether it is needed.
     reserved = GATE.reserve_pair()
     try:
-        await _write(stream, {"mpi": True, "path": path.name, **me, "pairs": reg.names(peer), "tag": tag,
-                              "can_build": reserved is not None})
+        await _write(
+            stream,
+            {
+                "mpi": True,
+                "path": path.name,
+                **me,
+                "pairs": reg.names(peer),
+                "tag": tag,
+                "can_build": reserved is not None,
+            },
+        )
         choice = await asyncio.wait_for(_read(stream), timeout)
     except BaseException:
         GATE.pair_done(reserved)
@@ -260,11 +283,20 @@ async def answer(stream, timeout: float, chunk_bytes: int) -> Optional[Route]:
         return None
     comm = await _built(reg, fut, peer, timeout)
     stats.path(path.name)
-    return Route(_engine(link, chunk_bytes), comm, peer_index(link.rank, peer), int(choice["tag"]), tag, name, peer,
-                 path, _pid(hello))
+    return Route(
+        _engine(link, chunk_bytes),
+        comm,
+        peer_index(link.rank, peer),
+        int(choice["tag"]),
+        tag,
+        name,
+        peer,
+        path,
+        _pid(hello),
+    )
 
 
-def _pid(desc: dict) -> Optional[int]:
+def _pid(desc: dict) -> int | None:
     pid = desc.get("pid")
     return int(pid) if isinstance(pid, int) and pid > 0 else None
 
@@ -273,6 +305,7 @@ def _give_up_later(reg, fut, peer: int, timeout: float) -> None:
     """A construction still under way `timeout` s from now is not coming (its peer is gone or
     stuck): the pair is marked broken (later connections stay TCP at once) and nothing waits for
     it any longer, as _built does for a connection that waits the whole timeout."""
+
     def check() -> None:
         if not fut.done():
             reg.mark_broken(peer)

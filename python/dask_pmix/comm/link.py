@@ -13,32 +13,33 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 
 @dataclass(frozen=True)
 class PoolLink:
-    epoch: str                                     # identity of the pool epoch (PMIx namespace and more)
-    rank: int                                      # this process's rank in the epoch
-    MPI: Any                                       # mpi4py.MPI, initialised through a session
-    create_comm: Callable[[list, str], Any]        # blocking, collective over the ranks: (ranks, tag) -> Intracomm
-    session: Any = None                            # kept alive as long as the link
-    local_peers: frozenset = frozenset()           # the epoch's ranks that share memory with this one (itself included)
+    epoch: str  # identity of the pool epoch (PMIx namespace and more)
+    rank: int  # this process's rank in the epoch
+    MPI: Any  # mpi4py.MPI, initialised through a session
+    create_comm: Callable[[list, str], Any]  # blocking, collective over the ranks: (ranks, tag) -> Intracomm
+    session: Any = None  # kept alive as long as the link
+    local_peers: frozenset = frozenset()  # the epoch's ranks that share memory with this one (itself included)
 
 
-_override: Optional[PoolLink] = None
+_override: PoolLink | None = None
 _override_lock = threading.Lock()
 
 
-def set_link(link: Optional[PoolLink]) -> None:
+def set_link(link: PoolLink | None) -> None:
     """Use this membership instead of the pool's (processes started by an MPI launcher, tests)."""
     global _override
     with _override_lock:
         _override = link
 
 
-def current_link() -> Optional[PoolLink]:
+def current_link() -> PoolLink | None:
     """The pool membership of this process, or None when it is in no pool (scheduler, clients,
     workers outside the pool): then every connection stays TCP."""
     if _override is not None:
@@ -46,16 +47,23 @@ def current_link() -> Optional[PoolLink]:
     return _from_pool()
 
 
-def _from_pool() -> Optional[PoolLink]:
+def _from_pool() -> PoolLink | None:
     from ..worker import pool
+
     member = pool.current()
-    if member is None or not hasattr(member, "session"):
-        # An MPICH / Intel MPI world (pool.World) has no pool ranks to build communicators from.
+    if member is None or isinstance(member, pool.World):
+        # An MPICH / Intel MPI world has no pool ranks to build communicators from.
         return None
     _watch_pool_close(pool)
     # Two processes share communicators only within one epoch: its PMIx namespace names it.
-    return PoolLink(epoch=f"{member.namespace}#{member.epoch}", rank=int(member.rank), MPI=member.MPI,
-                    create_comm=member.comm, session=member.session, local_peers=_shared_of(member))
+    return PoolLink(
+        epoch=f"{member.namespace}#{member.epoch}",
+        rank=int(member.rank),
+        MPI=member.MPI,
+        create_comm=member.comm,
+        session=member.session,
+        local_peers=_shared_of(member),
+    )
 
 
 _shared: dict[int, frozenset] = {}
@@ -125,6 +133,7 @@ def _leave_pool() -> None:
 def pool_starting() -> bool:
     """Whether this process is joining a pool right now (its session is being initialised)."""
     from ..worker import pool
+
     status = getattr(pool, "status", None)
     return status is not None and status().get("state") == "starting"
 
@@ -152,8 +161,14 @@ def join_launcher_world() -> PoolLink:
             group.Free()
 
     epoch = os.environ.get("PMIX_NAMESPACE") or f"launcher-{os.getppid()}"
-    return PoolLink(epoch=epoch, rank=world.Get_rank(), MPI=MPI, create_comm=create_comm, session=session,
-                    local_peers=shared_ranks(MPI, session, world))
+    return PoolLink(
+        epoch=epoch,
+        rank=world.Get_rank(),
+        MPI=MPI,
+        create_comm=create_comm,
+        session=session,
+        local_peers=shared_ranks(MPI, session, world),
+    )
 
 
 def leave_launcher_world(link: PoolLink) -> None:

@@ -29,7 +29,6 @@ import hashlib
 import itertools
 import threading
 import time
-from typing import Optional
 
 from ..worker.activation import GATE
 from . import stats
@@ -59,7 +58,7 @@ class PairRegistry:
         # Constructions running now: name -> (thread, pair token, done when the thread is out of MPI).
         self._running: dict[str, tuple[threading.Thread, int | None, concurrent.futures.Future]] = {}
         self._cancelled: set[str] = set()
-        self.create_seconds: list[float] = []   # one entry per communicator built, for the benchmark
+        self.create_seconds: list[float] = []  # one entry per communicator built, for the benchmark
 
     def names(self, peer: int) -> list[str]:
         """Names of the communicators with peer that exist or are being built here, newest first."""
@@ -77,7 +76,7 @@ class PairRegistry:
         with self._lock:
             return name not in self._pairs.get(peer, {})
 
-    def start(self, name: str, peer: int, reserved: Optional[int] = None) -> concurrent.futures.Future:
+    def start(self, name: str, peer: int, reserved: int | None = None) -> concurrent.futures.Future:
         """The communicator called name with peer: built in a thread of its own (the collective
         blocks until the peer calls it too, and two processes may be building communicators with
         each other in opposite orders), or the one already built or being built."""
@@ -88,8 +87,9 @@ class PairRegistry:
                 GATE.pair_done(reserved)  # someone else builds it: this reservation is not needed
                 return fut
             fut = pairs[name] = concurrent.futures.Future()
-            thread = threading.Thread(target=self._build, args=(name, peer, fut, reserved),
-                                      name=f"dask-pmix-pair-{peer}", daemon=True)
+            thread = threading.Thread(
+                target=self._build, args=(name, peer, fut, reserved), name=f"dask-pmix-pair-{peer}", daemon=True
+            )
             self._running[name] = (thread, reserved, concurrent.futures.Future())
             thread.start()
         return fut
@@ -118,7 +118,7 @@ class PairRegistry:
             name = next((n for n, f in self._pairs.get(peer, {}).items() if f is fut), None)
         return name is not None and self.cancel(name, peer, why)
 
-    def _build(self, name: str, peer: int, fut: concurrent.futures.Future, reserved: Optional[int]) -> None:
+    def _build(self, name: str, peer: int, fut: concurrent.futures.Future, reserved: int | None) -> None:
         ranks = sorted({self.link.rank, peer})
         t0 = time.perf_counter()
         comm = error = None
@@ -148,7 +148,7 @@ class PairRegistry:
         stats.note("pair_comms")
         fut.set_result(comm)
 
-    def alloc_tag(self, peer: int) -> Optional[int]:
+    def alloc_tag(self, peer: int) -> int | None:
         """A receive tag for a new connection from peer; None when the tags are used up (a new
         pair communicator would be needed; the connection stays TCP)."""
         with self._lock:

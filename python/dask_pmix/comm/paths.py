@@ -22,26 +22,31 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from . import config
 
 
 @dataclass(frozen=True)
 class Path:
-    name: str          # "sm" or "fabric"
-    threshold: int     # frames of at least this many bytes go over MPI
+    name: str  # "sm" or "fabric"
+    threshold: int  # frames of at least this many bytes go over MPI
 
 
 def describe(link) -> dict[str, Any]:
     """What this end tells the other about itself (sent in the transport hello)."""
     if link is None:
         return {"epoch": None, "rank": None}
-    return {"epoch": link.epoch, "rank": link.rank, "local": sorted(link.local_peers),
-            "fabric": bool(config.get("fabric")), "pid": os.getpid()}
+    return {
+        "epoch": link.epoch,
+        "rank": link.rank,
+        "local": sorted(link.local_peers),
+        "fabric": bool(config.get("fabric")),
+        "pid": os.getpid(),
+    }
 
 
-def choose(mine: dict[str, Any], theirs: dict[str, Any]) -> Optional[Path]:
+def choose(mine: dict[str, Any], theirs: dict[str, Any]) -> Path | None:
     """The path of a pair from both ends' descriptions; the same answer at both ends (the
     function is symmetric), so no further round trip is needed to agree on it."""
     if mine.get("epoch") is None or mine.get("epoch") != theirs.get("epoch"):

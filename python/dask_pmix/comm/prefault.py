@@ -23,7 +23,7 @@ import sys
 import threading
 
 MADV_POPULATE_WRITE = 23
-MIN_BYTES = 1 << 20          # smaller buffers fault in cheaply enough
+MIN_BYTES = 1 << 20  # smaller buffers fault in cheaply enough
 _PAGE = mmap.PAGESIZE
 
 _madvise = None

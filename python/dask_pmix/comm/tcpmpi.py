@@ -13,18 +13,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import socket
 import struct
 import time
 
-from tornado.iostream import StreamClosedError
-
 from distributed.comm.core import CommClosedError
-from distributed.comm.tcp import TCP, TCPConnector, TCPListener, BaseTCPBackend, convert_stream_closed_error
+from distributed.comm.tcp import TCP, BaseTCPBackend, TCPConnector, TCPListener, convert_stream_closed_error
 from distributed.comm.utils import from_frames, to_frames
 from distributed.protocol.utils import host_array
 from distributed.utils import ensure_memoryview, nbytes
+from tornado.iostream import StreamClosedError
 
 from . import config, framing, hello, stats
 from .engine import INLINE_RECV_MAX, Transfer
@@ -32,8 +30,8 @@ from .engine import INLINE_RECV_MAX, Transfer
 logger = logging.getLogger(__name__)
 
 PREFIX = "tcp+mpi://"
-LIVENESS_POLL = 0.25            # how often a read waiting for MPI frames looks at the TCP connection
-READ_SLICE = 2**31 - 1          # largest single socket read
+LIVENESS_POLL = 0.25  # how often a read waiting for MPI frames looks at the TCP connection
+READ_SLICE = 2**31 - 1  # largest single socket read
 _TCP_ESTABLISHED = 1
 
 
@@ -59,7 +57,7 @@ async def _read_exact(stream, n: int) -> memoryview:
 async def _read_into(stream, buf: memoryview) -> None:
     """Fills buf from the stream."""
     for start in range(0, buf.nbytes, READ_SLICE):
-        chunk = buf[start:start + READ_SLICE]
+        chunk = buf[start : start + READ_SLICE]
         got = await stream.read_into(chunk)
         assert got == chunk.nbytes
 
@@ -77,13 +75,14 @@ def _process_gone(pid) -> bool:
     except OSError:
         return False  # cannot be asked: rely on the grace
     # "pid (comm) state ...": comm may hold spaces and parentheses, the state follows the last ")"
-    state = stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3]
+    state = stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3]
     return state in (b"Z", b"X", b"x")
 
 
 def _settle_from_thread(loop, fut):
     def done(error):
         loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(error))
+
     return done
 
 
@@ -96,8 +95,8 @@ class TCPMPI(TCP):
         super().__init__(stream, local_addr, peer_addr, deserialize)
         self._route = None
         self._torn = False
-        self._revisit = None        # connector side: when a TCP connection should negotiate again
-        self._ops = 0               # reads and writes in progress
+        self._revisit = None  # connector side: when a TCP connection should negotiate again
+        self._ops = 0  # reads and writes in progress
         self._last_op = time.monotonic()
         if hasattr(stream, "_dask_pmix_route"):  # negotiated by the listener before the comm existed
             self._use(stream._dask_pmix_route)
@@ -114,8 +113,13 @@ class TCPMPI(TCP):
         connection pool then drops it and opens a new one. Idle: no read or write in progress and
         none for a second (a conversation always has one in progress, but for the instant between
         a write and its reply's read, where no other coroutine can run)."""
-        if self._revisit is not None and not self._closed and self._ops == 0 \
-                and time.monotonic() - self._last_op >= self.IDLE_BEFORE_REVISIT and self._revisit.due():
+        if (
+            self._revisit is not None
+            and not self._closed
+            and self._ops == 0
+            and time.monotonic() - self._last_op >= self.IDLE_BEFORE_REVISIT
+            and self._revisit.due()
+        ):
             self._revisit = None
             stats.note("tcp_connections_renegotiated")
             self.abort()
@@ -127,7 +131,7 @@ class TCPMPI(TCP):
 
     @property
     def transport(self) -> str:
-        """"mpi" when this connection's bulk frames go over MPI, else "tcp"."""
+        """ "mpi" when this connection's bulk frames go over MPI, else "tcp"."""
         return "mpi" if self._route is not None else "tcp"
 
     async def write(self, msg, serializers=None, on_error="message"):
@@ -153,8 +157,14 @@ class TCPMPI(TCP):
                 if framing.MPI in where:  # posted first: the receiver posts its receive when the block arrives
                     mpi_frames = [ensure_memoryview(f) for f, w in zip(frames, where) if w == framing.MPI]
                     mpi_bytes = sum(f.nbytes for f in mpi_frames)
-                    send = Transfer(True, route.comm, route.peer, route.send_tag, mpi_frames,
-                                    self._sent_callback(asyncio.get_running_loop()))
+                    send = Transfer(
+                        True,
+                        route.comm,
+                        route.peer,
+                        route.send_tag,
+                        mpi_frames,
+                        self._sent_callback(asyncio.get_running_loop()),
+                    )
                     if not route.engine.post_now(send):
                         route.engine.submit(send)
                 block = framing.pack_block(frames, sizes, where, framing.joined(frames, where))
@@ -184,6 +194,7 @@ class TCPMPI(TCP):
             if error is not None:  # the peer died under an MPI send (Open MPI ft reports it)
                 logger.info("%r: MPI send failed: %s", self, error)
                 loop.call_soon_threadsafe(self.abort)
+
         return done
 
     async def read(self, deserializers=None):
@@ -230,11 +241,12 @@ class TCPMPI(TCP):
                 raise
             stats.received(tcp_bytes, mpi_bytes)
             try:
-                return await from_frames(frames, deserialize=self.deserialize, deserializers=deserializers,
-                                         allow_offload=self.allow_offload)
+                return await from_frames(
+                    frames, deserialize=self.deserialize, deserializers=deserializers, allow_offload=self.allow_offload
+                )
             except EOFError:
                 self.abort()
-                raise CommClosedError("aborted stream on truncated data")
+                raise CommClosedError("aborted stream on truncated data") from None
         finally:
             self._ops -= 1
             self._last_op = time.monotonic()
@@ -268,14 +280,15 @@ class TCPMPI(TCP):
             if self._torn:
                 raise CommClosedError(f"in {self!r}: closed while receiving MPI frames")
             if not _peer_connected(stream):
-                if _process_gone(self._route.peer_pid):
+                if self._route is not None and _process_gone(self._route.peer_pid):
                     raise CommClosedError(f"in {self!r}: the peer process died with MPI frames in flight")
                 grace = config.get("liveness")
                 await asyncio.wait([arrived], timeout=grace)
                 if not arrived.done():
                     raise CommClosedError(
                         f"in {self!r}: the peer closed the connection or died with MPI frames in flight "
-                        f"(nothing arrived for {grace} s after)")
+                        f"(nothing arrived for {grace} s after)"
+                    )
         error = arrived.result()
         if error is not None:
             raise CommClosedError(f"in {self!r}: MPI receive failed: {error}")
@@ -301,6 +314,7 @@ class TCPMPI(TCP):
 def _connect_timeout() -> float:
     import dask.config
     from dask.utils import parse_timedelta
+
     return parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"), default="seconds")
 
 
