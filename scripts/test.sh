@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test command: sets the checkout up (idempotent), then runs the whole suite: the TypeScript
+# The test command: sets the checkout up (idempotent), then runs the whole suite: the project's
+# static checks (scripts/check.sh: lint, format, types, the addon with -Werror), the TypeScript
 # and native tests (vitest), the docs build (warnings as errors, scripts/docs.sh), then the Dask
 # end-to-end tests (pytest, the docs' examples among them) with Open MPI, then with MPICH, then the
 # perf guard (short runs of the benchmarks; fails when a ratio against the reference falls
@@ -9,7 +10,11 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 scripts/setup.sh
-npx tsc -p tsconfig.json --noEmit
+if [ $# -eq 0 ]; then
+  scripts/check.sh
+else
+  npx tsc -p tsconfig.json --noEmit
+fi
 npx vitest run "$@"
 if [ $# -eq 0 ]; then
   scripts/docs.sh
