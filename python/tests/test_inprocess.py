@@ -223,6 +223,43 @@ def test_an_mpi_error_in_fn_reaches_the_client_without_loading_mpi_there(pool_cl
     assert lines[-1] == "client loaded MPI: False", out.stdout
 
 
+_QUIET_CLUSTER = """
+import sys
+from distributed import Client, LocalCluster
+from dask_pmix import SidecarPlugin, run_mpi, wait_for_plugin
+
+def total(comm):
+    return comm.allreduce(comm.Get_rank())
+
+if __name__ == "__main__":
+    impl = sys.argv[1]
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None)
+    client = Client(cluster)
+    client.register_plugin(SidecarPlugin(pool=True))
+    wait_for_plugin(client)
+    results = [run_mpi(client, total, n=2, impl=impl) for _ in range(3)]
+    client.close()
+    cluster.close()
+    print("RESULTS", results)
+"""
+
+
+def test_workers_print_nothing_of_mpi_from_start_to_close():
+    """A cluster's workers join the pool, run jobs and close without writing MPI's or UCX's
+    warnings into the user's output (MPICH's UCX reads UCX_LOG_LEVEL when the library loads: a
+    worker that loaded it before the world's settings printed a screen of them at close)."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, DASK_DASK_PMIX__POOL__MPICH=str(not OPENMPI))
+    out = subprocess.run([sys.executable, "-c", _QUIET_CLUSTER, IMPL], capture_output=True, text=True,
+                         timeout=180, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "RESULTS [[1, 1], [1, 1], [1, 1]]", out.stdout[-2000:]
+    noise = [line for line in out.stderr.splitlines() if "UCX" in line or "WARN" in line or "mca" in line.lower()]
+    assert not noise, "\n".join(noise[:20])
+
+
 def test_a_timeout_fails_the_job_and_a_member_stuck_outside_mpi_is_restarted(pool_cluster):
     _, client, sidecar = pool_cluster
     workers = workers_of(client)

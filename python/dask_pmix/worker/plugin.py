@@ -144,13 +144,15 @@ class PoolPlugin(WorkerPlugin):
                 logger.info("dask-pmix: this worker stays out of the MPI pool: %s", reason)
                 await self._leave(worker, reason)
                 return
-            try:
-                # Loaded before asking: the members of a cohort start their sessions together
-                # right after the answer, and each waits at most 2 s for the others' (a library
-                # still loading under load would fail them all).
-                await asyncio.to_thread(worker_mpi.mpi_module)
-            except Exception as e:  # noqa: BLE001 - the session's own start reports it
-                logger.debug("dask-pmix: mpi4py could not be loaded ahead: %r", e)
+            if impl == "openmpi":
+                try:
+                    # Loaded before asking: the members of a cohort start their sessions together
+                    # right after the answer, and each waits at most 2 s for the others' (a library
+                    # still loading under load would fail them all). Not MPICH: its UCX reads the
+                    # world's UCX_LOG_LEVEL when the library loads, which must come after the answer.
+                    await asyncio.to_thread(worker_mpi.mpi_module)
+                except Exception as e:  # noqa: BLE001 - the session's own start reports it
+                    logger.debug("dask-pmix: mpi4py could not be loaded ahead: %r", e)
             loop = asyncio.get_running_loop()
             deadline, pause = loop.time() + JOIN_RETRY_FOR, 0.5
             while True:
