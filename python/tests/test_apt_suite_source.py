@@ -72,7 +72,12 @@ def test_no_usable_source_says_what_to_do(tmp_path):
 
 @pytest.mark.parametrize("path", ["scripts", "bin", "python/dask_pmix", "src", "native", "package.json"])
 def test_no_package_host_is_named_in_setup_or_runtime(path):
+    # The project's own files only: build output (the dashboard page inlines Chart.js, whose
+    # licence comments name its authors' repositories) is not something the project wrote, and
+    # reaches no host (the page is served whole by the sidecar and the scheduler).
     root = SCRIPT.parents[1]
-    found = subprocess.run(["grep", "-rEIl", r"https?://[a-z0-9.-]*(debian|ubuntu|pypi|npmjs|nodesource|github)\.",
-                            str(root / path)], capture_output=True, text=True)
+    found = subprocess.run(["git", "-C", str(root), "grep", "-lEI",
+                            r"https?://[a-z0-9.-]*(debian|ubuntu|pypi|npmjs|nodesource|github)\.", "--", path],
+                           capture_output=True, text=True)
+    assert found.returncode in (0, 1), found.stderr
     assert found.stdout == "", found.stdout
