@@ -60,12 +60,14 @@ async function build(): Promise<void> {
       `init-probe-${f}`,
       v.cc,
       join(ROOT, 'test', 'clients', 'mpich_probe.c'),
-      ['-O'],
+      // The probe binds its PMI connection as dask-pmix exec's binder does, with its header.
+      ['-O', `-I${join(ROOT, 'native', 'exec')}`],
     ]),
   ];
   for (const [out, cc, src, flags] of jobs) {
     const o = join(BIN, out);
-    if (existsSync(o) && statSync(o).mtimeMs > statSync(src).mtimeMs) continue;
+    const inputs = [src, join(ROOT, 'native', 'exec', 'pmi_connect.h')];
+    if (existsSync(o) && inputs.every((i) => statSync(o).mtimeMs > statSync(i).mtimeMs)) continue;
     await run(cc, ['-o', o, src, ...flags]);
   }
 }
