@@ -123,10 +123,8 @@ def _leave_pool() -> None:
     stop_engine()
     pending = drop_registries()
     if pending:
-        try:
-            from ..worker import pool
-        except ImportError:
-            return
+        from ..worker import pool
+
         pool.keep_session(f"{pending} pair communicator construction(s) of the comm backend still inside MPI")
 
 
