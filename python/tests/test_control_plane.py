@@ -54,9 +54,16 @@ def test_inprocess_asked_for_never_falls_back_and_the_default_says_why_it_does()
         client.register_plugin(SidecarPlugin(pool=False))
         with pytest.raises(MPIJobError, match=r"asked to run in-process, but .*do not join the pool"):
             run_mpi(client, where_am_i, n=2, impl=IMPL, mode="inprocess")
-        with pytest.warns(MPIFallbackWarning, match=r"runs in fork mode .*do not join the pool"):
+        with pytest.warns(MPIFallbackWarning, match=r"run in fork mode .*do not join the pool"):
             with pytest.raises(MPIJobError, match=r"fork mode.*get_worker\(\)"):
                 run_mpi(client, where_am_i, n=2, impl=IMPL)
+        # A loop of jobs that fall back for one reason warns once, as Python's default filter
+        # shows a warning once per call site and text.
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("default")
+            for _ in range(3):
+                assert run_mpi(client, lambda comm: comm.allreduce(1), n=2, impl=IMPL) == [2, 2]
+        assert [type(w.message) for w in seen] == [MPIFallbackWarning], [str(w.message) for w in seen]
 
 
 def ten_seconds_of_barriers(comm):

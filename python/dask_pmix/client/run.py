@@ -168,9 +168,12 @@ async def _start_job(
         await mpi_job._release()
         raise TypeError(unpicklable(fn, (), {}) or f"the MPI job's function cannot be pickled: {e!r}") from e
     if job.get("mode") == "fork" and job.get("modeReason") and asked != "fork":
+        # No job id in the text: Python shows a warning once per call site and text, so a loop
+        # of jobs that fall back for one reason (an MPICH cluster, whose in-process pool is off
+        # by default) warns once, not at every job.
         mpi_job.fallback = MPIFallbackWarning(
-            f"dask-pmix: MPI job {job['id']} runs in fork mode (each rank a child "
-            f"process of its worker, not the worker itself): {job['modeReason']}"
+            "dask-pmix: MPI jobs run in fork mode (each rank a child process of its worker, "
+            f"not the worker itself): {job['modeReason']}"
         )
     build_timeout = config.seconds("timeouts.communicator")
     ranks: list[tuple[str, str, Callable[..., Any], tuple[Any, ...]]] = []
