@@ -43,5 +43,21 @@ def _rebuild_job_error(reason, job_id, rank, worker, origin="job"):
     return MPIJobError(reason, job_id=job_id, rank=rank, worker=worker, origin=origin)
 
 
+class RankAborted(BaseException):
+    """Raised in an in-process job's function by ``comm.Abort(errorcode)``: the job fails with
+    the code, and the worker process, which MPI_Abort would end, stays with its data. A
+    BaseException, so that the function's own ``except Exception`` does not swallow it."""
+
+    def __init__(self, errorcode: int = 0):
+        self.errorcode = errorcode
+        super().__init__(
+            f"MPI_Abort: the rank aborted the job with status {errorcode} (in-process, its worker "
+            "process stays, with its data)"
+        )
+
+    def __reduce__(self):
+        return (RankAborted, (self.errorcode,))
+
+
 class MPIFallbackWarning(RuntimeWarning):
     """A job asked to run in-process (the default mode) runs in fork mode instead; says why."""

@@ -187,6 +187,49 @@ def test_a_failing_rank_fails_the_job_and_the_others_go_back_to_work(pool_cluste
     assert {w["state"] for w in sidecar.workers()} == {"available"}
 
 
+def _chunk(i: int, ledger: str) -> np.ndarray:
+    with open(ledger, "a") as f:  # one line per computation: a chunk computed again shows
+        f.write(f"{i}\n")
+    return np.full(1 << 18, i)
+
+
+def aborts_on_rank_one(comm):
+    if comm.rank == 1:
+        comm.Abort(7)
+    comm.Barrier()  # rank 1 never comes: the revoke gets the others out
+    return comm.rank
+
+
+def test_comm_abort_fails_the_job_and_the_worker_keeps_its_data(pool_cluster, tmp_path):
+    """MPI_Abort ends the calling process, which in-process is a worker holding data: comm.Abort on
+    the job's communicator fails the job with its code instead, the aborting worker's process stays,
+    and no chunk the workers hold is computed again."""
+    _, client, sidecar = pool_cluster
+    wait_pool_ready(sidecar, 4)
+    everyone = workers_of(client)
+    ledger = str(tmp_path / "computed")
+    chunks = [client.submit(_chunk, i, ledger, workers=[w], pure=False) for i, w in enumerate(everyone)]
+    wait(chunks)
+    pids = client.run(os.getpid)
+    with pytest.raises(MPIJobError) as err:
+        run_mpi(client, aborts_on_rank_one, workers=everyone[:3], impl=IMPL, timeout=60)
+    assert err.value.rank == 1 and err.value.worker == everyone[1], str(err.value)
+    assert "aborted the job with status 7" in str(err.value)
+    assert last_job(sidecar)["mode"] == "inprocess"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (len(workers_of(client)) < 4 or any(
+            w["state"] == "frozen" for w in sidecar.workers())):
+        time.sleep(0.1)
+    assert client.run(os.getpid).get(everyone[1]) == pids[everyone[1]], "the aborting rank's worker was replaced"
+    assert [int(c.sum() // (1 << 18)) for c in client.gather(chunks)] == [0, 1, 2, 3]
+    with open(ledger) as f:
+        assert sorted(f.read().split()) == ["0", "1", "2", "3"], "a chunk was computed again"
+    # The others left through the revoke (MPICH, which cannot revoke: were replaced, their data
+    # moved first); the next job over three workers runs.
+    wait_pool_ready(sidecar, 4)
+    assert run_mpi(client, allreduce_ranks, n=3, impl=IMPL)[0]["total"] == 3
+
+
 _CLIENT_OF_AN_MPI_ERROR = """
 import sys
 from distributed import Client

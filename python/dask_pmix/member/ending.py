@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from ..errors import MPIJobError
+from ..errors import MPIJobError, RankAborted
 from ..protocol import MEMBER_CONNECTED
 from ..worker import jobs, pool
 from ..worker import members as registry
@@ -111,6 +111,8 @@ def has_mpi_error(exc: BaseException) -> bool:
 
 
 def describe(exc: BaseException) -> str:
+    if isinstance(exc, RankAborted):
+        return str(exc)
     if hasattr(exc, "Get_error_string"):  # mpi4py's MPI.Exception: say which MPI error it is
         try:
             return f"MPI error: {exc.Get_error_string()}"

@@ -8,13 +8,21 @@ thread, since when the thread is inside one of them; communicators made from it 
 Create_*) are of the same class (mpi4py builds them with ``type(self)``). MPI calls made some
 other way are not seen: such a member is never taken for stuck.
 
-A call costs two dictionary writes on top of mpi4py's."""
+A call costs two dictionary writes on top of mpi4py's.
+
+The same class turns ``Abort`` into an exception (RankAborted) in the job's function: MPI_Abort
+ends the calling process, which in-process is a Dask worker holding the user's data. The member
+then fails the job with the error code and revokes the communicator, as for any exception, and the
+worker goes back to Dask work. MPI_Abort reached another way (a communicator not made from the
+job's, C code) still ends the process, as MPI defines it."""
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import Any, NoReturn
+
+from ..errors import RankAborted
 
 _lock = threading.Lock()
 _inside: dict[int, tuple[str, float, int]] = {}  # thread id -> (call, since, depth)
@@ -137,7 +145,11 @@ def _subclass(base: type) -> type:
         call.__doc__ = getattr(method, "__doc__", None)
         return call
 
-    namespace: dict[str, Any] = {"__doc__": base.__doc__, "__module__": base.__module__}
+    def abort(self, errorcode: int = 0) -> NoReturn:
+        raise RankAborted(errorcode)
+
+    abort.__qualname__ = f"{base.__name__}.Abort"
+    namespace: dict[str, Any] = {"__doc__": base.__doc__, "__module__": base.__module__, "Abort": abort}
     for name in dir(base):
         if name.startswith("_") or name in _LOCAL:
             continue
