@@ -270,6 +270,42 @@ def fig_rest(plt, out: Path) -> tuple[str, str]:
     return path, caption
 
 
+def soak_section() -> str:
+    """The soak's outcome as a table: jobs and faults by kind, what held, memory per 1,000 jobs."""
+    doc = load("soak.json")
+    inv = doc["invariants"]
+    faults = doc["summary"]["faults"]
+    kinds: dict[str, list[int]] = {}
+    for key, f in faults.items():
+        k = kinds.setdefault(key.split("@")[0], [0, 0, 0])
+        k[0] += f["count"]
+        k[1] += f["as_promised"]
+        k[2] += f["next_job_ok"]
+    healthy = doc["summary"]["healthy_jobs"]
+    rows = [
+        "| fault | count | as promised | next job ok |",
+        "| --- | --- | --- | --- |",
+        *(f"| {k} | {c} | {a} | {n} |" for k, (c, a, n) in sorted(kinds.items())),
+    ]
+    native = {name: segs[0]["checked"]["native"]["growth_mb_per_1000_jobs"] for name, segs in doc["rss"].items()}
+    return (
+        f"{doc['jobs']:,} `run_mpi` and `submit_mpi` jobs on two real clusters of {doc['workers_per_cluster']} "
+        f"workers (Open MPI in-process and fork, MPICH fork), {sum(k[0] for k in kinds.values())} of them "
+        f"faults, in {doc['seconds']:.0f} s at load average {doc['load_avg']['start'][0]:.1f} to "
+        f"{doc['load_avg']['end'][0]:.1f}. Healthy jobs: {sum(h['ok'] for h in healthy.values())} of "
+        f"{sum(h['jobs'] for h in healthy.values())} succeeded. Violations: {len(doc['violations'])}; jobs hung: "
+        f"{inv['hung_jobs']}; members left frozen: {inv['members_left_frozen']}; chunks of held data computed "
+        f"again: {inv['canary_recomputed']}, of which dask-pmix lost {inv['canary_recomputed_by_dask_pmix']} (the "
+        f"others were on workers the soak killed); leaked namespaces: {inv['leaked_namespaces']}. The sidecar's memory "
+        "outside V8's heap grew "
+        + ", ".join(f"{mb} MB ({name})" for name, mb in native.items())
+        + " per 1,000 jobs (a fitted line after warm-up). "
+        "What each fault is, and what it must do: `bench/soak.py`. Source: `bench/results/soak.json`.\n\n"
+        + "\n".join(rows)
+        + "\n"
+    )
+
+
 PAGE_HEAD = """# Performance
 
 Every figure and number on this page is generated at build time by `docs/gen/perf.py` from the
@@ -305,6 +341,7 @@ def write_page(out: Path) -> None:
     body = [PAGE_HEAD + readme_table()]
     for title, (path, caption) in sections:
         body.append(f"## {title}\n\n```{{figure}} {path}\n:width: 100%\n\n{caption}\n```\n")
+    body.append("## Reliability soak\n\n" + soak_section())
     (out / "performance.md").write_text("\n".join(body))
 
 
