@@ -220,7 +220,9 @@ def test_comm_abort_fails_the_job_and_the_worker_keeps_its_data(pool_cluster, tm
     while time.monotonic() < deadline and (len(workers_of(client)) < 4 or any(
             w["state"] == "frozen" for w in sidecar.workers())):
         time.sleep(0.1)
-    assert client.run(os.getpid).get(everyone[1]) == pids[everyone[1]], "the aborting rank's worker was replaced"
+    # Asked of that worker only: others may be going away (MPICH replaces members it cannot revoke).
+    now = client.run(os.getpid, workers=[everyone[1]], on_error="return")
+    assert now.get(everyone[1]) == pids[everyone[1]], f"the aborting rank's worker was replaced: {now}"
     assert [int(c.sum() // (1 << 18)) for c in client.gather(chunks)] == [0, 1, 2, 3]
     with open(ledger) as f:
         assert sorted(f.read().split()) == ["0", "1", "2", "3"], "a chunk was computed again"
