@@ -23,7 +23,7 @@ import { ROOT } from './lib/run.js';
 
 interface Guarded {
   name: string;
-  /** The script under dist/bench, run with --quick. */
+  /** The benchmark's command (run with --quick): a script under dist/bench, or a Python one under bench/. */
   script: string;
   /** The recorded full run. */
   recorded: string;
@@ -36,12 +36,21 @@ export const GUARDED: Guarded[] = [
   { name: 'pmix', script: 'pmix.js', recorded: 'pmix.json', timeoutMs: 90_000 },
   { name: 'rest', script: 'rest.js', recorded: 'rest.json', timeoutMs: 90_000 },
   { name: 'exec', script: 'exec.js', recorded: 'exec.json', timeoutMs: 90_000 },
+  // A later in-process job against Dask's own floor (Open MPI's environment, a real cluster of 4).
+  { name: 'job', script: 'job_breakdown.py', recorded: 'job_breakdown-4.json', timeoutMs: 180_000 },
 ];
+
+/** The command line of a benchmark's quick run. */
+function command(script: string): [string, string[]] {
+  if (script.endsWith('.py')) return [join(ROOT, '.venv', 'bin', 'python'), [join(ROOT, 'bench', script), '--quick']];
+  return [process.execPath, [join(ROOT, 'dist', 'bench', script), '--quick']];
+}
 
 function quickRun(g: Guarded): Promise<{ doc: { guard?: GuardSection }; seconds: number }> {
   return new Promise((resolve, reject) => {
     const t0 = Date.now();
-    const child = spawn(process.execPath, [join(ROOT, 'dist', 'bench', g.script), '--quick'], {
+    const [cmd, args] = command(g.script);
+    const child = spawn(cmd, args, {
       stdio: ['ignore', 'pipe', 'pipe'],
     });
     let out = '';
@@ -114,7 +123,9 @@ async function main(): Promise<void> {
   for (const g of GUARDED.filter((x) => !only || only.includes(x.name))) {
     const recorded = recordedRatios(join(ROOT, 'bench', 'results', g.recorded));
     if (typeof recorded === 'string') {
-      console.log(`[perf-guard] ${g.name}: FAIL, ${recorded}: record a full run (node dist/bench/${g.script})`);
+      console.log(
+        `[perf-guard] ${g.name}: FAIL, ${recorded}: record a full run (${command(g.script).flat().join(' ')})`,
+      );
       failed = true;
       continue;
     }
