@@ -133,7 +133,10 @@ export class PmiConnection {
     const leftover = rest.bytes + Buffer.concat(this.held).toString('latin1');
     this.held = [];
     if (typeof fd !== 'number' || fd < 0) {
-      this.fail(new Error('the PMI connection has no file descriptor to hand to the engine'));
+      // The socket ended before it could be handed over (the client hung up, or its last bytes
+      // made Node close it): its 'close' reports the member's end, as for any lost connection.
+      this.trace?.({ conn: this.id, dir: 'close', text: 'closed before the hand-over to the engine' });
+      this.socket.destroy();
       return;
     }
     try {

@@ -3,6 +3,7 @@
 // attributes wait across ranks, and the core's collective model (deadlines, observers) holds
 // for the fences the engine runs.
 import { spawnSync } from 'node:child_process';
+import type { Socket } from 'node:net';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { BINDER, ROOT } from '../helpers/paths.js';
@@ -140,6 +141,23 @@ describe('the native PMI engine', () => {
     expect(await c.cmd2('cmd=finalize;')).toMatchObject({ rc: '0' });
     await fx.waitFor(j.job.id, ['completed']);
     c.close();
+  });
+
+  it('loses the member of a client that resets its connection right after its bind, with no internal error', async () => {
+    // Whether the reset comes before or after the hand-over to the engine, it is the member's end.
+    for (let round = 0; round < 20; round++) {
+      const j = await fx.job(1, { wiringTimeoutSeconds: 5 });
+      const c = await WireClient.connect(fx.port);
+      c.send(`cmd=initack pmiid=${j.pmiIds[0]}\ncmd=get_maxes\n`);
+      if (round % 2) await new Promise((res) => setImmediate(res));
+      // A reset, as a client that exits with replies unread sends: Node destroys the server's
+      // socket at once and says 'close' only later.
+      (c as unknown as { socket: Socket }).socket.resetAndDestroy();
+      const ended = await fx.waitFor(j.job.id, ['failed', 'aborted', 'completed'], 5000);
+      expect(ended.state, `round ${round}`).toBe('failed');
+      await fx.released(j.job.id);
+    }
+    expect(fx.errors).toEqual([]);
   });
 
   it('keeps the process alive while it holds connections, as their sockets would', () => {
