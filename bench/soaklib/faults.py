@@ -147,14 +147,31 @@ def running_members(cluster: DaskCluster, within: float = 20.0) -> dict[str, dic
     for t in threads:
         t.join(within + 5)
     out = {}
+    still = None
     for address, answer in answers.items():
         if isinstance(answer, dict):
             if answer:
                 out[address] = answer
         elif answer is not None:
+            # A worker replaced while it was asked (dask-pmix retires and restarts one whose member
+            # is stuck past its job's timeout) does not answer either: Dask's connect retries the
+            # gone address for its whole timeout. Its process has exited: no member is left there.
+            if still is None:
+                still = cluster.worker_pids()
+            if address not in still and not _alive(pids[address]):
+                continue
             out[address] = {"-": {"job": None, "rank": None, "answer": str(answer)[:300],
                                   "frames": native_stacks(pids[address])}}
     return out
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` still runs (the soak's workers are on this machine); a zombie has
+    exited."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def native_stacks(pid: int, keep: int = 12) -> list[str]:
