@@ -11,21 +11,14 @@
 // iterations (a few seconds).
 //
 // Prints one JSON document on stdout. Every loop is bounded and targets 127.0.0.1 only.
-import { spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { Agent, request as httpRequest } from 'node:http';
 import { cpus, hostname, loadavg, tmpdir } from 'node:os';
-import { dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { guardSection } from './lib/guard.js';
-
-function root(): string {
-  let dir = dirname(fileURLToPath(import.meta.url));
-  while (!existsSync(join(dir, 'package.json')) || existsSync(join(dir, 'CMakeLists.txt'))) dir = dirname(dir);
-  return dir;
-}
+import { type ServeChild, startServe } from './lib/sidecar.js';
 
 interface Stats {
   n: number;
@@ -138,42 +131,26 @@ async function main(): Promise<void> {
   const M = Math.max(1, Math.min(64, Number(values.members)));
   // As the plugin runs it: psets and job history written to SQLite as they change.
   const stateDir = values.memory ? undefined : mkdtempSync(join(tmpdir(), 'dask-pmix-bench-'));
-  const child = spawn(
-    join(root(), 'bin', 'dask-pmix'),
-    [
-      'serve',
-      '--port',
-      '0',
-      '--log-level',
-      'error',
-      '--max-jobs',
-      '1000',
-      '--max-psets',
-      '1000000',
-      '--no-pmi',
-      '--pool-size',
-      '0',
-      ...(stateDir ? ['--state-dir', stateDir] : []),
-    ],
-    {
-      stdio: ['ignore', 'pipe', 'inherit'],
-      env: { ...process.env, DASK_PMIX_NO_SETUP: '1', DASK_PMIX_TOKEN: TOKEN },
-    },
-  );
+  let serve: ServeChild | undefined;
   try {
-    const base = await new Promise<string>((resolve, reject) => {
-      let out = '';
-      const t = setTimeout(() => reject(new Error('the sidecar did not start')), 30_000);
-      child.stdout.on('data', (d: Buffer) => {
-        out += d.toString();
-        const m = /listening on (http:\/\/\S+)/.exec(out);
-        if (m) {
-          clearTimeout(t);
-          resolve(m[1]!);
-        }
-      });
-      child.on('exit', (code) => reject(new Error(`the sidecar exited with ${code}`)));
+    serve = await startServe({
+      viaBin: true,
+      logLevel: 'error',
+      args: [
+        '--max-jobs',
+        '1000',
+        '--max-psets',
+        '1000000',
+        '--no-pmi',
+        '--pool-size',
+        '0',
+        ...(stateDir ? ['--state-dir', stateDir] : []),
+      ],
+      token: TOKEN,
+      env: { DASK_PMIX_NO_SETUP: '1' },
+      startMs: 30_000,
     });
+    const base = serve.url;
     const host = hostname();
     const workers = Array.from({ length: M * C }, (_, i) => `tcp://bench:${i}`);
     for (const id of workers)
@@ -306,8 +283,11 @@ async function main(): Promise<void> {
       )}\n`,
     );
   } finally {
-    child.kill('SIGTERM');
-    await new Promise((r) => child.once('exit', r));
+    const child = serve?.child;
+    if (child) {
+      child.kill('SIGTERM');
+      await new Promise((r) => child.once('exit', r));
+    }
     agent.destroy();
     if (stateDir) rmSync(stateDir, { recursive: true, force: true });
   }

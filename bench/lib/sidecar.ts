@@ -1,5 +1,6 @@
 // A `dask-pmix serve` child process for the benchmarks, driven over REST as Dask's plugin drives
 // it: its own process, so that nothing the benchmark does runs on the sidecar's event loop.
+// startServe is also how the tests start `serve` as an operator would (bench/lib is below test/).
 import { type ChildProcess, spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { readFileSync } from 'node:fs';
@@ -12,6 +13,93 @@ const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 export interface Reply {
   status: number;
   body: any;
+}
+
+export interface ServeOptions {
+  /** Flags after `serve --port 0 --log-level <logLevel>`. */
+  args?: string[];
+  /** Default warn. */
+  logLevel?: string;
+  /** DASK_PMIX_TOKEN; a random one by default. */
+  token?: string;
+  /** Over the environment of this process and DASK_PMIX_TOKEN. */
+  env?: Record<string, string>;
+  /** Start it as an operator does, through bin/dask-pmix, rather than node dist/src/cli/main.js. */
+  viaBin?: boolean;
+  /** Flags for Node.js itself (not with viaBin). */
+  nodeArgs?: string[];
+  /** 'pipe' keeps what it writes to stderr in `err`; by default stderr is this process's. */
+  stderr?: 'inherit' | 'pipe';
+  /** How long it may take to print its listening line (default 60 s). */
+  startMs?: number;
+}
+
+export interface ServeChild {
+  readonly child: ChildProcess;
+  readonly url: string;
+  readonly token: string;
+  /** All it has written to stdout so far. */
+  readonly out: string;
+  /** All it has written to stderr so far (with stderr: 'pipe'). */
+  readonly err: string;
+}
+
+/**
+ * Starts `dask-pmix serve --port 0` as a child and resolves once it prints its listening line.
+ * Rejects if it exits first or takes longer than `startMs`, and then leaves no child behind.
+ */
+export async function startServe(opts: ServeOptions = {}): Promise<ServeChild> {
+  const token = opts.token ?? randomBytes(24).toString('base64url');
+  const serveArgs = ['serve', '--port', '0', '--log-level', opts.logLevel ?? 'warn', ...(opts.args ?? [])];
+  const [cmd, argv] = opts.viaBin
+    ? [join(ROOT, 'bin', 'dask-pmix'), serveArgs]
+    : [process.execPath, [...(opts.nodeArgs ?? []), join(ROOT, 'dist', 'src', 'cli', 'main.js'), ...serveArgs]];
+  const child = spawn(cmd, argv, {
+    env: { ...process.env, DASK_PMIX_TOKEN: token, ...opts.env },
+    stdio: ['ignore', 'pipe', opts.stderr ?? 'inherit'],
+  });
+  let out = '';
+  let err = '';
+  child.stdout!.on('data', (d: Buffer) => (out += d.toString()));
+  child.stderr?.on('data', (d: Buffer) => (err += d.toString()));
+  const startMs = opts.startMs ?? 60_000;
+  const said = () => `stdout: ${out.slice(-1000)}${err ? `\nstderr: ${err.slice(-1000)}` : ''}`;
+  try {
+    const url = await new Promise<string>((resolve, reject) => {
+      const t = setTimeout(
+        () => reject(new Error(`the sidecar did not print its listening line within ${startMs / 1000} s: ${said()}`)),
+        startMs,
+      );
+      const exited = (code: number | null, signal: NodeJS.Signals | null) => {
+        clearTimeout(t);
+        reject(new Error(`the sidecar exited with ${code ?? signal}: ${said()}`));
+      };
+      const listening = () => {
+        const m = /listening on (http:\/\/\S+)/.exec(out);
+        if (!m) return;
+        clearTimeout(t);
+        child.stdout!.off('data', listening);
+        child.off('exit', exited);
+        resolve(m[1]!);
+      };
+      child.stdout!.on('data', listening);
+      child.once('exit', exited);
+    });
+    return {
+      child,
+      url,
+      token,
+      get out() {
+        return out;
+      },
+      get err() {
+        return err;
+      },
+    };
+  } catch (e) {
+    child.kill('SIGKILL');
+    throw e;
+  }
 }
 
 export class SidecarProcess {
@@ -30,42 +118,8 @@ export class SidecarProcess {
     env: Record<string, string> = {},
     nodeArgs: string[] = [],
   ): Promise<SidecarProcess> {
-    const token = randomBytes(24).toString('base64url');
-    const child = spawn(
-      process.execPath,
-      [
-        ...nodeArgs,
-        join(ROOT, 'dist', 'src', 'cli', 'main.js'),
-        'serve',
-        '--port',
-        '0',
-        '--log-level',
-        'warn',
-        ...args,
-      ],
-      {
-        env: { ...process.env, DASK_PMIX_TOKEN: token, ...env },
-        stdio: ['ignore', 'pipe', 'inherit'],
-      },
-    );
-    const url = await new Promise<string>((resolve, reject) => {
-      let out = '';
-      const t = setTimeout(() => reject(new Error('the sidecar did not start within 60 s')), 60_000);
-      child.stdout!.on('data', (d: Buffer) => {
-        out += d.toString();
-        const m = /listening on (http:\/\/\S+)/.exec(out);
-        if (m) {
-          clearTimeout(t);
-          resolve(m[1]!);
-        }
-      });
-      child.on('exit', (code) => {
-        clearTimeout(t);
-        reject(new Error(`the sidecar exited with ${code}: ${out.slice(-1000)}`));
-      });
-    });
-    child.stdout!.resume();
-    return new SidecarProcess(child, url, token);
+    const s = await startServe({ args, env, nodeArgs });
+    return new SidecarProcess(s.child, s.url, s.token);
   }
 
   get pid(): number {

@@ -2,39 +2,28 @@
 // requests for every operation (examples, coverage, fuzzing and stateful phases) against a real
 // `dask-pmix serve` with a state directory, and fails on any 5xx. The event stream is left out
 // (it never ends); its errors are fuzzed in events.test.ts and fuzz.test.ts.
-import { spawn, spawnSync } from 'node:child_process';
+import { spawnSync } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { expect, it } from 'vitest';
-import { SERVE_START_MS, until } from '../helpers/http.js';
+import { type ServeChild, startServe } from '../../bench/lib/sidecar.js';
+import { SERVE_START_MS } from '../helpers/http.js';
 import { ROOT } from '../helpers/paths.js';
 
 const SEED = Number(process.env.DASK_PMIX_FUZZ_SEED ?? Date.now() % 1_000_000);
 
 it(`schemathesis finds no 5xx in the REST API (seed ${SEED})`, { timeout: 600_000 }, async () => {
   const dir = mkdtempSync(join(tmpdir(), 'dask-pmix-schemathesis-'));
-  const child = spawn(
-    process.execPath,
-    [
-      join(ROOT, 'dist', 'src', 'cli', 'main.js'),
-      'serve',
-      '--port',
-      '0',
-      '--log-level',
-      'error',
-      '--no-pmi',
-      '--pool-size',
-      '0',
-      '--state-dir',
-      dir,
-    ],
-    { env: { ...process.env, DASK_PMIX_TOKEN: 'fuzz' }, stdio: ['ignore', 'pipe', 'inherit'] },
-  );
+  let serve: ServeChild | undefined;
   try {
-    let out = '';
-    child.stdout.on('data', (d: Buffer) => (out += d.toString()));
-    const url = await until(() => /listening on (http:\/\/\S+)/.exec(out)?.[1], SERVE_START_MS, 'the listening line');
+    serve = await startServe({
+      logLevel: 'error',
+      args: ['--no-pmi', '--pool-size', '0', '--state-dir', dir],
+      token: 'fuzz',
+      startMs: SERVE_START_MS,
+    });
+    const { url } = serve;
     const run = spawnSync(
       join(ROOT, '.venv-fuzz', 'bin', 'schemathesis'),
       [
@@ -67,7 +56,7 @@ it(`schemathesis finds no 5xx in the REST API (seed ${SEED})`, { timeout: 600_00
     // The sidecar is still there.
     expect((await fetch(`${url}/v1/health`)).status).toBe(200);
   } finally {
-    child.kill('SIGKILL');
+    serve?.child.kill('SIGKILL');
     rmSync(dir, { recursive: true, force: true });
   }
 });

@@ -2,31 +2,17 @@
 // namespace whose per-host maps tell Open MPI which ranks share a host, so it builds its
 // shared-memory communicators per host (and talks TCP between hosts). The hosts are names here;
 // the ranks all run on this machine, which is what lets a test check what Open MPI was told.
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { afterAll, beforeAll, expect, it } from 'vitest';
-import { Sidecar } from '../../src/service/sidecar.js';
 import { bin, pmiRank } from '../helpers/build-clients.js';
-import { restClient } from '../helpers/http.js';
 import { describeRanks, startRank } from '../helpers/ranks.js';
+import { SidecarFixture } from '../helpers/sidecar-fixture.js';
 
-let sidecar: Sidecar;
-let workdir: string;
-let api: ReturnType<typeof restClient>;
+let fx: SidecarFixture;
 
 beforeAll(async () => {
-  sidecar = await Sidecar.start({
-    port: 0,
-    tmpdir: (workdir = mkdtempSync(join(tmpdir(), 'dask-pmix-hosts-'))),
-    version: 'test',
-  });
-  api = restClient(sidecar.url);
+  fx = await SidecarFixture.start('hosts');
 });
-afterAll(async () => {
-  await sidecar?.stop('tests done');
-  if (workdir) rmSync(workdir, { recursive: true, force: true });
-});
+afterAll(() => fx?.stop());
 
 let nextWorker = 0;
 
@@ -39,7 +25,7 @@ async function runOnHosts(
 ) {
   const ids = hosts.map(() => `tcp://10.0.0.${++nextWorker}:4000`);
   for (const [i, id] of ids.entries()) {
-    const r = await api('POST', '/v1/workers', {
+    const r = await fx.api('POST', '/v1/workers', {
       id,
       host: hosts[i],
       pid: process.pid,
@@ -48,7 +34,7 @@ async function runOnHosts(
     });
     expect(r.status, JSON.stringify(r.body)).toBe(201);
   }
-  const created = await api('POST', '/v1/jobs', { impl, members: ids });
+  const created = await fx.api('POST', '/v1/jobs', { impl, members: ids });
   expect(created.status, JSON.stringify(created.body)).toBe(201);
   const job = created.body as {
     id: string;
@@ -56,7 +42,7 @@ async function runOnHosts(
   };
   const ranks = [];
   for (const m of job.members) {
-    const env = (await api('GET', `/v1/jobs/${job.id}/env/${encodeURIComponent(m.workerId)}`)).body.env as Record<
+    const env = (await fx.api('GET', `/v1/jobs/${job.id}/env/${encodeURIComponent(m.workerId)}`)).body.env as Record<
       string,
       string
     >;

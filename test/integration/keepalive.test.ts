@@ -5,15 +5,13 @@
 // down under a PMIx client (handed to libpmix by the gate) and a PMI member, which are then
 // killed: nothing they send reaches the sidecar. Needs root and iproute2 (skipped otherwise).
 import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { hostname, tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { hostname } from 'node:os';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { makeNetwork, removeNetwork } from '../../bench/lib/netns.js';
-import { Sidecar } from '../../src/service/sidecar.js';
 import { bin } from '../helpers/build-clients.js';
-import { restClient, until } from '../helpers/http.js';
+import { until } from '../helpers/http.js';
 import { cleanEnv, startRank } from '../helpers/ranks.js';
+import { SidecarFixture } from '../helpers/sidecar-fixture.js';
 
 const TAG = `dpka${process.pid % 10000}`;
 const SUBNET = `10.${150 + (process.pid % 50)}.9`;
@@ -24,30 +22,17 @@ const NETWORK = { bridge: `br-${TAG}`, serverIp: SERVER_IP, hosts: [HOST] };
 const KEEPALIVE = { idleMs: 1000, intervalMs: 1000, count: 2, userTimeoutMs: 3000 };
 
 const available = makeNetwork(NETWORK);
-let sidecar: Sidecar;
-let workdir: string;
-let api: ReturnType<typeof restClient>;
+let fx: SidecarFixture;
 let nextWorker = 0;
 const children: ChildProcess[] = [];
 
 beforeAll(async () => {
   if (!available) return;
-  sidecar = await Sidecar.start({
-    port: 0,
-    tmpdir: (workdir = mkdtempSync(join(tmpdir(), 'dask-pmix-keepalive-'))),
-    version: 'test',
-    remoteConnections: true,
-    tcpIfInclude: `${SUBNET}.0/24`,
-    pmi: { host: SERVER_IP },
-    keepAlive: KEEPALIVE,
-    pmixDrainTimeoutMs: 1500,
-  });
-  api = restClient(sidecar.url);
+  fx = await SidecarFixture.onBridge('keepalive', NETWORK, { keepAlive: KEEPALIVE, pmixDrainTimeoutMs: 1500 });
 });
 afterAll(async () => {
   for (const c of children) c.kill('SIGKILL');
-  await sidecar?.stop('tests done');
-  if (workdir) rmSync(workdir, { recursive: true, force: true });
+  await fx?.stop();
   removeNetwork(NETWORK);
 });
 
@@ -57,11 +42,11 @@ const link = (state: 'up' | 'down') =>
 async function jobOn(impl: 'openmpi' | 'mpich', host: string): Promise<{ id: string; env: Record<string, string> }> {
   const id = `tcp://${HOST.ip}:${5000 + nextWorker++}`;
   expect(
-    (await api('POST', '/v1/workers', { id, host, pid: 1, uid: process.getuid!(), gid: process.getgid!() })).status,
+    (await fx.api('POST', '/v1/workers', { id, host, pid: 1, uid: process.getuid!(), gid: process.getgid!() })).status,
   ).toBe(201);
-  const created = await api('POST', '/v1/jobs', { impl, members: [id] });
+  const created = await fx.api('POST', '/v1/jobs', { impl, members: [id] });
   expect(created.status, JSON.stringify(created.body)).toBe(201);
-  const env = (await api('GET', `/v1/jobs/${created.body.id}/env/${encodeURIComponent(id)}`)).body.env as Record<
+  const env = (await fx.api('GET', `/v1/jobs/${created.body.id}/env/${encodeURIComponent(id)}`)).body.env as Record<
     string,
     string
   >;
@@ -72,7 +57,7 @@ async function failsWithin(jobId: string, ms: number): Promise<{ state: string; 
   const t0 = Date.now();
   const job = await until(
     async () => {
-      const j = (await api('GET', `/v1/jobs/${jobId}`)).body;
+      const j = (await fx.api('GET', `/v1/jobs/${jobId}`)).body;
       return j.state === 'running' || j.state === 'created' || j.state === 'wiring' ? undefined : j;
     },
     ms,
@@ -93,7 +78,7 @@ describe.skipIf(!available)('a host lost without a FIN', () => {
     const ended = await failsWithin(id, 30_000);
     expect(ended.state, JSON.stringify(ended)).toBe('failed');
     expect(ended.error).toMatch(/lost|connection/i);
-    expect(sidecar.pmix.gateStats.handedOff).toBeGreaterThan(0);
+    expect(fx.sidecar.pmix.gateStats.handedOff).toBeGreaterThan(0);
   });
 
   it('fails the job of a PMI member whose host vanished, once keepalive gives up on its connection', async () => {
@@ -131,10 +116,11 @@ describe.skipIf(!available)('a job whose clients stay connected after it ended',
     const rank = startRank(bin('pmix_client'), ['hang'], env, 60_000);
     try {
       await rank.waitFor((l) => l.init === true, 30_000);
-      expect((await api('DELETE', `/v1/jobs/${id}`)).status).toBeLessThan(300);
+      expect((await fx.api('DELETE', `/v1/jobs/${id}`)).status).toBeLessThan(300);
       const lingering = async () =>
         Number(
-          /^dask_pmix_pmix_lingering_namespaces (\d+)/m.exec(String((await api('GET', '/metrics')).body))?.[1] ?? NaN,
+          /^dask_pmix_pmix_lingering_namespaces (\d+)/m.exec(String((await fx.api('GET', '/metrics')).body))?.[1] ??
+            NaN,
         );
       await until(async () => (await lingering()) === 1, 5_000, 'the namespace to linger');
       // 1.5 s after the job ended its client is disconnected, libpmix finds it gone, the namespace goes.

@@ -1,15 +1,13 @@
 // A hostile (or broken) client with the token cannot grow the sidecar's memory without bound: big
 // requests are refused with a 4xx naming the limit, counts stop at their bounds with 429, a reader
 // that stops reading the event stream is cut off, and the heap stays bounded throughout.
-import { type ChildProcess, spawn } from 'node:child_process';
 import { hostname } from 'node:os';
-import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
+import { type ServeChild, startServe } from '../../bench/lib/sidecar.js';
 import { restClient, SERVE_START_MS, until } from '../helpers/http.js';
-import { ROOT } from '../helpers/paths.js';
 
-let child: ChildProcess | undefined;
-afterAll(() => child?.kill('SIGKILL'));
+let serve: ServeChild | undefined;
+afterAll(() => serve?.child.kill('SIGKILL'));
 
 async function heapBytes(url: string): Promise<number> {
   const text = await (await fetch(`${url}/metrics`)).text();
@@ -18,28 +16,12 @@ async function heapBytes(url: string): Promise<number> {
 
 describe('memory bounds from REST', () => {
   it("refuses a hostile client's big requests and keeps the heap bounded", { timeout: 180_000 }, async () => {
-    child = spawn(
-      process.execPath,
-      [
-        join(ROOT, 'dist', 'src', 'cli', 'main.js'),
-        'serve',
-        '--port',
-        '0',
-        '--log-level',
-        'warn',
-        '--no-pmi',
-        '--pool-size',
-        '0',
-        '--max-workers',
-        '300',
-        '--max-psets',
-        '100',
-      ],
-      { env: { ...process.env, DASK_PMIX_TOKEN: 'tok' }, stdio: ['ignore', 'pipe', 'inherit'] },
-    );
-    let out = '';
-    child.stdout!.on('data', (d: Buffer) => (out += d.toString()));
-    const url = await until(() => /listening on (http:\/\/\S+)/.exec(out)?.[1], SERVE_START_MS, 'the listening line');
+    serve = await startServe({
+      args: ['--no-pmi', '--pool-size', '0', '--max-workers', '300', '--max-psets', '100'],
+      token: 'tok',
+      startMs: SERVE_START_MS,
+    });
+    const { url } = serve;
     const api = restClient(url, 'tok');
     const base = await heapBytes(url);
     const t0 = Date.now();

@@ -2,15 +2,11 @@
 // sidecar listens on the bridge (PMIx remote connections, the PMI listener), and Open MPI and
 // MPICH ranks started inside the namespaces join over TCP, sharing memory only within a host.
 // Needs root and iproute2 (as CI has); skipped where network namespaces cannot be made.
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { makeNetwork, removeNetwork } from '../../bench/lib/netns.js';
-import { Sidecar } from '../../src/service/sidecar.js';
 import { bin, pmiRank } from '../helpers/build-clients.js';
-import { restClient } from '../helpers/http.js';
 import { describeRanks, startRank } from '../helpers/ranks.js';
+import { SidecarFixture } from '../helpers/sidecar-fixture.js';
 
 const TAG = `dp${process.pid % 100000}`;
 const SUBNET = `10.${100 + (process.pid % 100)}.7`;
@@ -22,26 +18,15 @@ const HOSTS = [
 const NETWORK = { bridge: `br-${TAG}`, serverIp: SERVER_IP, hosts: HOSTS };
 
 const available = makeNetwork(NETWORK);
-let sidecar: Sidecar;
-let workdir: string;
-let api: ReturnType<typeof restClient>;
+let fx: SidecarFixture;
 let nextWorker = 0;
 
 beforeAll(async () => {
   if (!available) return;
-  sidecar = await Sidecar.start({
-    port: 0,
-    tmpdir: (workdir = mkdtempSync(join(tmpdir(), 'dask-pmix-netns-'))),
-    version: 'test',
-    remoteConnections: true,
-    tcpIfInclude: `${SUBNET}.0/24`,
-    pmi: { host: SERVER_IP },
-  });
-  api = restClient(sidecar.url);
+  fx = await SidecarFixture.onBridge('netns', NETWORK);
 });
 afterAll(async () => {
-  await sidecar?.stop('tests done');
-  if (workdir) rmSync(workdir, { recursive: true, force: true });
+  await fx?.stop();
   removeNetwork(NETWORK);
 });
 
@@ -55,7 +40,7 @@ async function runAcrossHosts(
   const ids: string[] = [];
   for (const h of placement) {
     const id = `tcp://${h.ip}:${4000 + nextWorker++}`;
-    const r = await api('POST', '/v1/workers', {
+    const r = await fx.api('POST', '/v1/workers', {
       id,
       host: h.host,
       pid: 1,
@@ -65,12 +50,12 @@ async function runAcrossHosts(
     expect(r.status, JSON.stringify(r.body)).toBe(201);
     ids.push(id);
   }
-  const created = await api('POST', '/v1/jobs', { impl, members: ids });
+  const created = await fx.api('POST', '/v1/jobs', { impl, members: ids });
   expect(created.status, JSON.stringify(created.body)).toBe(201);
   const job = created.body as { id: string; members: { workerId: string; rank: number }[] };
   const ranks = [];
   for (const [i, m] of job.members.entries()) {
-    const env = (await api('GET', `/v1/jobs/${job.id}/env/${encodeURIComponent(m.workerId)}`)).body.env as Record<
+    const env = (await fx.api('GET', `/v1/jobs/${job.id}/env/${encodeURIComponent(m.workerId)}`)).body.env as Record<
       string,
       string
     >;
@@ -82,7 +67,7 @@ async function runAcrossHosts(
   }
   const codes = await Promise.all(ranks.map((r) => r.exited));
   expect(codes, describeRanks(ranks)).toEqual([0, 0, 0, 0]);
-  const state = (await api('GET', `/v1/jobs/${job.id}`)).body;
+  const state = (await fx.api('GET', `/v1/jobs/${job.id}`)).body;
   return { seen: ranks.map((r) => r.lines.find((l) => 'local_size' in l)), ranks, state };
 }
 

@@ -1,14 +1,14 @@
 // A sidecar killed with SIGKILL mid-job comes back from its state directory: its process sets and
 // job history are there (the interrupted job failed, saying why), the shared-memory segments its
 // Open MPI ranks would have left are removed, and new jobs and events do not collide with old ones.
-import { type ChildProcess, spawn } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { hostname, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
+import { startServe } from '../../bench/lib/sidecar.js';
 import { ompiJobId } from '../../src/service/shm-cleanup.js';
-import { restClient, SERVE_START_MS, until } from '../helpers/http.js';
-import { ROOT } from '../helpers/paths.js';
+import { restClient, SERVE_START_MS } from '../helpers/http.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'dask-pmix-state-test-'));
 const started: ChildProcess[] = [];
@@ -18,30 +18,12 @@ afterAll(() => {
 });
 
 async function serve() {
-  const child = spawn(
-    process.execPath,
-    [
-      join(ROOT, 'dist', 'src', 'cli', 'main.js'),
-      'serve',
-      '--port',
-      '0',
-      '--log-level',
-      'warn',
-      '--no-pmi',
-      '--pool-size',
-      '0',
-      '--state-dir',
-      dir,
-    ],
-    {
-      env: { ...process.env, DASK_PMIX_TOKEN: 'tok' },
-      stdio: ['ignore', 'pipe', 'inherit'],
-    },
-  );
+  const { child, url } = await startServe({
+    args: ['--no-pmi', '--pool-size', '0', '--state-dir', dir],
+    token: 'tok',
+    startMs: SERVE_START_MS,
+  });
   started.push(child);
-  let out = '';
-  child.stdout!.on('data', (d: Buffer) => (out += d.toString()));
-  const url = await until(() => /listening on (http:\/\/\S+)/.exec(out)?.[1], SERVE_START_MS, 'the listening line');
   return { child, api: restClient(url, 'tok') };
 }
 

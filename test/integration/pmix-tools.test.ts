@@ -2,41 +2,27 @@
 // sidecar's own uid is served, any other is refused before libpmix sees it, and none of them
 // takes the server down (a tool connection crashed libpmix 5.0.11 without a tool upcall).
 import { spawn } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { hostname, tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { hostname } from 'node:os';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { Sidecar } from '../../src/service/sidecar.js';
 import { bin } from '../helpers/build-clients.js';
-import { restClient } from '../helpers/http.js';
 import { cleanEnv, describeRanks, startRank } from '../helpers/ranks.js';
+import { SidecarFixture } from '../helpers/sidecar-fixture.js';
 import { openmpiJob } from '../helpers/sidecar-jobs.js';
 
 const HOST = hostname();
-let sidecar: Sidecar;
-let workdir: string;
-let api: ReturnType<typeof restClient>;
+let fx: SidecarFixture;
 /** PMIX_SERVER_URI41 as every member gets it. */
 let uri: string;
 
 beforeAll(async () => {
-  sidecar = await Sidecar.start({
-    port: 0,
-    tmpdir: (workdir = mkdtempSync(join(tmpdir(), 'dask-pmix-tools-'))),
-    version: 'test',
-    releaseGraceMs: 1000,
-  });
-  api = restClient(sidecar.url);
+  fx = await SidecarFixture.start('tools', { releaseGraceMs: 1000 });
   uri = (await memberEnv()).PMIX_SERVER_URI41!;
 });
-afterAll(async () => {
-  await sidecar?.stop('tests done');
-  if (workdir) rmSync(workdir, { recursive: true, force: true });
-});
+afterAll(() => fx?.stop());
 
 const tool = (...args: string[]) => startRank(bin('pmix_tool'), [uri, ...args], {}, 30_000);
 
-const memberEnv = async () => (await openmpiJob(api, 1, HOST)).envs[0]!;
+const memberEnv = async () => (await openmpiJob(fx.api, 1, HOST)).envs[0]!;
 
 /** A one-rank job runs to its end: the server still serves. */
 async function serves(): Promise<void> {
@@ -62,7 +48,7 @@ describe('PMIx tools', () => {
   });
 
   it('refuses a tool of another uid before libpmix sees it, and goes on serving', async () => {
-    const refused = sidecar.pmix.gateStats.refused;
+    const refused = fx.sidecar.pmix.gateStats.refused;
     const child = spawn(bin('pmix_tool'), [uri, 'connect'], {
       env: cleanEnv({}),
       uid: 65534,
@@ -73,14 +59,14 @@ describe('PMIx tools', () => {
     child.stdout.on('data', (d: Buffer) => (out += d.toString()));
     expect(await new Promise((r) => child.on('close', r)), out).toBe(2);
     expect(out).toMatch(/"error":"init"/);
-    expect(sidecar.pmix.gateStats.refused).toBe(refused + 1);
+    expect(fx.sidecar.pmix.gateStats.refused).toBe(refused + 1);
     await serves();
   });
 
   it('answers a tool query (namespaces, pset names), and goes on serving', async () => {
     const t = tool('query');
     expect(await t.exited, describeRanks([t])).toBe(0);
-    const active = (await api('GET', '/v1/jobs')).body.jobs.filter((j: { state: string }) =>
+    const active = (await fx.api('GET', '/v1/jobs')).body.jobs.filter((j: { state: string }) =>
       ['pending', 'wiring', 'running'].includes(j.state),
     );
     expect(t.lines).toContainEqual(

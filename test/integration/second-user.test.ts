@@ -8,6 +8,7 @@ import { type ChildProcess, spawn } from 'node:child_process';
 import { hostname } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { startServe } from '../../bench/lib/sidecar.js';
 import { encodeHandshake, type Handshake, nativeCredential, PeerFlag } from '../../src/pmix/handshake.js';
 import { Status } from '../../src/pmix/index.js';
 import { bin } from '../helpers/build-clients.js';
@@ -51,19 +52,21 @@ const handshake = (over: Partial<Handshake>): string =>
 
 describe.skipIf(!isRoot)('a second local user against every port of the sidecar', () => {
   let child: ChildProcess;
-  let out = '';
   let api: ReturnType<typeof restClient>;
   const ports = { rest: 0, gate: 0, pmi: 0 };
   let libpmixSocket = '';
 
   beforeAll(async () => {
-    child = spawn(join(ROOT, 'bin', 'dask-pmix'), ['serve', '--port', '0', '--log-level', 'info', '--pool-size', '8'], {
-      env: { ...process.env, DASK_PMIX_TOKEN: 'tok' },
-      stdio: ['ignore', 'pipe', 'pipe'],
+    const serve = await startServe({
+      viaBin: true,
+      logLevel: 'info',
+      args: ['--pool-size', '8'],
+      token: 'tok',
+      stderr: 'pipe',
+      startMs: SERVE_START_MS,
     });
-    child.stdout!.on('data', (d: Buffer) => (out += d.toString()));
-    child.stderr!.on('data', () => undefined);
-    const url = await until(() => /listening on (http:\/\/\S+)/.exec(out)?.[1], SERVE_START_MS, 'the listening line');
+    child = serve.child;
+    const { url, out } = serve;
     ports.rest = Number(/:(\d+)$/.exec(url)![1]);
     ports.gate = Number(/"pmix":"tcp4:\/\/[^"]*:(\d+)"/.exec(out)![1]);
     ports.pmi = Number(/"pmiPort":"[^"]*:(\d+)"/.exec(out)![1]);

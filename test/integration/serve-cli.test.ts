@@ -5,6 +5,7 @@ import { mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node
 import { hostname, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
+import { startServe } from '../../bench/lib/sidecar.js';
 import { bin } from '../helpers/build-clients.js';
 import { restClient, SERVE_START_MS, until } from '../helpers/http.js';
 import { ROOT } from '../helpers/paths.js';
@@ -12,25 +13,16 @@ import { startRank } from '../helpers/ranks.js';
 
 describe('dask-pmix serve', () => {
   it('serves the routes with a token, and on SIGTERM aborts running jobs and exits 0', async () => {
-    const child = spawn(
-      join(ROOT, 'bin', 'dask-pmix'),
-      ['serve', '--port', '0', '--log-level', 'warn', '--wiring-timeout', '30'],
-      {
-        env: { ...process.env, DASK_PMIX_TOKEN: 'tok' },
-        stdio: ['ignore', 'pipe', 'pipe'],
-      },
-    );
-    let out = '';
-    let err = '';
-    child.stdout.on('data', (d: Buffer) => (out += d.toString()));
-    child.stderr.on('data', (d: Buffer) => (err += d.toString()));
+    const serve = await startServe({
+      viaBin: true,
+      args: ['--wiring-timeout', '30'],
+      token: 'tok',
+      stderr: 'pipe',
+      startMs: SERVE_START_MS,
+    });
+    const { child, url } = serve;
     const exited = new Promise<number | null>((r) => child.on('exit', (code) => r(code)));
     try {
-      const url = await until(
-        () => /listening on (http:\/\/\S+)/.exec(out)?.[1],
-        SERVE_START_MS,
-        `the listening line (stderr: ${err})`,
-      );
       const anon = restClient(url);
       const api = restClient(url, 'tok');
       expect((await anon('GET', '/v1/health')).body).toMatchObject({
@@ -59,7 +51,7 @@ describe('dask-pmix serve', () => {
         }
       })();
       child.kill('SIGTERM');
-      expect(await exited, err).toBe(0);
+      expect(await exited, serve.err).toBe(0);
       await drained;
       expect(text).toMatch(/"to":"aborted","reason":"the sidecar received SIGTERM"/);
       rank.kill();
@@ -72,21 +64,16 @@ describe('dask-pmix serve', () => {
     const dir = mkdtempSync(join(tmpdir(), 'dask-pmix-auth-'));
     const started: ChildProcess[] = [];
     const serve = async (args: string[]) => {
-      const child = spawn(
-        join(ROOT, 'bin', 'dask-pmix'),
-        ['serve', '--port', '0', '--log-level', 'warn', '--no-pmi', ...args],
-        {
-          env: { ...process.env, DASK_PMIX_NO_SETUP: '1', DASK_PMIX_TOKEN: '' },
-          stdio: ['ignore', 'pipe', 'pipe'],
-        },
-      );
-      started.push(child);
-      let out = '';
-      child.stdout!.on('data', (d: Buffer) => (out += d.toString()));
-      return {
-        child,
-        url: await until(() => /listening on (http:\/\/\S+)/.exec(out)?.[1], SERVE_START_MS, 'the listening line'),
-      };
+      const s = await startServe({
+        viaBin: true,
+        args: ['--no-pmi', ...args],
+        token: '',
+        env: { DASK_PMIX_NO_SETUP: '1' },
+        stderr: 'pipe',
+        startMs: SERVE_START_MS,
+      });
+      started.push(s.child);
+      return s;
     };
     try {
       writeFileSync(join(dir, 'given'), 'from-a-file\n', { mode: 0o600 });

@@ -1,45 +1,34 @@
 // The sidecar end to end: jobs created over REST, joined by real PMIx clients and Open MPI 5
 // ranks started as separate processes with nothing but the environment the REST API handed out.
-import { mkdtempSync, rmSync } from 'node:fs';
-import { hostname, tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { hostname } from 'node:os';
 import pino from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { Sidecar } from '../../src/service/sidecar.js';
 import { bin, pmiRank } from '../helpers/build-clients.js';
-import { restClient, until } from '../helpers/http.js';
+import { until } from '../helpers/http.js';
 import { describeRanks, type RankProcess, startRank } from '../helpers/ranks.js';
+import { SidecarFixture } from '../helpers/sidecar-fixture.js';
 import { pmixClient } from './build.js';
 
 const HOST = hostname();
-let sidecar: Sidecar;
-let workdir: string;
-let api: ReturnType<typeof restClient>;
+let fx: SidecarFixture;
 let nextWorker = 0;
 
 beforeAll(async () => {
   // DASK_PMIX_TEST_LOG=<file> keeps the sidecar's debug log of the run.
   const logFile = process.env.DASK_PMIX_TEST_LOG;
-  sidecar = await Sidecar.start({
-    port: 0,
-    tmpdir: (workdir = mkdtempSync(join(tmpdir(), 'dask-pmix-it-'))),
+  fx = await SidecarFixture.start('it', {
     releaseGraceMs: 3000,
-    version: 'test',
     ...(logFile ? { logger: pino({ level: 'debug' }, pino.destination({ dest: logFile, sync: true })) } : {}),
   });
-  api = restClient(sidecar.url);
 });
-afterAll(async () => {
-  await sidecar?.stop('tests done');
-  if (workdir) rmSync(workdir, { recursive: true, force: true });
-});
+afterAll(() => fx?.stop());
 
 /** Registers n fresh workers on this host and returns their ids. */
 async function workers(n: number): Promise<string[]> {
   const ids: string[] = [];
   for (let i = 0; i < n; i++) {
     const id = `tcp://127.0.0.1:${40000 + nextWorker++}`;
-    const r = await api('POST', '/v1/workers', {
+    const r = await fx.api('POST', '/v1/workers', {
       id,
       host: HOST,
       pid: process.pid,
@@ -53,7 +42,7 @@ async function workers(n: number): Promise<string[]> {
 }
 
 async function createJob(body: Record<string, unknown>) {
-  const r = await api('POST', '/v1/jobs', { impl: 'openmpi', ...body });
+  const r = await fx.api('POST', '/v1/jobs', { impl: 'openmpi', ...body });
   expect(r.status, JSON.stringify(r.body)).toBe(201);
   return r.body as { id: string; namespace: string; members: { workerId: string; rank: number }[] };
 }
@@ -61,14 +50,14 @@ async function createJob(body: Record<string, unknown>) {
 async function envs(job: { id: string; members: { workerId: string }[] }): Promise<Record<string, string>[]> {
   const out: Record<string, string>[] = [];
   for (const m of job.members) {
-    const r = await api('GET', `/v1/jobs/${job.id}/env/${encodeURIComponent(m.workerId)}`);
+    const r = await fx.api('GET', `/v1/jobs/${job.id}/env/${encodeURIComponent(m.workerId)}`);
     expect(r.status, JSON.stringify(r.body)).toBe(200);
     out.push(r.body.env);
   }
   return out;
 }
 
-const jobState = async (id: string) => (await api('GET', `/v1/jobs/${id}`)).body;
+const jobState = async (id: string) => (await fx.api('GET', `/v1/jobs/${id}`)).body;
 const waitState = (id: string, states: string[], ms = 20_000) =>
   until(
     async () => {
@@ -106,7 +95,7 @@ describe('the sidecar with real PMIx clients', () => {
       PMIX_HOSTNAME: HOST,
       OMPI_MCA_btl: '^ofi',
     });
-    expect((await api('GET', `/v1/workers/${encodeURIComponent(ids[0]!)}`)).body).toMatchObject({
+    expect((await fx.api('GET', `/v1/workers/${encodeURIComponent(ids[0]!)}`)).body).toMatchObject({
       state: 'frozen',
       jobId: job.id,
     });
@@ -118,27 +107,27 @@ describe('the sidecar with real PMIx clients', () => {
     expect(done).toMatchObject({ state: 'completed', error: '' });
     expect(done.members.map((m: { state: string }) => m.state)).toEqual(['finalized', 'finalized', 'finalized']);
     expect(done.startedAt).not.toBe('');
-    expect((await api('GET', `/v1/workers/${encodeURIComponent(ids[0]!)}`)).body).toMatchObject({
+    expect((await fx.api('GET', `/v1/workers/${encodeURIComponent(ids[0]!)}`)).body).toMatchObject({
       state: 'available',
       jobId: '',
     });
     // The namespace is torn down once the finalized clients have closed their connections.
-    await until(() => sidecar.pmixClients.count(job.namespace) === 0, 5000, 'the clients to let go');
+    await until(() => fx.sidecar.pmixClients.count(job.namespace) === 0, 5000, 'the clients to let go');
   });
 
   it('answers pset queries with the psets defined over REST', async () => {
     const ids = await workers(2);
-    expect((await api('POST', '/v1/psets', { name: 'alpha', members: ids })).status).toBe(201);
-    expect((await api('POST', '/v1/psets', { name: 'beta', members: [ids[1]] })).status).toBe(201);
+    expect((await fx.api('POST', '/v1/psets', { name: 'alpha', members: ids })).status).toBe(201);
+    expect((await fx.api('POST', '/v1/psets', { name: 'beta', members: [ids[1]] })).status).toBe(201);
     const job = await createJob({ pset: 'alpha' });
-    expect((await api('DELETE', '/v1/psets/alpha')).status).toBe(409);
+    expect((await fx.api('DELETE', '/v1/psets/alpha')).status).toBe(409);
     const ranks = (await envs(job)).map((env) => client(env, 'query-psets'));
     await expectAllExit0(ranks);
     for (const r of ranks)
       expect(r.lines).toContainEqual(expect.objectContaining({ num_psets: 2, pset_names: 'alpha,beta' }));
     await waitReleased(job.id);
-    expect((await api('DELETE', '/v1/psets/alpha')).status).toBe(200);
-    expect((await api('DELETE', '/v1/psets/beta')).status).toBe(200);
+    expect((await fx.api('DELETE', '/v1/psets/alpha')).status).toBe(200);
+    expect((await fx.api('DELETE', '/v1/psets/beta')).status).toBe(200);
   });
 
   it('publishes and looks up (with wait) through the name service', async () => {
@@ -172,7 +161,7 @@ describe('the sidecar with real PMIx clients', () => {
     await waitReleased(job.id);
     // Its workers can serve the next job.
     const again = await createJob({ members: job.members.map((m) => m.workerId) });
-    await api('DELETE', `/v1/jobs/${again.id}`);
+    await fx.api('DELETE', `/v1/jobs/${again.id}`);
   });
 
   it('fails the job promptly when a member is killed, and frees the workers', async () => {
@@ -187,10 +176,10 @@ describe('the sidecar with real PMIx clients', () => {
     expect(failed.error).toMatch(/rank 1 .* was lost: its connection to the PMIx server dropped/);
     expect(failed.members[1]).toMatchObject({ state: 'lost' });
     expect(seconds).toBeLessThan(3);
-    expect(sidecar.pmixClients.count(job.namespace)).toBe(1);
+    expect(fx.sidecar.pmixClients.count(job.namespace)).toBe(1);
     ranks[0]!.kill();
     await waitReleased(job.id);
-    await until(() => sidecar.pmixClients.count(job.namespace) === 0, 5000, 'the last client to go');
+    await until(() => fx.sidecar.pmixClients.count(job.namespace) === 0, 5000, 'the last client to go');
   });
 
   it('tells the surviving members that their job failed (a PMIx event to the namespace)', async () => {
@@ -221,12 +210,12 @@ describe('the sidecar with real PMIx clients', () => {
     const ranks = (await envs(job)).map((env) => startRank(watcher, ['20'], env, 30_000));
     await Promise.all(ranks.map((r) => r.waitFor((l) => l.init === true)));
     await waitState(job.id, ['running']);
-    const del = await api('DELETE', `/v1/jobs/${job.id}`);
+    const del = await fx.api('DELETE', `/v1/jobs/${job.id}`);
     expect(del.body).toMatchObject({ state: 'aborted', error: 'deleted over REST' });
     for (const r of ranks)
       expect(await r.waitFor((l) => 'event' in l, 10_000)).toMatchObject({ event: -7, terminate: true });
     await Promise.all(ranks.map((r) => r.exited));
-    expect((await api('GET', `/v1/jobs/${job.id}`)).status).toBe(404);
+    expect((await fx.api('GET', `/v1/jobs/${job.id}`)).status).toBe(404);
     const next = await createJob({ members: job.members.map((m) => m.workerId) });
     await expectAllExit0((await envs(next)).map((env) => client(env, 'put-get')));
     await waitState(next.id, ['completed']);
@@ -247,7 +236,7 @@ describe('the sidecar with real PMIx clients', () => {
 describe('the sidecar with Open MPI 5 ranks', () => {
   it('runs MPI_Session_init + MPI_Comm_create_from_group + Allreduce over 4 ranks of a pset', async () => {
     const ids = await workers(4);
-    await api('POST', '/v1/psets', { name: 'ompi4', members: ids });
+    await fx.api('POST', '/v1/psets', { name: 'ompi4', members: ids });
     const job = await createJob({ pset: 'ompi4' });
     const ranks = (await envs(job)).map((env) => startRank(bin('mpi_job_ompi5'), ['session'], env, 60_000));
     await expectAllExit0(ranks);
@@ -259,7 +248,7 @@ describe('the sidecar with Open MPI 5 ranks', () => {
     }
     const done = await waitReleased(job.id);
     expect(done.state).toBe('completed');
-    const metrics = await (await fetch(`${sidecar.url}/metrics`)).text();
+    const metrics = await (await fetch(`${fx.sidecar.url}/metrics`)).text();
     expect(metrics).toMatch(/dask_pmix_pmix_upcalls_total\{upcall="group",status="PMIX_SUCCESS"\} [1-9]/);
   });
 
@@ -276,7 +265,7 @@ describe('the sidecar with Open MPI 5 ranks', () => {
 
 describe('the sidecar with MPICH ranks (PMI-1)', () => {
   it('runs an MPICH job created over REST through the same job model', async () => {
-    const job = (await api('POST', '/v1/jobs', { impl: 'mpich', members: await workers(2) })).body;
+    const job = (await fx.api('POST', '/v1/jobs', { impl: 'mpich', members: await workers(2) })).body;
     expect(job.impl).toBe('mpich');
     const e = await envs(job);
     expect(Object.keys(e[0]!).filter((k) => k.startsWith('PMIX_'))).toEqual([]);
