@@ -2,21 +2,25 @@
 
 ``AsyncSidecarClient`` is the one the scheduler plugin uses: every call is awaited on the event
 loop, so that any number of requests (a job request waiting in the sidecar's admission line
-among them) hold no thread. ``SidecarClient`` is the same API for synchronous callers (scripts,
+among them) hold no thread; its requests to a plain http:// sidecar take the lighter transport of
+dask_pmix.http11. ``SidecarClient`` is the same API for synchronous callers (scripts,
 tests, the demo). Both share one description of the routes (``_Routes``): a method returns
 whatever its transport's ``_call`` returns (a value, or a coroutine of it)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 from urllib.parse import quote as _quote
 
+import h11
 import httpx
 from httpx_sse import EventSource, aconnect_sse, connect_sse
 
 from .errors import SidecarError
+from .http11 import Http11Pool, Response
 
 # The sidecar writes a heartbeat on every event stream this often (src/api/routes/events.ts).
 HEARTBEAT = 2.0
@@ -26,7 +30,7 @@ def quote(segment: str) -> str:
     return _quote(segment, safe="")
 
 
-def _message(resp: httpx.Response) -> str:
+def _message(resp: httpx.Response | Response) -> str:
     try:
         body = resp.json()
     except ValueError:
@@ -71,7 +75,9 @@ class _Routes:
             )
         return SidecarError(0, f"cannot reach the sidecar at {self.url}: {e}", method, path)
 
-    def _result(self, resp: httpx.Response, method: str, path: str, post: Callable[[Any], Any] | None) -> Any:
+    def _result(
+        self, resp: httpx.Response | Response, method: str, path: str, post: Callable[[Any], Any] | None
+    ) -> Any:
         if resp.is_error:
             raise SidecarError(resp.status_code, _message(resp), method, path)
         body = resp.json() if resp.content else None
@@ -249,16 +255,34 @@ class AsyncSidecarClient(_Routes):
             timeout=timeout,
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
         )
+        # The requests (not the event stream) of a plain http:// sidecar, every job's among them,
+        # go through the lighter transport; httpx serves any other URL.
+        self._fast = Http11Pool(self.url, _headers(token)) if self.url.startswith("http://") else None
 
     async def aclose(self) -> None:
+        if self._fast is not None:
+            await self._fast.aclose()
         await self._http.aclose()
 
     async def _call(self, method, path, body=None, timeout=None, post=None):
+        if self._fast is None:
+            try:
+                resp = await self._http.request(method, path, json=body, timeout=timeout or self.timeout)
+            except httpx.HTTPError as e:
+                raise self._error(e, method, path, timeout) from None
+            return self._result(resp, method, path, post)
+        seconds = timeout or self.timeout
         try:
-            resp = await self._http.request(method, path, json=body, timeout=timeout or self.timeout)
-        except httpx.HTTPError as e:
-            raise self._error(e, method, path, timeout) from None
-        return self._result(resp, method, path, post)
+            fast = await asyncio.wait_for(self._fast.request(method, path, body), seconds)
+        except asyncio.TimeoutError:
+            raise SidecarError(
+                0, f"the sidecar at {self.url} did not answer within {seconds:.0f} s (timed out)", method, path
+            ) from None
+        except (OSError, h11.ProtocolError) as e:
+            raise SidecarError(
+                0, f"cannot reach the sidecar at {self.url}: {e or type(e).__name__}", method, path
+            ) from None
+        return self._result(fast, method, path, post)
 
     async def token_accepted(self) -> bool:
         try:
