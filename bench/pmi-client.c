@@ -7,37 +7,17 @@
  * After init it times ITERS barriers, then ITERS rounds of: put own key, barrier, get the
  * next rank's key. Prints one JSON line with this rank's medians in microseconds.
  */
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
+
+#include "pmi-wire.h"
+#include "timing.h"
 
 static int fd = -1;
 static char rbuf[8192];
 static size_t rlen = 0;
-
-static double now_us(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec * 1e6 + t.tv_nsec * 1e-3;
-}
-
-static double wall(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_REALTIME, &t);
-  return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
-static void die(const char *what, const char *detail) {
-  printf("{\"ok\":false,\"error\":\"%s\",\"detail\":\"%s\"}\n", what, detail ? detail : "");
-  fflush(stdout);
-  exit(2);
-}
 
 static void send_line(const char *s) {
   size_t n = strlen(s), off = 0;
@@ -90,16 +70,6 @@ static const char *field(const char *line, const char *key, char *out, size_t ca
   return out;
 }
 
-static int cmp(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp);
-  return n ? v[n / 2] : 0;
-}
-
 int main(int argc, char **argv) {
   int iters = argc > 1 ? atoi(argv[1]) : 100;
   double t_start = wall();
@@ -112,20 +82,7 @@ int main(int argc, char **argv) {
     rank = atoi(getenv("PMI_RANK") ? getenv("PMI_RANK") : "0");
     size = atoi(getenv("PMI_SIZE") ? getenv("PMI_SIZE") : "1");
   } else if (port) {
-    char host[256];
-    snprintf(host, sizeof host, "%s", port);
-    char *colon = strrchr(host, ':');
-    if (!colon) die("PMI_PORT", port);
-    *colon = 0;
-    struct addrinfo hints = {0}, *ai;
-    hints.ai_family = AF_INET;
-    hints.ai_socktype = SOCK_STREAM;
-    if (getaddrinfo(host, colon + 1, &hints, &ai) != 0) die("resolve", port);
-    fd = socket(AF_INET, SOCK_STREAM, 0);
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) die("connect", port);
-    freeaddrinfo(ai);
+    fd = tcp_connect(port);
     if (id) {
       snprintf(line, sizeof line, "cmd=initack pmiid=%s\n", id);
       send_line(line);

@@ -30,7 +30,8 @@ const SIM = join(BENCH_BIN, 'pmi-sim');
 async function build(): Promise<void> {
   mkdirSync(BENCH_BIN, { recursive: true });
   const src = join(ROOT, 'bench', 'pmi-sim.c');
-  if (existsSync(SIM) && statSync(SIM).mtimeMs > statSync(src).mtimeMs) return;
+  const inputs = [src, join(ROOT, 'bench', 'pmi-wire.h'), join(ROOT, 'bench', 'timing.h')];
+  if (existsSync(SIM) && inputs.every((i) => statSync(SIM).mtimeMs > statSync(i).mtimeMs)) return;
   await promisify(execFile)('gcc', ['-O2', '-Wall', '-o', SIM, src]);
 }
 

@@ -15,9 +15,6 @@
  * the simulator's own cost per message is a read and a write. */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,8 +22,10 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
-#include <time.h>
 #include <unistd.h>
+
+#include "pmi-wire.h"
+#include "timing.h"
 
 #define MAX_RANKS 16384
 #define LINE 4096
@@ -45,17 +44,6 @@ static char kvsname[256];
 static char *card; /* hex card; rank r's card starts with its rank as 8 hex digits */
 static int card_len;
 
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
-static void die(const char *what, const char *detail) {
-  printf("{\"ok\":false,\"error\":\"%s\",\"detail\":\"%s\"}\n", what, detail ? detail : "");
-  exit(2);
-}
-
 static int open_conn(const char *port, const char *path) {
   int fd;
   if (path) {
@@ -67,22 +55,7 @@ static int open_conn(const char *port, const char *path) {
     if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0) die("connect", strerror(errno));
     return fd;
   }
-  char host[256];
-  snprintf(host, sizeof host, "%s", port);
-  char *colon = strrchr(host, ':');
-  if (!colon) die("port", port);
-  *colon = 0;
-  struct addrinfo hints, *ai;
-  memset(&hints, 0, sizeof hints);
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_STREAM;
-  if (getaddrinfo(host, colon + 1, &hints, &ai) != 0) die("resolve", port);
-  fd = socket(AF_INET, SOCK_STREAM, 0);
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) die("connect", strerror(errno));
-  freeaddrinfo(ai);
-  return fd;
+  return tcp_connect(port);
 }
 
 static void send_all(int fd, const char *s, size_t len) {
@@ -207,11 +180,6 @@ static double phase(int ep, command_fn fn) {
   return now_s() - t0;
 }
 
-static int cmp(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
 int main(int argc, char **argv) {
   const char *port = NULL, *path = NULL;
   int i = 1;
@@ -275,7 +243,7 @@ int main(int argc, char **argv) {
     t_get = phase(ep, cmd_get_all);
     gets = (long)n * (n - 1);
   }
-  qsort(bar, (size_t)barriers, sizeof *bar, cmp);
+  sort_doubles(bar, barriers);
   if (checked != gets) die("gets", "not every card was checked");
 
   for (int r = 0; r < n; r++) call(&conns[r], "cmd=finalize\n", reply);

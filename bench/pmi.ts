@@ -52,6 +52,8 @@ const FLAVOURS = {
 } as const;
 type Flavour = keyof typeof FLAVOURS;
 
+const BENCH_HEADERS = ['pmi-wire.h', 'timing.h'].map((h) => join(ROOT, 'bench', h));
+
 async function build(): Promise<void> {
   mkdirSync(BIN, { recursive: true });
   const jobs: [string, string, string, string[]][] = [
@@ -66,7 +68,8 @@ async function build(): Promise<void> {
   ];
   for (const [out, cc, src, flags] of jobs) {
     const o = join(BIN, out);
-    const inputs = [src, join(ROOT, 'native', 'exec', 'pmi_connect.h')];
+    // with the headers they include: the probe's pmi_connect.h, the client's own (beside it)
+    const inputs = [src, join(ROOT, 'native', 'exec', 'pmi_connect.h'), ...BENCH_HEADERS];
     if (existsSync(o) && inputs.every((i) => statSync(o).mtimeMs > statSync(i).mtimeMs)) continue;
     await run(cc, ['-o', o, src, ...flags]);
   }

@@ -21,36 +21,20 @@
  *   group_destruct_us  the matching PMIx_Group_destruct
  * Values read back are checked; any failure prints ok:false and exits 2.
  */
-#include <pmix.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <time.h>
 
-static pmix_proc_t me;
+#include "../test/clients/pmix_calls.h"
+#include "timing.h"
+
 static uint32_t nprocs;
-
-static double now_us(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec * 1e6 + t.tv_nsec * 1e-3;
-}
 
 static void die(const char *what, pmix_status_t rc) {
   printf("{\"rank\":%u,\"ok\":false,\"error\":\"%s\",\"status\":\"%s\"}\n", me.rank, what, PMIx_Error_string(rc));
   fflush(stdout);
   exit(2);
-}
-
-static int cmp(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp);
-  return n ? v[n / 2] : 0;
 }
 
 /* Whether the comma list `list` names `item`. */
@@ -64,15 +48,6 @@ static int has(const char *list, const char *item) {
 static void barrier(void) {
   pmix_status_t rc = PMIx_Fence(NULL, 0, NULL, 0);
   if (PMIX_SUCCESS != rc) die("barrier", rc);
-}
-
-static void put_commit(const char *key, const char *value) {
-  pmix_value_t v;
-  PMIX_VALUE_LOAD(&v, value, PMIX_STRING);
-  pmix_status_t rc = PMIx_Put(PMIX_GLOBAL, key, &v);
-  PMIX_VALUE_DESTRUCT(&v);
-  if (PMIX_SUCCESS != rc) die("put", rc);
-  if (PMIX_SUCCESS != (rc = PMIx_Commit())) die("commit", rc);
 }
 
 /* A 64-byte value (about an Open MPI business card per rank), distinct per rank and round. */
@@ -159,9 +134,7 @@ static double dmodex(int iters) {
 
 static void group(int iters, double *construct_us, double *destruct_us) {
   double *tc = malloc(sizeof(double) * iters), *td = malloc(sizeof(double) * iters);
-  pmix_proc_t *procs;
-  PMIX_PROC_CREATE(procs, nprocs);
-  for (uint32_t r = 0; r < nprocs; r++) PMIX_LOAD_PROCID(&procs[r], me.nspace, r);
+  pmix_proc_t *procs = namespace_procs(nprocs);
   pmix_info_t dir;
   bool yes = true;
   PMIX_INFO_LOAD(&dir, PMIX_GROUP_ASSIGN_CONTEXT_ID, &yes, PMIX_BOOL);
@@ -199,12 +172,7 @@ int main(int argc, char **argv) {
   pmix_status_t rc = PMIx_Init(&me, NULL, 0);
   if (PMIX_SUCCESS != rc) die("init", rc);
   t_init = now_us() - t_init;
-  pmix_proc_t wild;
-  pmix_value_t *val = NULL;
-  PMIX_LOAD_PROCID(&wild, me.nspace, PMIX_RANK_WILDCARD);
-  if (PMIX_SUCCESS != (rc = PMIx_Get(&wild, PMIX_JOB_SIZE, NULL, 0, &val))) die("job size", rc);
-  nprocs = val->data.uint32;
-  PMIX_VALUE_RELEASE(val);
+  nprocs = job_size();
 
   char out[512];
   int len = snprintf(out, sizeof out, "{\"rank\":%u,\"size\":%u,\"ok\":true,\"init_us\":%.1f", me.rank, nprocs, t_init);

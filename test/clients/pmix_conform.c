@@ -14,23 +14,15 @@
  *   pmix_conform late-fence             rank 0 exits 1 at once; the last rank starts late (the runner
  *                                       delays it) and reports whether it could join
  */
-#include <pmix.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
-static pmix_proc_t me;
-static uint32_t nprocs;
+#include "scenario.h"
 
-#define FAIL(what, rc)                                                                                 \
-  do {                                                                                                 \
-    printf("{\"rank\":%u,\"error\":\"%s\",\"status\":%d,\"name\":\"%s\"}\n", me.rank, what, (int)(rc), \
-           PMIx_Error_string(rc));                                                                     \
-    fflush(stdout);                                                                                    \
-    exit(2);                                                                                           \
-  } while (0)
+static uint32_t nprocs;
 
 static void print_value(const pmix_value_t *v) {
   switch (v->type) {
@@ -179,7 +171,7 @@ static int lookup_wait(const char *form) {
     sleep(1);
     pmix_info_t pub;
     PMIX_INFO_LOAD(&pub, key, "the-port", PMIX_STRING);
-    if (PMIX_SUCCESS != (rc = PMIx_Publish(&pub, 1))) FAIL("publish", rc);
+    if (PMIX_SUCCESS != (rc = PMIx_Publish(&pub, 1))) die("publish", rc);
     PMIX_INFO_DESTRUCT(&pub);
   } else {
     pmix_pdata_t pd;
@@ -209,23 +201,15 @@ static int lookup_wait(const char *form) {
     PMIX_PDATA_DESTRUCT(&pd);
   }
   fflush(stdout);
-  if (PMIX_SUCCESS != (rc = PMIx_Fence(NULL, 0, NULL, 0))) FAIL("fence", rc);
+  if (PMIX_SUCCESS != (rc = PMIx_Fence(NULL, 0, NULL, 0))) die("fence", rc);
   return 0;
 }
 
 static int query(void) {
   pmix_query_t q[3];
-  bool yes = true;
-  for (int i = 0; i < 3; i++) PMIX_QUERY_CONSTRUCT(&q[i]);
-  PMIx_Argv_append_nosize(&q[0].keys, PMIX_QUERY_NAMESPACES);
-  PMIx_Argv_append_nosize(&q[1].keys, "pmix.qry.nobody.knows");
-  PMIx_Argv_append_nosize(&q[2].keys, PMIX_QUERY_STABLE_ABI_VERSION);
-  PMIx_Argv_append_nosize(&q[2].keys, PMIX_QUERY_PROVISIONAL_ABI_VERSION);
-  for (int i = 0; i < 3; i++) {
-    q[i].nqual = 1;
-    PMIX_INFO_CREATE(q[i].qualifiers, 1);
-    PMIX_INFO_LOAD(&q[i].qualifiers[0], PMIX_QUERY_REFRESH_CACHE, &yes, PMIX_BOOL);
-  }
+  load_query(&q[0], (const char *[]){PMIX_QUERY_NAMESPACES, NULL});
+  load_query(&q[1], (const char *[]){"pmix.qry.nobody.knows", NULL});
+  load_query(&q[2], (const char *[]){PMIX_QUERY_STABLE_ABI_VERSION, PMIX_QUERY_PROVISIONAL_ABI_VERSION, NULL});
   pmix_info_t *results = NULL;
   size_t n = 0;
   pmix_status_t rc = PMIx_Query_info(q, 3, &results, &n);
@@ -236,15 +220,7 @@ static int query(void) {
   }
   printf("}}\n");
   /* the namespaces alone */
-  pmix_query_t one;
-  PMIX_QUERY_CONSTRUCT(&one);
-  PMIx_Argv_append_nosize(&one.keys, PMIX_QUERY_NAMESPACES);
-  one.nqual = 1;
-  PMIX_INFO_CREATE(one.qualifiers, 1);
-  PMIX_INFO_LOAD(&one.qualifiers[0], PMIX_QUERY_REFRESH_CACHE, &yes, PMIX_BOOL);
-  results = NULL;
-  n = 0;
-  rc = PMIx_Query_info(&one, 1, &results, &n);
+  rc = query_keys((const char *[]){PMIX_QUERY_NAMESPACES, NULL}, &results, &n);
   printf("{\"rank\":%u,\"namespaces\":%d,\"value\":\"%s\"}\n", me.rank, rc,
          PMIX_SUCCESS == rc && n > 0 && PMIX_STRING == results[0].value.type ? results[0].value.data.string : "");
   return 0;
@@ -277,8 +253,8 @@ static int job_term(void) {
   pmix_status_t codes[] = {PMIX_EVENT_JOB_END, PMIX_ERR_PROC_TERM_WO_SYNC, PMIX_ERR_PROC_ABORTED,
                            PMIX_EVENT_PROC_TERMINATED};
   pmix_status_t rc = PMIx_Register_event_handler(codes, 4, NULL, 0, on_event, NULL, NULL);
-  if (rc < 0) FAIL("register", rc);
-  if (PMIX_SUCCESS != (rc = PMIx_Fence(NULL, 0, NULL, 0))) FAIL("fence", rc);
+  if (rc < 0) die("register", rc);
+  if (PMIX_SUCCESS != (rc = PMIx_Fence(NULL, 0, NULL, 0))) die("fence", rc);
   if (me.rank == 0) {
     printf("{\"rank\":0,\"exiting\":1}\n");
     fflush(stdout);
@@ -310,24 +286,13 @@ static int resolve_peers(void) {
 }
 
 int main(int argc, char **argv) {
-  if (argc < 2) {
-    fprintf(stderr, "usage: %s SCENARIO [ARG]\n", argv[0]);
-    return 1;
-  }
+  /* the runner delays the last rank of late-fence by ARG seconds before it connects */
+  if (argc > 2 && !strcmp(argv[1], "late-fence")) sleep((unsigned)atoi(argv[2]));
+  scenario_init(argc, argv);
   const char *what = argv[1];
   const char *arg = argc > 2 ? argv[2] : "";
-  if (!strcmp(what, "late-fence") && argc > 2) sleep((unsigned)atoi(arg));
-  pmix_status_t rc = PMIx_Init(&me, NULL, 0);
-  if (PMIX_SUCCESS != rc) {
-    printf("{\"error\":\"init\",\"status\":%d}\n", rc);
-    return 2;
-  }
-  pmix_proc_t wild;
-  pmix_value_t *val = NULL;
-  PMIX_LOAD_PROCID(&wild, me.nspace, PMIX_RANK_WILDCARD);
-  if (PMIX_SUCCESS != (rc = PMIx_Get(&wild, PMIX_JOB_SIZE, NULL, 0, &val))) FAIL("get job size", rc);
-  nprocs = val->data.uint32;
-  PMIX_VALUE_RELEASE(val);
+  pmix_status_t rc;
+  nprocs = job_size();
   printf("{\"rank\":%u,\"nspace\":\"%s\",\"size\":%u,\"init\":true}\n", me.rank, me.nspace, nprocs);
   fflush(stdout);
   int ret = 0;
@@ -352,7 +317,7 @@ int main(int argc, char **argv) {
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (int i = 0; i < n; i++)
-      if (PMIX_SUCCESS != (rc = PMIx_Fence(NULL, 0, NULL, 0))) FAIL("fence", rc);
+      if (PMIX_SUCCESS != (rc = PMIx_Fence(NULL, 0, NULL, 0))) die("fence", rc);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     printf("{\"rank\":%u,\"fences\":%d,\"us_per_fence\":%.1f}\n", me.rank, n,
            ((t1.tv_sec - t0.tv_sec) * 1e6 + (t1.tv_nsec - t0.tv_nsec) / 1e3) / n);
@@ -364,8 +329,5 @@ int main(int argc, char **argv) {
     fprintf(stderr, "unknown scenario %s\n", what);
     ret = 1;
   }
-  fflush(stdout);
-  rc = PMIx_Finalize(NULL, 0);
-  printf("{\"rank\":%u,\"finalized\":%s}\n", me.rank, rc == PMIX_SUCCESS ? "true" : "false");
-  return ret;
+  return scenario_end(ret);
 }

@@ -10,28 +10,19 @@
 #include <stdlib.h>
 #include <string.h>
 
-static pmix_proc_t me;
+#include "pmix_calls.h"
 
-#define FAIL(what, rc)                                                                                    \
-  do {                                                                                                    \
-    printf("{\"error\":\"%s\",\"status\":%d,\"name\":\"%s\"}\n", what, (int)(rc), PMIx_Error_string(rc)); \
-    fflush(stdout);                                                                                       \
-    exit(2);                                                                                              \
-  } while (0)
+static void die(const char *what, pmix_status_t rc) {
+  printf("{\"error\":\"%s\",\"status\":%d,\"name\":\"%s\"}\n", what, (int)rc, PMIx_Error_string(rc));
+  fflush(stdout);
+  exit(2);
+}
 
 static void query(void) {
-  pmix_query_t q;
-  PMIX_QUERY_CONSTRUCT(&q);
-  PMIx_Argv_append_nosize(&q.keys, PMIX_QUERY_NAMESPACES);
-  PMIx_Argv_append_nosize(&q.keys, PMIX_QUERY_PSET_NAMES);
-  q.nqual = 1;
-  PMIX_INFO_CREATE(q.qualifiers, 1);
-  bool yes = true;
-  PMIX_INFO_LOAD(&q.qualifiers[0], PMIX_QUERY_REFRESH_CACHE, &yes, PMIX_BOOL);
-  pmix_info_t *results = NULL;
-  size_t n = 0;
-  pmix_status_t rc = PMIx_Query_info(&q, 1, &results, &n);
-  if (PMIX_SUCCESS != rc && PMIX_ERR_PARTIAL_SUCCESS != rc) FAIL("query", rc);
+  pmix_info_t *results;
+  size_t n;
+  pmix_status_t rc = query_keys((const char *[]){PMIX_QUERY_NAMESPACES, PMIX_QUERY_PSET_NAMES, NULL}, &results, &n);
+  if (PMIX_SUCCESS != rc && PMIX_ERR_PARTIAL_SUCCESS != rc) die("query", rc);
   const char *ns = "", *psets = "";
   for (size_t i = 0; i < n; i++) {
     if (PMIX_CHECK_KEY(&results[i], PMIX_QUERY_NAMESPACES) && PMIX_STRING == results[i].value.type)
@@ -59,7 +50,7 @@ int main(int argc, char **argv) {
     PMIX_INFO_LOAD(&info[ninfo++], PMIX_TOOL_RANK, &rank, PMIX_PROC_RANK);
   }
   pmix_status_t rc = PMIx_tool_init(&me, info, ninfo);
-  if (PMIX_SUCCESS != rc) FAIL("init", rc);
+  if (PMIX_SUCCESS != rc) die("init", rc);
   printf("{\"init\":true,\"nspace\":\"%s\",\"rank\":%u}\n", me.nspace, me.rank);
   fflush(stdout);
   if (!strcmp(what, "query")) query();

@@ -20,18 +20,22 @@ export function targets(): Target[] {
   const src = (f: string) => join(ROOT, 'test', 'clients', f);
   // The starter's PMI handshake, shared with the binder (native/exec).
   const connectH = join(ROOT, 'native', 'exec', 'pmi_connect.h');
+  // The PMIx clients' shared calls, and the scenario clients' frame (found beside the sources).
+  const pmixCalls = src('pmix_calls.h');
+  const scenario = [src('scenario.h'), pmixCalls];
   return [
-    {
-      out: 'pmix_client',
-      src: src('pmix_client.c'),
-      cc: 'gcc',
-      flags: ['-O', '-Wall', `-I${PMIX_INCLUDE}`, join(PMIX_LIB_DIR, 'libpmix.so.2'), `-Wl,-rpath,${PMIX_LIB_DIR}`],
-    },
-    ...['pmix_tool', 'pmix_conform'].map((name) => ({
+    ...(
+      [
+        ['pmix_client', scenario],
+        ['pmix_tool', [pmixCalls]],
+        ['pmix_conform', scenario],
+      ] as const
+    ).map(([name, deps]) => ({
       out: name,
       src: src(`${name}.c`),
       cc: 'gcc',
       flags: ['-O', '-Wall', `-I${PMIX_INCLUDE}`, join(PMIX_LIB_DIR, 'libpmix.so.2'), `-Wl,-rpath,${PMIX_LIB_DIR}`],
+      deps: [...deps],
     })),
     { out: 'mpi_job_ompi5', src: src('mpi_job.c'), cc: join(VENV, 'bin', 'mpicc'), flags: ['-O'] },
     { out: 'mpi_hosts_ompi5', src: src('mpi_hosts.c'), cc: join(VENV, 'bin', 'mpicc'), flags: ['-O'] },
