@@ -2,23 +2,11 @@
 // the embedded libpmix server. Each member's environment is what PMIx_server_setup_fork gives
 // for its rank, with PMIX_HOSTNAME set to its worker's host and the Open MPI settings that make
 // a joining rank behave.
-import { rmSync } from 'node:fs';
 import { join } from 'node:path';
-import {
-  encodeNamespace,
-  type Info,
-  info,
-  Keys,
-  type NamespaceLayout,
-  type PmixServer,
-  type Proc,
-  Range,
-  Rank,
-  Status,
-  v,
-} from '../pmix/index.js';
+import { info, Keys, type NamespaceLayout, type PmixServer, type Proc, Rank, Status, v } from '../pmix/index.js';
 import type { Job, JobBackend, JobMember, Worker } from '../rm/index.js';
 import type { PmixClients } from './pmix-clients.js';
+import { jobEndMessage, jobEndStatus, notifyRanks, registerNamespace, teardownNamespace } from './pmix-namespace.js';
 
 export interface PmixBackendOptions {
   server: PmixServer;
@@ -67,9 +55,7 @@ export class PmixBackend implements JobBackend {
         ...(job.pset ? { psetName: job.pset } : {}),
       })),
     };
-    // Every rank is a client of this one server, wherever it runs: nlocalprocs is the job size,
-    // so libpmix completes the job's fences itself.
-    await this.server.registerNspace(job.namespace, job.members.length, encodeNamespace(layout, this.server));
+    await registerNamespace(this.server, layout);
     const registered: Proc[] = [];
     try {
       for (const m of job.members) {
@@ -102,41 +88,33 @@ export class PmixBackend implements JobBackend {
 
   async notifyEnded(job: Readonly<Job>): Promise<void> {
     const lost = job.members.filter((m) => m.state === 'lost').map((m) => this.procOf(job, m.rank));
-    // Codes Open MPI 5 registers handlers for (its errhandler then aborts the rank instead of
-    // letting it hang). A default handler would not do: libpmix 5.0.x drops a client's default
-    // registration unless another one exists already, so only registered codes reach clients.
-    const status = job.state === 'aborted' ? Status.ERR_PROC_ABORTED : Status.ERR_PROC_TERM_WO_SYNC;
-    const items: Info[] = [
-      info(Keys.EVENT_TEXT_MESSAGE, v.string(`dask-pmix: job ${job.id} ${job.state}: ${job.error ?? ''}`)),
+    // A code Open MPI 5 registers a handler for. A default handler would not do: libpmix 5.0.x
+    // drops a client's default registration unless another one exists already, so only
+    // registered codes reach clients.
+    const status = jobEndStatus(job);
+    const items = [
+      jobEndMessage(job),
       info(Keys.EVENT_TERMINATE_JOB, v.bool(true)),
       info(Keys.JOB_TERM_STATUS, v.status(status)),
     ];
     if (lost.length > 0) items.push(info(Keys.EVENT_AFFECTED_PROCS, v.procs(lost)));
-    // Only the job's own clients: libpmix applies a range to clients only when it is a custom
-    // one with explicit targets. The source must match none of them (a wildcard rank would match
-    // all, and libpmix does not send an event back to its source).
-    items.push(info(Keys.EVENT_CUSTOM_RANGE, v.procs([{ nspace: job.namespace, rank: Rank.WILDCARD }])));
-    const source = { nspace: job.namespace, rank: Rank.UNDEF };
-    await this.server.notifyEvent(status, source, Range.CUSTOM, items).catch((e: unknown) => {
-      this.opts.onError?.('notifyEvent', e);
-    });
+    // Only the job's own clients.
+    const everyRank = [{ nspace: job.namespace, rank: Rank.WILDCARD }];
+    await notifyRanks(this.server, job.namespace, status, items, everyRank, this.opts.onError);
     // Then the job-level event, as PRRTE sends it: PMIX_EVENT_JOB_END (PMIX_ERR_JOB_TERMINATED)
     // naming the proc that ended the job (the whole namespace when none did), for the handlers
     // registered for it alone.
     const culprit = job.members.find((m) => m.endedJob) ?? job.members.find((m) => m.state === 'lost');
-    const jobEnd: Info[] = [
+    const jobEnd = [
       info(Keys.EVENT_NON_DEFAULT, v.bool(true)),
       info(Keys.JOB_TERM_STATUS, v.status(status)),
       info(
         Keys.EVENT_AFFECTED_PROC,
         v.proc(culprit ? this.procOf(job, culprit.rank) : { nspace: job.namespace, rank: Rank.WILDCARD }),
       ),
-      info(Keys.EVENT_TEXT_MESSAGE, v.string(`dask-pmix: job ${job.id} ${job.state}: ${job.error ?? ''}`)),
-      info(Keys.EVENT_CUSTOM_RANGE, v.procs([{ nspace: job.namespace, rank: Rank.WILDCARD }])),
+      jobEndMessage(job),
     ];
-    await this.server.notifyEvent(Status.ERR_JOB_TERMINATED, source, Range.CUSTOM, jobEnd).catch((e: unknown) => {
-      this.opts.onError?.('notifyEvent', e);
-    });
+    await notifyRanks(this.server, job.namespace, Status.ERR_JOB_TERMINATED, jobEnd, everyRank, this.opts.onError);
   }
 
   /**
@@ -154,13 +132,13 @@ export class PmixBackend implements JobBackend {
     }
     const teardown = async () => {
       if (this.closed) return;
-      for (const m of job.members) {
-        await this.server
-          .deregisterClient(this.procOf(job, m.rank))
-          .catch((e: unknown) => this.opts.onError?.('deregisterClient', e));
-      }
-      await this.server.deregisterNspace(job.namespace);
-      rmSync(join(this.opts.tmpdir, 'jobs', job.namespace), { recursive: true, force: true });
+      await teardownNamespace(
+        this.server,
+        job.namespace,
+        job.members.map((m) => m.rank),
+        join(this.opts.tmpdir, 'jobs', job.namespace),
+        this.opts.onError,
+      );
     };
     const clients = this.opts.clients;
     if (clients.count(job.namespace) === 0) return teardown();

@@ -8,23 +8,11 @@
 //   local clients of a namespace are registered, with no timeout;
 // - members initialise without any fence over the namespace (async modex, no data collection,
 //   async init) and with fault tolerance, so that a pool rank's death does not kill its peers.
-import { rmSync } from 'node:fs';
 import { join } from 'node:path';
-import {
-  encodeNamespace,
-  type Info,
-  info,
-  Keys,
-  type NamespaceLayout,
-  type PmixServer,
-  type Proc,
-  Range,
-  Rank,
-  Status,
-  v,
-} from '../pmix/index.js';
+import { type Info, info, Keys, type NamespaceLayout, type PmixServer, type Proc, v } from '../pmix/index.js';
 import type { Job, PoolBackend, PoolEpochSpec, PoolUser } from '../rm/index.js';
 import type { PmixClients } from './pmix-clients.js';
+import { jobEndMessage, jobEndStatus, notifyRanks, registerNamespace, teardownNamespace } from './pmix-namespace.js';
 
 /** What every pool rank needs beyond the members' default Open MPI settings. */
 export const POOL_OMPI_ENV: Readonly<Record<string, string>> = {
@@ -79,7 +67,7 @@ export class PmixPool implements PoolBackend {
           : { rank, host: virtualNode(rank), localRank: 0, nodeRank: 0, nodeId: nodeId++ };
       }),
     };
-    await this.o.server.registerNspace(spec.namespace, spec.size, encodeNamespace(layout, this.o.server));
+    await registerNamespace(this.o.server, layout);
     const users = new Map<number, PoolUser>();
     this.epochs.set(spec.namespace, {
       size: spec.size,
@@ -131,30 +119,21 @@ export class PmixPool implements PoolBackend {
     const dead = ranks.filter((r) => !attached.has(r));
     const alive = ranks.filter((r) => attached.has(r));
     if (dead.length === 0 || alive.length === 0) return;
-    // Codes Open MPI's fault-tolerance handler takes (it reads each PMIX_PROC value as a failed
-    // process); any other code reaches its default handler, which aborts.
-    const status = job.state === 'aborted' ? Status.ERR_PROC_ABORTED : Status.ERR_PROC_TERM_WO_SYNC;
+    // A code Open MPI's fault-tolerance handler takes (it reads each PMIX_PROC value as a failed
+    // process).
+    const status = jobEndStatus(job);
     const items: Info[] = [
-      info(Keys.EVENT_TEXT_MESSAGE, v.string(`dask-pmix: job ${job.id} ${job.state}: ${job.error ?? ''}`)),
+      jobEndMessage(job),
       ...dead.map((rank) => info(Keys.EVENT_AFFECTED_PROC, v.proc({ nspace: job.namespace, rank }))),
-      info(Keys.EVENT_CUSTOM_RANGE, v.procs(alive.map((rank) => ({ nspace: job.namespace, rank })))),
     ];
-    await this.o.server
-      .notifyEvent(status, { nspace: job.namespace, rank: Rank.UNDEF }, Range.CUSTOM, items)
-      .catch((e: unknown) => {
-        this.o.onError?.('notifyEvent', e);
-      });
+    const targets = alive.map((rank) => ({ nspace: job.namespace, rank }));
+    await notifyRanks(this.o.server, job.namespace, status, items, targets, this.o.onError);
   }
 
   async close(namespace: string): Promise<void> {
     const size = this.epochs.get(namespace)?.size ?? 0;
     this.epochs.delete(namespace);
-    for (let rank = 0; rank < size; rank++) {
-      await this.o.server
-        .deregisterClient({ nspace: namespace, rank })
-        .catch((e: unknown) => this.o.onError?.('deregisterClient', e));
-    }
-    await this.o.server.deregisterNspace(namespace);
-    rmSync(join(this.o.tmpdir, 'pools', namespace), { recursive: true, force: true });
+    const ranks = Array.from({ length: size }, (_, rank) => rank);
+    await teardownNamespace(this.o.server, namespace, ranks, join(this.o.tmpdir, 'pools', namespace), this.o.onError);
   }
 }
