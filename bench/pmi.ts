@@ -40,6 +40,8 @@ import {
   median,
   ROOT,
   round3 as r3,
+  SWEEP_OPTIONS,
+  sweepOf,
 } from './lib/run.js';
 
 const run = promisify(execFile);
@@ -254,18 +256,9 @@ function targetsMet(
 
 async function main(): Promise<void> {
   const { values } = parseArgs({
-    options: {
-      sizes: { type: 'string' },
-      iterations: { type: 'string' },
-      repeats: { type: 'string' },
-      quick: { type: 'boolean', default: false },
-      'in-session': { type: 'boolean', default: false },
-    },
+    options: { ...SWEEP_OPTIONS, 'in-session': { type: 'boolean', default: false } },
   });
-  const quick = values.quick!;
-  const sizes = (values.sizes ?? (quick ? '2,4' : '2,4,8,16')).split(',').map(Number);
-  const iters = Number(values.iterations ?? (quick ? 100 : 200));
-  const repeats = Number(values.repeats ?? (quick ? 3 : 5));
+  const { quick, sizes, iters, repeats } = sweepOf(values, { iterations: [100, 200], repeats: [3, 5] });
   await build();
   const ours = await Ours.start();
   const results = [];

@@ -14,12 +14,12 @@
 // Prints one JSON document; `guard.ratios` (PRRTE's time / ours, above 1: we are faster) is what
 // the perf guard compares. --quick: N = 2 and 4, 50 iterations, 5 repeats, PRRTE's defaults only.
 import { execFile } from 'node:child_process';
-import { cpus, hostname, loadavg } from 'node:os';
+import { hostname, loadavg } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs, promisify } from 'node:util';
 import { guardSection } from './lib/guard.js';
 import { buildPmixClient, PMIX_CLIENT, PMIX_FIELDS, type PmixField, pmixFiguresOf, VENV } from './lib/pmix-client.js';
-import { baseEnv, collectLines, median, round3 } from './lib/run.js';
+import { baseEnv, collectLines, machine, median, round3, SWEEP_OPTIONS, sweepOf } from './lib/run.js';
 import { SidecarProcess } from './lib/sidecar.js';
 
 const run = promisify(execFile);
@@ -75,20 +75,10 @@ const ratio = (ours: Figures, theirs: Figures) =>
   Object.fromEntries(PMIX_FIELDS.map((k) => [k, round3(ours[k] / theirs[k])])) as Figures;
 
 async function main(): Promise<void> {
-  const { values } = parseArgs({
-    options: {
-      sizes: { type: 'string' },
-      iterations: { type: 'string' },
-      repeats: { type: 'string' },
-      quick: { type: 'boolean', default: false },
-    },
-  });
-  const quick = values.quick!;
+  const { values } = parseArgs({ options: SWEEP_OPTIONS });
+  const { quick, sizes, iters, repeats } = sweepOf(values, { iterations: [50, 200], repeats: [5, 5] });
   // The machine is shared: what else ran is part of the result.
   const loadAtStart = loadavg().map(round3);
-  const sizes = (values.sizes ?? (quick ? '2,4' : '2,4,8,16')).split(',').map(Number);
-  const iters = Number(values.iterations ?? (quick ? 50 : 200));
-  const repeats = Number(values.repeats ?? 5);
   await buildPmixClient();
   const sidecar = await SidecarProcess.start(['--no-pmi', '--max-jobs', '64']);
   const next = { worker: 0 };
@@ -128,10 +118,7 @@ async function main(): Promise<void> {
         benchmark: 'pmix',
         when: new Date().toISOString(),
         machine: {
-          host: hostname(),
-          cpus: cpus().length,
-          model: cpus()[0]?.model ?? '',
-          node: process.version,
+          ...machine(),
           load_avg_at_start: loadAtStart,
           load_avg_at_end: loadavg().map(round3),
         },

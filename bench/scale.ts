@@ -6,8 +6,9 @@
 //   node dist/bench/scale.js [--parts memory,netns,pool] [--ranks 256] [--hosts 8] [--repeats 3]
 //
 // Prints one JSON document (recorded in bench/results/scale.json).
-import { cpus, hostname, loadavg } from 'node:os';
+import { loadavg } from 'node:os';
 import { parseArgs } from 'node:util';
+import { machine } from './lib/run.js';
 import { memory } from './scale/memory.js';
 import { netnsAvailable, netnsFence } from './scale/netns.js';
 import { pool } from './scale/pool.js';
@@ -31,10 +32,7 @@ async function main(): Promise<void> {
     benchmark: 'scale',
     when: new Date().toISOString(),
     machine: {
-      host: hostname(),
-      cpus: cpus().length,
-      model: cpus()[0]?.model ?? '',
-      node: process.version,
+      ...machine(),
       load_avg_at_start: loadavg(),
     },
   };

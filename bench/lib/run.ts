@@ -1,7 +1,9 @@
-// What the benchmarks share: where the checkout is, medians, and starting processes that print
-// one JSON line each (ranks, clients), with a bound on how long they may take.
+// What the benchmarks share: where the checkout is, the machine, the command line of a sweep over
+// rank counts, medians, and starting processes that print one JSON line each (ranks, clients),
+// with a bound on how long they may take.
 import { spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
+import { cpus, hostname } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -13,6 +15,40 @@ function findRoot(): string {
 
 export const ROOT = findRoot();
 export const BENCH_BIN = join(ROOT, 'bench', '.work', 'bin');
+
+/** The machine the figures come from (each benchmark records its load where it needs it). */
+export const machine = () => ({
+  host: hostname(),
+  cpus: cpus().length,
+  model: cpus()[0]?.model ?? '',
+  node: process.version,
+});
+
+/** The options of a sweep over rank counts: --sizes 2,4,8,16 --iterations N --repeats N --quick. */
+export const SWEEP_OPTIONS = {
+  sizes: { type: 'string' },
+  iterations: { type: 'string' },
+  repeats: { type: 'string' },
+  quick: { type: 'boolean', default: false },
+} as const;
+
+/**
+ * The sweep the command line asks for. The sizes default to 2,4 with --quick and 2,4,8,16
+ * without; `defaults` gives the iterations and repeats as [with --quick, without].
+ */
+export function sweepOf(
+  values: { sizes?: string; iterations?: string; repeats?: string; quick?: boolean },
+  defaults: { iterations: [number, number]; repeats: [number, number] },
+): { quick: boolean; sizes: number[]; iters: number; repeats: number } {
+  const quick = values.quick === true;
+  const pick = ([q, full]: [number, number]) => (quick ? q : full);
+  return {
+    quick,
+    sizes: (values.sizes ?? (quick ? '2,4' : '2,4,8,16')).split(',').map(Number),
+    iters: Number(values.iterations ?? pick(defaults.iterations)),
+    repeats: Number(values.repeats ?? pick(defaults.repeats)),
+  };
+}
 
 export const median = (xs: number[]): number => {
   const s = [...xs].sort((a, b) => a - b);

@@ -282,3 +282,39 @@ export async function simpleJob(
     await release(ctx, job);
   }
 }
+
+/**
+ * Runs a custom-pset feature where the row has custom psets and `programName` built: defines
+ * `psets` over REST, runs the program on a job of `members` (created with `jobExtra`, each rank
+ * given `args(rank)`), and lets `judge` read the ranks. The job is released and the psets are
+ * deleted afterwards.
+ */
+export async function psetJob(
+  ctx: Ctx,
+  programName: string,
+  opts: {
+    psets: { name: string; members: Agent[] }[];
+    members: Agent[];
+    jobExtra?: Record<string, unknown>;
+    args?: (rank: number) => string[];
+    judge: (runs: RankRun[], ended: boolean, seconds: number) => Outcome;
+  },
+): Promise<Outcome> {
+  const unsupported = psetsUnsupported(ctx);
+  if (unsupported) return unsupported;
+  const program = ctx.program(programName);
+  if (!program) return { status: 'unsupported', reason: ctx.buildError(programName) };
+  const t0 = performance.now();
+  for (const p of opts.psets) {
+    await ctx.sidecar.request('POST', '/v1/psets', { name: p.name, members: p.members.map((a) => a.id) });
+  }
+  const job = await createJob(ctx, opts.members, opts.jobExtra);
+  try {
+    const runs = await startRanks(ctx, job, program, opts.args);
+    const ended = await waitRanks(runs, job.id, 60_000);
+    return opts.judge(runs, ended, (performance.now() - t0) / 1000);
+  } finally {
+    await release(ctx, job);
+    for (const p of opts.psets) await ctx.sidecar.request('DELETE', `/v1/psets/${p.name}`).catch(() => undefined);
+  }
+}
