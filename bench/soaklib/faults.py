@@ -105,6 +105,24 @@ def _timeline(cluster: DaskCluster, job_id: str, box: dict) -> dict:
     return out
 
 
+def _healthy_result(c: Call, rec: dict, token: str, n: int) -> list | None:
+    """The ranks' results of a bodies.healthy job when they are right; otherwise None, with the
+    record's outcome saying what went wrong (hung, error, wrong)."""
+    if not c.settle(rec):
+        return None
+    err = c.box.get("error")
+    if err is not None:
+        rec.update(outcome="error", error=_error_record(err))
+        return None
+    result = c.box["result"]
+    expect = [{"token": token, "size": n, "rank": r, "sum": n * (n + 1) // 2} for r in range(n)]
+    got = [{k: v for k, v in x.items() if k != "pid"} for x in result]
+    if got != expect:
+        rec.update(outcome="wrong", result=got[:4])
+        return None
+    return result
+
+
 def _error_record(e: BaseException | None) -> dict | None:
     if e is None:
         return None
@@ -294,17 +312,8 @@ class Runner:
         token = f"j{spec.idx}"
         c = call(cluster, bodies.healthy, (token,), n=n, impl=self._impl(spec), mode=spec.mode, submit=spec.submit)
         rec["api"] = "submit_mpi" if spec.submit else "run_mpi"
-        if not c.settle(rec):
-            return
-        err = c.box.get("error")
-        if err is not None:
-            rec.update(outcome="error", error=_error_record(err))
-            return
-        result = c.box["result"]
-        expect = [{"token": token, "size": n, "rank": r, "sum": n * (n + 1) // 2} for r in range(n)]
-        got = [{k: v for k, v in x.items() if k != "pid"} for x in result]
-        if got != expect:
-            rec.update(outcome="wrong", result=got[:4])
+        result = _healthy_result(c, rec, token, n)
+        if result is None:
             return
         pids = {x["pid"] for x in result}
         ran = "inprocess" if pids <= set(worker_pids.values()) else "fork" if not pids & set(worker_pids.values()) else "mixed"
@@ -528,15 +537,8 @@ class Runner:
                 time.sleep(STALL)
             finally:
                 os.kill(pid, signal.SIGCONT)
-        if not c.settle(rec):
-            return
-        err = c.box.get("error")
-        if err is not None:
-            rec.update(outcome="error", error=_error_record(err))
-            return
-        got = [{k: v for k, v in x.items() if k != "pid"} for x in c.box["result"]]
-        expect = [{"token": token, "size": n, "rank": r, "sum": n * (n + 1) // 2} for r in range(n)]
-        rec["outcome"] = "ok" if got == expect else "wrong"
+        if _healthy_result(c, rec, token, n) is not None:
+            rec["outcome"] = "ok"
 
     # -- silent connections -----------------------------------------------------------------------
     def _open_silent(self, cluster: DaskCluster) -> dict:
