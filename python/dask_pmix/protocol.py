@@ -40,6 +40,7 @@ class Scheduler:
     MEMBER_LOST = "dask_pmix_member_lost"
     JOIN_POOL = "dask_pmix_join_pool"
     LEAVE_POOL = "dask_pmix_leave_pool"
+    POOL_UP = "dask_pmix_pool_up"
     JOIN_JOB = "dask_pmix_join_job"
     LEAVE_JOB = "dask_pmix_leave_job"
     REPLACE_WORKER = "dask_pmix_replace_worker"

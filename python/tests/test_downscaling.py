@@ -40,8 +40,10 @@ def _wait_for(what, timeout: float = 60.0):
 
 
 def _running(sidecar, members: list[str]) -> bool:
-    return any(j["state"] == "running" and sorted(m["workerId"] for m in j["members"]) == sorted(members)
-               for j in sidecar.jobs())
+    return any(
+        j["state"] == "running" and sorted(m["workerId"] for m in j["members"]) == sorted(members)
+        for j in sidecar.jobs()
+    )
 
 
 def test_downscaling_spares_what_waiting_job_requests_need(tmp_path):
@@ -107,5 +109,48 @@ def test_downscaling_spares_what_waiting_job_requests_need(tmp_path):
     finally:
         for flag in "ace":
             (tmp_path / flag).touch()
+        client.close()
+        cluster.close()
+
+
+def test_downscaling_spares_a_cohort_while_its_sessions_start():
+    """The workers that start together initialise their MPI sessions together: Dask's
+    retire_workers() during that leaves them all alone (one that exited would fail the others'
+    sessions, and they would be replaced); once the sessions are up it retires as usual."""
+    import pytest
+
+    if IMPL != "openmpi":
+        pytest.skip("cohorts are Open MPI's in-process pool")
+    cluster, client, sidecar = start_cluster(4)
+    try:
+
+        def joining():
+            return sorted(
+                client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.plugins["dask-pmix"].joining.held())
+            )
+
+        def ready():
+            return sum((w.get("pool") or {}).get("state") == "ready" for w in sidecar.workers())
+
+        async def retire_while_held(dask_scheduler):
+            # Dask chooses whom to retire in the same turn of the scheduler's loop as `held` is read.
+            held = sorted(dask_scheduler.plugins["dask-pmix"].joining.held())
+            return held, sorted(await dask_scheduler.retire_workers(stimulus_id="test-cohort")) if held else []
+
+        held: list = []
+        deadline = time.monotonic() + 60
+        while not held and ready() < 4 and time.monotonic() < deadline:
+            held, retired = client.run_on_scheduler(retire_while_held)
+        if not held:
+            pytest.skip("the sessions were up before the test could retire (nothing to hold)")
+        pids = client.run(lambda: __import__("os").getpid())
+        assert not set(retired) & set(held), (retired, held)
+        _wait_for(lambda: ready() == 4)
+        # Every session came up: nobody was replaced, and a job runs in-process on all four.
+        assert client.run(lambda: __import__("os").getpid()) == pids
+        assert run_mpi(client, _size, workers=workers_of(client), mode="inprocess") == [4] * 4
+        _wait_for(lambda: not joining())
+        assert len(client.retire_workers(n=1)) == 1
+    finally:
         client.close()
         cluster.close()

@@ -32,6 +32,7 @@ from . import dashboard
 from .events import EventStream
 from .jobs import Entry, JobMirror
 from .join_barrier import JoinBarriers
+from .joining import CohortJoining
 from .replace import Replacer
 from .serve_args import sidecar_argv
 from .sidecar import EmbeddedSidecar
@@ -81,6 +82,7 @@ class SidecarPlugin(SchedulerPlugin):
         self._registrations: dict[str, asyncio.Future] = {}
         self._waiting: list[dict] = []  # job requests in the sidecar's admission line
         self._psets: dict[str, list[str]] = {}  # the sidecar's process sets: name -> members
+        self.joining = CohortJoining(bound=30.0)  # its bound is timeouts.pool-join, read in start()
         self._settling: dict[str, asyncio.TimerHandle | None] = {}  # jobs whose every rank returned
         self._background: set[asyncio.Future] = set()
         self._closed = False
@@ -132,6 +134,7 @@ class SidecarPlugin(SchedulerPlugin):
             self.url = await self.embedded.start()
             self.embedded.on_exit(self._sidecar_exited)
         self.rest = AsyncSidecarClient(self.url, self.token, timeout=config.seconds("timeouts.request") or 30.0)
+        self.joining.bound = config.seconds("timeouts.pool-join") or 30.0
         await self._check_sidecar()
         self.replacer = Replacer(scheduler, lambda: self.rest, self._register_soon)
         scheduler.handlers.update(
@@ -143,6 +146,7 @@ class SidecarPlugin(SchedulerPlugin):
                 Scheduler.MEMBER_LOST: self.member_lost,
                 Scheduler.JOIN_POOL: self.join_pool,
                 Scheduler.LEAVE_POOL: self.leave_pool,
+                Scheduler.POOL_UP: self.pool_up,
                 Scheduler.JOIN_JOB: self.join_job,
                 Scheduler.LEAVE_JOB: self.leave_job,
                 Scheduler.REPLACE_WORKER: self.replace_worker,
@@ -297,7 +301,9 @@ class SidecarPlugin(SchedulerPlugin):
         elif kind == "psetDeleted":
             self._psets.pop((body.get("psetDeleted") or {}).get("name", ""), None)
         elif kind == "workerLeft":
-            self.jobs.worker_state((body.get("workerLeft") or {}).get("workerId", ""), "gone", None)
+            left = (body.get("workerLeft") or {}).get("workerId", "")
+            self.jobs.worker_state(left, "gone", None)
+            self.joining.gone(left)
         elif kind == "healthChanged":
             changed = body.get("healthChanged") or {}
             self._health_changed(changed.get("status", ""), float(changed.get("pmixStalledSeconds") or 0))
@@ -400,6 +406,7 @@ class SidecarPlugin(SchedulerPlugin):
     def remove_worker(self, scheduler, worker: str, *, stimulus_id: str | None = None, **kwargs) -> None:
         # The sidecar fails any job this worker is in, which releases the other members.
         self._listening.discard(worker)
+        self.joining.gone(worker)
         pending = self._registrations.pop(worker, None)
         if self._closed or self.rest is None:
             return
@@ -514,8 +521,9 @@ class SidecarPlugin(SchedulerPlugin):
     def valid_workers_downscaling(self, scheduler, workers: list) -> list:
         """Workers the sidecar holds for a job, or that a waiting job request names (itself or
         through its pset), stay; so do as many workers as the largest waiting request for a number
-        of workers needs."""
-        keep = set(self.jobs.frozen)
+        of workers needs, and workers whose MPI session starts with others of its cohort
+        (scheduler.joining)."""
+        keep = set(self.jobs.frozen) | self.joining.held()
         for entry in self.jobs.active():
             keep.update(entry.workers)
         need = 0
@@ -691,11 +699,20 @@ class SidecarPlugin(SchedulerPlugin):
         if self._closed:
             return {"error": "the scheduler is closing", "status": 503}
         try:
-            return await self.sidecar.join_pool(worker, identity)
+            answer = await self.sidecar.join_pool(worker, identity)
         except SidecarError as e:
             return {"error": str(e), "status": e.status}
+        if isinstance(answer, dict) and answer.get("pool"):
+            self.joining.answered(worker, answer["pool"])
+        return answer
+
+    async def pool_up(self, worker: str) -> dict:
+        """The worker's MPI session is up: Dask may retire the members of its cohort again."""
+        self.joining.started(worker)
+        return {}
 
     async def leave_pool(self, worker: str, reason: str) -> dict:
+        self.joining.started(worker)
         await self._registered([worker])
         try:
             return await self.sidecar.leave_pool(worker, reason)

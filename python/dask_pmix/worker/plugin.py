@@ -203,6 +203,11 @@ class PoolPlugin(WorkerPlugin):
                     logger.warning("dask-pmix: this worker's MPI session failed; its jobs run in fork mode: %s", reason)
             else:
                 if impl == "openmpi":
+                    # Its cohort may be retired by Dask again (dask_pmix.scheduler.joining).
+                    try:
+                        await getattr(worker.scheduler, Scheduler.POOL_UP)(worker=worker.address)
+                    except Exception as e:  # noqa: BLE001 - the hold ends by its own bound then
+                        logger.debug("dask-pmix: could not tell the scheduler the session is up: %r", e)
                     logger.info(
                         "dask-pmix: this worker is rank %s of MPI pool %s",
                         answer["pool"]["rank"],
