@@ -11,10 +11,10 @@ The guard's ratio (guard.ratios, m<M>.floor_over_job) is Dask's floor over the j
 that, as for every guarded benchmark, above 1 would mean the job is as fast as plain Dask tasks.
 
 Prints one JSON document. The headline (job_ms, the ratio, the guard's) times jobs with nothing
-traced, each followed by one run of the floor. Then, for as many jobs again with stamps installed,
-per phase the median time since the run_mpi call (ms): the stamps come from wrappers around the
-code paths (nothing in dask_pmix changes) and cost the traced jobs several ms (traced_job_ms);
-every clock is the host's wall clock, the sidecar's in whole milliseconds.
+traced, alternating with runs of the floor, each after 0.3 s of quiet. Then, for as many jobs
+again with stamps installed, per phase the median time since the run_mpi call (ms), and their
+own median (traced_job_ms): the stamps come from wrappers around the code paths (nothing in
+dask_pmix changes); every clock is the host's wall clock, the sidecar's in whole milliseconds.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from headline import _body, start_cluster  # noqa: E402
 
+SETTLE = 0.3  # quiet before each timed job or floor run, and after each traced job
 MARKS: list[tuple[float, str, str]] = []  # (time, job id or "", what): this process's stamps
 if __name__ == "__main__":  # the scheduler's wrappers (same process) import it by name
     sys.modules["job_breakdown"] = sys.modules["__main__"]
@@ -178,9 +179,11 @@ def follow_events(sidecar, out: list, stop: threading.Event) -> None:
         out.append(e)
 
 
-def dask_floor(client, workers: list[str], repeat: int, secede: bool, one_graph: bool = False) -> list[float]:
+def dask_floor(client, workers: list[str], repeat: int, secede: bool, one_graph: bool = False,
+               warm: bool = True) -> list[float]:
     """M trivial tasks, one pinned to each worker, submitted and gathered: one Client.submit per
-    task, or (one_graph) all in one graph as run_mpi submits its ranks."""
+    task, or (one_graph) all in one graph as run_mpi submits its ranks. With `warm`, one run
+    first that is not timed."""
     import uuid
 
     from dask_pmix.client.graph import submit_ranks
@@ -193,7 +196,7 @@ def dask_floor(client, workers: list[str], repeat: int, secede: bool, one_graph:
         return i
 
     times = []
-    for _ in range(repeat + 1):
+    for _ in range(repeat + (1 if warm else 0)):
         t0 = time.perf_counter()
         if one_graph:
             tag = uuid.uuid4().hex
@@ -204,7 +207,7 @@ def dask_floor(client, workers: list[str], repeat: int, secede: bool, one_graph:
         assert client.gather(futs) == list(range(len(workers)))
         times.append(time.perf_counter() - t0)
         del futs
-    return times[1:]
+    return times[1:] if warm else times
 
 
 def comm_costs(client, sidecar, workers: list[str], repeat: int) -> dict:
@@ -315,7 +318,7 @@ def traced_jobs(client, workers: list[str], body, repeat: int) -> list[dict]:
         results = run_mpi(client, body, workers=workers)
         t_end = time.time()
         job_id = next(m[1] for m in MARKS if m[2] == "gather>")
-        time.sleep(0.3)  # the sidecar's last events, the members' leaves
+        time.sleep(SETTLE)  # the sidecar's last events, the members' leaves
         wmarks = [m for ms in client.run(take_worker_marks).values() for m in ms]
         tl = job_timeline(job_id, t0, t_end, MARKS, wmarks, events)
         tl["body comm ready"] = [round((min(r["t_comm"] for r in results) - t0) * 1e3, 2),
@@ -347,14 +350,17 @@ def main() -> int:
         body = _body()
         run_mpi(client, body, workers=workers)  # the first job: first contacts, not measured
         dask_floor(client, workers, 0, secede=True, one_graph=True)
-        # The headline: jobs as users run them, nothing traced, each followed by Dask's floor, so
-        # that both meet the same machine (the stamps below cost the traced jobs several ms).
+        # The headline: jobs as users run them, nothing traced, alternating with Dask's floor so
+        # that both meet the same machine; each starts after SETTLE s of quiet, so that neither
+        # pays for the other's tail (a job's members and sidecar still finish up after it returns).
         jobs, floor_graph_secede = [], []
         for _ in range(args.repeat):
+            time.sleep(SETTLE)
             t0 = time.perf_counter()
             run_mpi(client, body, workers=workers)
             jobs.append(time.perf_counter() - t0)
-            floor_graph_secede += dask_floor(client, workers, 1, secede=True, one_graph=True)
+            time.sleep(SETTLE)
+            floor_graph_secede += dask_floor(client, workers, 1, secede=True, one_graph=True, warm=False)
         timelines = [] if args.quick else traced_jobs(client, workers, body, args.repeat)
         floor, floor_secede, floor_graph = ([], [], []) if args.quick else (
             dask_floor(client, workers, args.repeat, secede=False),
