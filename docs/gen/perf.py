@@ -306,6 +306,39 @@ def soak_section() -> str:
     )
 
 
+def floor_section() -> str:
+    """A later in-process job against Dask's own floor (bench/job_breakdown.py), and where its time goes."""
+    docs = [load(f"job_breakdown-{m}.json") for m in (2, 4, 8)]
+    rows = [
+        "| M | `run_mpi` job | Dask's floor | ratio | traced job: ranks start / communicator ready / tasks finished |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+
+    def last(t: dict, name: str) -> str:
+        """The phase's median time, of its last member where each member has one."""
+        v = t.get(name)
+        return f"{(v[1] if isinstance(v, list) else v):.0f}" if v is not None else "-"
+
+    for d in docs:
+        t = d["median_ms_since_call"]
+        rows.append(
+            f"| {d['size']} | {d['job_ms']:.1f} ms | {d['dask_floor_ms']['one_graph_secede_gather']:.1f} ms | "
+            f"{d['ratio_to_dask_floor']:.2f}x | {last(t, 'worker member>')} / {last(t, 'worker comm<')} / "
+            f"{last(t, 'task-finished')} ms |"
+        )
+    loads = ", ".join(f"{d['load_average'][0]:.1f}" for d in docs)
+    return (
+        "A later job over the same M in-process workers (`run_mpi` of an Allreduce, from the call to its "
+        "return) against the least Dask itself takes for the same shape of work: M trivial tasks pinned one per "
+        "worker, submitted in one graph, seceding as ranks do, and gathered. Both alternate in one run, each "
+        "after 0.3 s of quiet; medians of 20. The job adds, in order: the sidecar's job creation (one request "
+        "from the scheduler), the members' join barrier in the scheduler, the communicator's construction "
+        "(`MPI_Comm_create_from_group`, a PMIx group in the sidecar), and the job's completion; the last column "
+        f"times those steps in traced jobs of the same run (ms since the call). Load average {loads} (M = 2, 4, "
+        "8). Source: `bench/results/job_breakdown-{2,4,8}.json`.\n\n" + "\n".join(rows) + "\n"
+    )
+
+
 PAGE_HEAD = """# Performance
 
 Every figure and number on this page is generated at build time by `docs/gen/perf.py` from the
@@ -341,6 +374,7 @@ def write_page(out: Path) -> None:
     body = [PAGE_HEAD + readme_table()]
     for title, (path, caption) in sections:
         body.append(f"## {title}\n\n```{{figure}} {path}\n:width: 100%\n\n{caption}\n```\n")
+    body.append("## A job against Dask's own floor\n\n" + floor_section())
     body.append("## Reliability soak\n\n" + soak_section())
     (out / "performance.md").write_text("\n".join(body))
 
