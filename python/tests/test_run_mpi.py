@@ -249,6 +249,51 @@ def test_retire_and_adaptive_keep_members_and_a_killed_member_fails_the_job(impl
         cluster.close()
 
 
+def test_a_member_whose_nanny_reports_it_gone_fails_the_job_naming_it(impl, tmp_path):
+    """Dask hears of a dead worker from its nanny or from its stream closing, whichever comes
+    first; either way the job fails naming that member, not as a job deleted by someone."""
+    cluster, client, sidecar = start_cluster(3)
+    try:
+        members = workers_of(client)
+        flag = str(tmp_path / "go")
+
+        def wait_for_flag(comm):
+            while not os.path.exists(flag):
+                comm.Barrier()
+                time.sleep(0.05)
+            return comm.rank
+
+        outcome = {}
+
+        def run():
+            try:
+                outcome["results"] = run_mpi(client, wait_for_flag, workers=members, impl=impl, timeout=60)
+            except MPIJobError as e:
+                outcome["error"] = e
+
+        job = threading.Thread(target=run)
+        job.start()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(j["state"] == "running" for j in sidecar.jobs()):
+            time.sleep(0.1)
+        victim = members[1]
+
+        async def nanny_says_gone(dask_scheduler, address=victim):
+            # What Nanny._on_worker_exit makes the scheduler do when the worker process dies.
+            return await dask_scheduler.remove_worker(address, stimulus_id=f"nanny-close-{time.time()}")
+
+        client.run_on_scheduler(nanny_says_gone)
+        job.join(60)
+        open(flag, "w").close()
+        assert "error" in outcome, outcome
+        assert outcome["error"].worker == victim, outcome["error"]
+        assert "deleted over REST" not in str(outcome["error"])
+    finally:
+        open(str(tmp_path / "go"), "w").close()
+        client.close()
+        cluster.close()
+
+
 def test_a_job_for_another_mpi_than_the_workers_fails_clearly(dask_cluster, impl):
     _, client, sidecar = dask_cluster
     other = "mpich" if impl == "openmpi" else "openmpi"

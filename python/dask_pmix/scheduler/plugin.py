@@ -478,9 +478,13 @@ class SidecarPlugin(SchedulerPlugin):
             return
         if finish not in ("released", "forgotten") or start in ("memory", "erred", "released", "forgotten"):
             return
-        if str(kwargs.get("stimulus_id", "")).startswith(("handle-worker-cleanup", "remove-worker")):
-            # Its worker is gone, not the task dropped: the sidecar fails the job itself, naming
-            # the member (ending the job now would lose who ended it).
+        rank = int(match.group(2))
+        member = next((m.get("workerId") for m in entry.view.get("members") or () if m.get("rank") == rank), None)
+        if member is not None and member not in self.scheduler.workers:
+            # Its worker is gone (Dask removes it from its workers before it releases the worker's
+            # tasks, whichever path told it: the worker's stream closing, its nanny, a restart),
+            # not the task dropped: the sidecar fails the job itself, naming the member (ending
+            # the job now would lose who ended it).
             return
         self._soon(self._end(entry.id, "a rank's task was cancelled (its future was released)"))
 
