@@ -50,7 +50,8 @@ const HELP = `usage: dask-pmix serve [options]
   --exit-with-parent       the same for the process that started this one
   --ready-fd FD            write the listening line to FD, then close it (a parent waits on it)
   --ompi-env K=V           an Open MPI setting for every member (repeatable; replaces the defaults
-                           OMPI_MCA_btl=^ofi OMPI_MCA_pml=ob1 OMPI_MCA_mpi_yield_when_idle=1)
+                           OMPI_MCA_btl=^ofi OMPI_MCA_pml=ob1 OMPI_MCA_mpi_yield_when_idle=1
+                           OMPI_MCA_osc=^ucx)
   -h, --help
 `;
 

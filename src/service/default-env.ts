@@ -11,12 +11,16 @@ export const DEFAULT_MEMBER_ENV: Readonly<Record<Impl, Readonly<Record<string, s
    * The wheel's libfabric transport costs about a second per init where there is no fabric, and
    * probing UCX for the pml another 100-150 ms (communicator ready 45 ms instead of 130-190 ms
    * with ob1); clusters with a fabric set OMPI_MCA_pml=ucx through --ompi-env. The async-modex
-   * settings are left alone on purpose: with them a member that connects late hangs.
+   * settings are left alone on purpose: with them a member that connects late hangs. Clusters
+   * with a fabric set OMPI_MCA_osc=ucx the same way.
    */
   openmpi: {
     OMPI_MCA_btl: '^ofi',
     OMPI_MCA_pml: 'ob1',
     OMPI_MCA_mpi_yield_when_idle: '1',
+    // Without a usable UCX device, osc/ucx fails its query at every window creation and prints
+    // an error each time; osc/rdma and osc/sm serve windows over ob1 (open-mpi/ompi#14086).
+    OMPI_MCA_osc: '^ucx',
   },
   /**
    * MPICH >= 4.1 (ch4): MPIR_CVAR_CH4_PROGRESS_THROTTLE sleeps 1 us after that many polls

@@ -20,6 +20,16 @@ export const POOL_OMPI_ENV: Readonly<Record<string, string>> = {
   OMPI_MCA_pmix_base_collect_data: '0',
   OMPI_MCA_async_mpi_init: '1',
   OMPI_MCA_mpi_ft_enable: '1',
+  // Revokes stay local (each member's watcher revokes its own communicator): the world model that
+  // every pool rank also initialises (dask_pmix.worker.world_model) would otherwise broadcast them,
+  // and the message names the communicator by the sender's local index, which session-made
+  // communicators do not share across processes, so it can revoke another one.
+  OMPI_MCA_mpi_ft_reliable_bcast: '0',
+  // coll/han ignores failed sub-communicator splits and crashed survivors after a member's death
+  // (fixed after 5.0.x); with one rank per virtual node it turns itself off anyway.
+  OMPI_MCA_coll: '^han,hcoll',
+  // An error with no MPI object to report it on returns instead of aborting the worker.
+  OMPI_MCA_mpi_initial_errhandler: 'mpi_errors_return',
   // The worker's PMIx event handler hears at once that its server is gone (dask_pmix.worker.lifeline).
   PMIX_MCA_pmix_event_caching_window: '0',
 };

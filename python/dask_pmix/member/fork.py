@@ -52,21 +52,14 @@ class _World:
         self.MPI.Finalize()
 
 
-def connect(MPI, tag: str, impl: str):
-    """A communicator over the job's world: built with MPI Sessions for Open MPI (whose process
-    sets come from the sidecar), and the world for MPICH and Intel MPI, which know no process set
-    but mpi://WORLD here, and in whose session-only mode mpi4py's pickle-based collectives fail
-    (they use MPI_COMM_SELF). One rank per process and job, so either model is fine to finalize."""
-    if FAMILY.get(impl, impl) != "openmpi":
-        world = _World(MPI)
-        return world, MPI.COMM_WORLD.Dup()
-    session = MPI.Session.Init()
-    group = session.Create_group("mpi://WORLD")
-    try:
-        comm = MPI.Intracomm.Create_from_group(group, stringtag=tag)
-    finally:
-        group.Free()
-    return session, comm
+def connect(MPI):
+    """The world model over the job's namespace, which holds exactly the job's ranks: MPI_Init
+    makes MPI_COMM_WORLD the job, as under mpirun, for the job's function and for any library or C
+    code it calls; the function gets a Dup of it. (A Session-only process of Open MPI 5.0.x cannot
+    serve COMM_SELF, Reduce_local or Win_create, and MPICH's pickle-based collectives need
+    COMM_SELF.) One rank per process and job, so the world is finalized when the rank ends."""
+    world = _World(MPI)
+    return world, MPI.COMM_WORLD.Dup()
 
 
 def _send(fd: int, message: Any) -> None:
@@ -171,7 +164,7 @@ def _without_worker_context(why: str) -> None:
     sys.meta_path.insert(0, Hook())
 
 
-def _child(fd: int, env: dict, tag: str, impl: str, fn: Callable, args: tuple, kwargs: dict, why: str = "") -> None:
+def _child(fd: int, env: dict, impl: str, fn: Callable, args: tuple, kwargs: dict, why: str = "") -> None:
     code = 1
     try:
         _die_with_parent()
@@ -187,7 +180,7 @@ def _child(fd: int, env: dict, tag: str, impl: str, fn: Callable, args: tuple, k
         MPI = worker_mpi.load(impl)  # or an error that says what the worker's environment lacks
         # MPICH / Intel MPI: bind the PMI connection with the job's credential (no-op otherwise).
         pmi_connect.bind(os.environ)
-        session, comm = connect(MPI, tag, impl)
+        session, comm = connect(MPI)
         # The segments MPI just mapped, for the worker to remove should this process die
         # before it unlinks them (see _Segments).
         _send(fd, ("shm", sorted(_shm_segments(os.getpid()))))
@@ -199,8 +192,9 @@ def _child(fd: int, env: dict, tag: str, impl: str, fn: Callable, args: tuple, k
             _send(fd, ("error", _describe(exc)))
             os._exit(1)
         _send(fd, ("ok", value))
-        comm.Free()
-        session.Finalize()
+        if not MPI.Is_finalized():  # the function may have finalized MPI itself, as a script does
+            comm.Free()
+            session.Finalize()
         code = 0
     except BaseException as exc:
         try:
@@ -350,7 +344,7 @@ def _pool_loaded() -> bool:
     return pool.loaded()
 
 
-def _spawn(fd: int, env: dict, tag: str, impl: str, fn: Callable, args: tuple, kwargs: dict, why: str) -> int:
+def _spawn(fd: int, env: dict, impl: str, fn: Callable, args: tuple, kwargs: dict, why: str) -> int:
     """Starts the rank as a fresh interpreter (``python -m dask_pmix.member.fork``): the worker has an
     MPI library loaded (its pool session), which a forked child could not initialise again. The
     rank gets the worker's environment from before the pool's variables were set, the job's
@@ -361,7 +355,7 @@ def _spawn(fd: int, env: dict, tag: str, impl: str, fn: Callable, args: tuple, k
 
     from ..worker import pool
 
-    payload = pickle.dumps(list(sys.path)) + cloudpickle.dumps((env, tag, impl, fn, args, kwargs, why), protocol=5)
+    payload = pickle.dumps(list(sys.path)) + cloudpickle.dumps((env, impl, fn, args, kwargs, why), protocol=5)
     r, w = os.pipe()
     try:
         pid = os.posix_spawn(
@@ -392,8 +386,8 @@ def _spawned_main(fd: int, payload_fd: int, parent: int) -> None:
     _die_with_parent(parent)
     with os.fdopen(payload_fd, "rb") as f:
         sys.path[:] = pickle.load(f)
-        env, tag, impl, fn, args, kwargs, why = pickle.load(f)
-    _child(fd, env, tag, impl, fn, args, kwargs, why)
+        env, impl, fn, args, kwargs, why = pickle.load(f)
+    _child(fd, env, impl, fn, args, kwargs, why)
 
 
 def _run_rank(job_id, rank, worker, env, impl, fn, args, kwargs, timeout, finalize_grace, report_lost, why):
@@ -401,15 +395,14 @@ def _run_rank(job_id, rank, worker, env, impl, fn, args, kwargs, timeout, finali
     # and Open MPI's wheels) hooks dlopen/mmap behind a lock; a fork while another worker thread
     # holds it leaves the child deadlocked in MPI_Session_init (MPICH 5.0.2). A worker that has it
     # loaded (the pool's session) starts a fresh interpreter instead of forking.
-    tag = f"dask-pmix:{job_id}"
     r, w = os.pipe()
     if _pool_loaded():
-        pid = _spawn(w, env, tag, impl, fn, args, kwargs or {}, why)
+        pid = _spawn(w, env, impl, fn, args, kwargs or {}, why)
     else:
         pid = os.fork()
         if pid == 0:  # the rank
             os.close(r)
-            _child(w, env, tag, impl, fn, args, kwargs or {}, why)
+            _child(w, env, impl, fn, args, kwargs or {}, why)
     os.close(w)
     segments = _Segments(pid)
     reader = _Reader(segments.add)

@@ -34,6 +34,7 @@ from typing import Any
 from ..errors import MPIJobError
 from ..worker import members as registry
 from ..worker import pool as pool_mod
+from ..worker import world_model
 from ..worker.activation import GATE
 from . import tracking
 from .ending import describe, failed_ranks, failer, give_up, is_mpi_error, linger
@@ -173,7 +174,8 @@ def _run_pool_member(
             raise error
         w.enter("fn", comm)
         try:
-            value = fn(tracking.tracked(comm), *args, **kwargs)
+            with world_model.job_world(p.MPI, comm, job_id):
+                value = fn(tracking.tracked(comm), *args, **kwargs)
         except BaseException as exc:  # noqa: BLE001
             with w.lock:
                 w.phase = "done"

@@ -149,6 +149,7 @@ def _subclass(base: type) -> type:
         raise RankAborted(errorcode)
 
     abort.__qualname__ = f"{base.__name__}.Abort"
+    # world_model guards Comm.Abort itself; this one holds where that guard could not be set.
     namespace: dict[str, Any] = {"__doc__": base.__doc__, "__module__": base.__module__, "Abort": abort}
     for name in dir(base):
         if name.startswith("_") or name in _LOCAL:

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..errors import MPIJobError
 from ..worker import pool as pool_mod
+from ..worker import world_model
 from . import merge_tree, tracking
 from .ending import KEEP, describe, give_up
 from .inprocess import join, wait_alone
@@ -81,7 +82,8 @@ def run_world_member(
             w.enter("fn", comm)
             raised: BaseException | None = None
             try:
-                value = fn(tracking.tracked(comm), *args, **kwargs)
+                with world_model.job_world(MPI, comm, job_id):
+                    value = fn(tracking.tracked(comm), *args, **kwargs)
             except BaseException as exc:  # noqa: BLE001
                 raised = exc
             if raised is not None:

@@ -51,6 +51,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import world_model
 from .activation import GATE
 
 # The environment before the pool's variables were set: what a child started for a fork-mode job
@@ -277,6 +278,9 @@ def _initialise(seat: dict) -> None:
             raise RuntimeError(f"the MPI library gave thread level {level}, not MPI_THREAD_MULTIPLE")
         if _lost.is_set():
             raise RuntimeError(SERVER_LOST)
+        # The world model too, once: a Session-only process of Open MPI 5.0.x crashes on
+        # COMM_SELF, Reduce_local, Win_create and more (world_model.py).
+        world_model.initialise(MPI, pool_world=True)
         _set(
             "ready",
             pool=Pool(
@@ -334,8 +338,7 @@ def _initialise_world(seat: dict) -> None:
             raise RuntimeError(f"the world has {MPI.COMM_WORLD.Get_size()} processes, not 1")
         if level != MPI.THREAD_MULTIPLE:
             raise RuntimeError(f"the MPI library gave thread level {level}, not MPI_THREAD_MULTIPLE")
-        MPI.COMM_WORLD.Set_errhandler(MPI.ERRORS_RETURN)
-        MPI.COMM_SELF.Set_errhandler(MPI.ERRORS_RETURN)
+        world_model.initialise(MPI, pool_world=False)
         _unlink_own_segments()
         world = World(
             impl=seat["impl"],
@@ -360,7 +363,7 @@ def _initialise_world(seat: dict) -> None:
                 "dask-pmix: the sidecar has closed this world's PMI connection; the MPI world is left unfinalized"
             )
         else:
-            MPI.Finalize()
+            world_model.finalize(MPI)
     finally:
         world._finalized.set()
 

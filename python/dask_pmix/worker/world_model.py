@@ -1,0 +1,138 @@
+"""The MPI world that code in a job sees inside a pool worker process.
+
+A pool worker holds one MPI Session for its life (dask_pmix.worker.pool). Open MPI 5.0.x serves a
+Session-only process badly: MPI_COMM_SELF, MPI_Reduce_local, MPI_Is_thread_main, MPI_Win_create
+and every use of MPI_COMM_WORLD dereference objects that only MPI_Init fills, and the process dies
+of SIGSEGV (research S). So the pool's init thread also initialises the world model, once, right
+after the session: with the session up, MPI_Init_thread skips the instance setup, runs no fence
+(async modex and init) and only builds the predefined communicators, selects their collectives and
+starts the fault-tolerance machinery. Its world is the pool's whole namespace (1,024 ranks, most of
+them never started), so it is never shown to user code:
+
+- ``MPI.COMM_WORLD`` is the job's communicator while the job's function runs (the handle inside
+  mpi4py's predefined object is swapped, so references taken before the job see it too) and
+  ``MPI_COMM_NULL`` outside jobs, where a call on it raises instead of waiting for ranks that do
+  not exist. ``MPI.COMM_SELF`` is the real one. C code that names ``MPI_COMM_WORLD`` itself gets
+  the pool's world: it must take the communicator it is handed (``comm.py2f()`` or the handle).
+- ``MPI.Init``/``MPI.Init_thread`` raise (MPI is initialised, as under mpirun), and
+  ``MPI.Finalize`` returns without finalizing: MPI_Finalize with fault tolerance on shrinks the
+  pool's world, an agreement over ranks that never started, and would hang the worker for good.
+- ``Comm.Abort`` raises instead of ending the process, which holds the worker's Dask data: in a
+  job's function it fails the job (RankAborted), elsewhere it raises an error saying so.
+
+An MPICH / Intel MPI world of one (the opt-in in-process pool) is initialised with MPI_Init
+already; it gets the same guards and the same ``COMM_WORLD`` during a job, and keeps its own
+world of one outside jobs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import gc
+import logging
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from ..errors import RankAborted
+
+logger = logging.getLogger("dask_pmix")
+
+_state = threading.local()  # .job: the job id whose function runs in this thread
+_lock = threading.Lock()
+_real: dict[str, Any] = {}  # the guarded functions of mpi4py.MPI, as mpi4py has them
+_outside: int | None = None  # the handle MPI.COMM_WORLD holds outside jobs
+_warned_finalize = False
+
+
+def initialise(MPI, *, pool_world: bool) -> None:
+    """Once per process, in the thread that initialised the session (it becomes MPI's main
+    thread). ``pool_world``: the process's world is the pool's namespace (Open MPI), to be hidden
+    outside jobs; else it is a world of one (MPICH, Intel MPI), already initialised."""
+    global _outside
+    if not MPI.Is_initialized():
+        level = MPI.Init_thread(MPI.THREAD_MULTIPLE)
+        if level != MPI.THREAD_MULTIPLE:
+            raise RuntimeError(f"MPI_Init_thread gave thread level {level}, not MPI_THREAD_MULTIPLE")
+    MPI.COMM_WORLD.Set_errhandler(MPI.ERRORS_RETURN)
+    MPI.COMM_SELF.Set_errhandler(MPI.ERRORS_RETURN)
+    _guard(MPI)
+    if pool_world:
+        _outside = MPI._handleof(MPI.COMM_NULL)
+        _set_world(MPI, _outside)
+
+
+def finalize(MPI) -> None:
+    """MPI_Finalize for the worker's own close (MPICH / Intel MPI worlds), past the guard."""
+    (_real.get("Finalize") or MPI.Finalize)()
+
+
+@contextlib.contextmanager
+def job_world(MPI, comm, job_id: str) -> Iterator[None]:
+    """``MPI.COMM_WORLD`` is ``comm`` in this process while the block runs (one job at a time is
+    in MPI in a process: dask_pmix.member.inprocess)."""
+    with _lock:
+        before = MPI._handleof(MPI.COMM_WORLD)
+        _set_world(MPI, MPI._handleof(comm))
+    _state.job = job_id
+    try:
+        yield
+    finally:
+        _state.job = None
+        with _lock:
+            _set_world(MPI, before if _outside is None else _outside)
+
+
+def _set_world(MPI, handle: int) -> None:
+    slot = MPI._addressof(MPI.COMM_WORLD)
+    size = MPI._sizeof(MPI.Comm)
+    if size == ctypes.sizeof(ctypes.c_void_p):
+        ctypes.c_void_p.from_address(slot).value = handle
+    elif size == ctypes.sizeof(ctypes.c_int):
+        ctypes.c_int.from_address(slot).value = handle
+    else:
+        raise RuntimeError(f"an MPI_Comm handle of {size} bytes")
+
+
+def _guard(MPI) -> None:
+    if _real:
+        return
+
+    def init(*args: Any, **kwargs: Any) -> Any:
+        raise MPI.Exception(MPI.ERR_OTHER)
+
+    def finalize() -> None:
+        global _warned_finalize
+        if not _warned_finalize:
+            _warned_finalize = True
+            logger.info(
+                "dask-pmix: MPI.Finalize() in a worker does nothing: the worker's MPI lives as long as the "
+                "worker (jobs are communicators)"
+            )
+
+    _real.update(Init=MPI.Init, Init_thread=MPI.Init_thread, Finalize=MPI.Finalize, Abort=MPI.Comm.Abort)
+    MPI.Init = init
+    MPI.Init_thread = init
+    MPI.Finalize = finalize
+    _set_type_attribute(MPI.Comm, "Abort", _abort)
+
+
+def _abort(self, errorcode: int = 0):
+    """Comm.Abort in a pool worker: MPI_Abort would end the process and lose its Dask data."""
+    if getattr(_state, "job", None) is not None:
+        raise RankAborted(errorcode)
+    raise RuntimeError(
+        f"MPI_Abort({errorcode}) outside an MPI job: a dask-pmix worker process is not ended (it holds Dask data)"
+    )
+
+
+def _set_type_attribute(cls: type, name: str, value: Any) -> None:
+    """Sets an attribute of an extension type, which Python refuses for static types: through the
+    type's own dictionary, then drops the method caches of the type and its subclasses."""
+    try:
+        mapping = next(r for r in gc.get_referents(cls.__dict__) if isinstance(r, dict))
+        mapping[name] = value
+        ctypes.pythonapi.PyType_Modified(ctypes.py_object(cls))
+    except Exception:  # noqa: BLE001 - the guard is a best effort; say so
+        logger.warning("dask-pmix: cannot guard %s.%s: MPI_Abort there ends the worker", cls.__name__, name)

@@ -1,0 +1,195 @@
+"""The MPI world a job's function sees, as real mpi4py code uses it: the first lines of most
+programs (COMM_WORLD, COMM_SELF, Is_thread_main, Reduce_local, windows), Init and Finalize,
+Abort, and a rank that raises while the others build mpi4py's first pickle collective. Each of
+these crashed or wedged the members in process before the world model (a Session-only process of
+Open MPI 5.0.x); none may cost a worker its data: the workers keep their pids and their chunks."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+from distributed import wait
+
+from dask_pmix import MPIJobError, run_mpi
+
+from .conftest import IMPL, held_keys, start_cluster
+from .test_inprocess import wait_pool_ready
+
+OPENMPI = IMPL == "openmpi"
+pytestmark = pytest.mark.skipif(IMPL not in ("openmpi", "mpich"), reason=f"no in-process jobs for {IMPL}")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with dask.config.set({"dask-pmix.pool.mpich": not OPENMPI}):
+        cluster, client, sidecar = start_cluster(3)
+        wait_pool_ready(sidecar, 3)
+        x = da.random.random((400, 400), chunks=(100, 100)).persist()  # 16 chunks held by the members
+        wait(x)
+        yield client, x
+        client.close()
+        cluster.close()
+
+
+def _unharmed(client, x, pids: dict) -> None:
+    """Every worker is the same process and still holds its chunks."""
+    assert client.run(os.getpid) == pids, "a worker process was replaced"
+    held = held_keys(client, x.name)
+    assert sum(len(k) for k in held.values()) == 16, held
+
+
+def world_calls(comm):
+    from mpi4py import MPI
+
+    a, b = np.ones(3), np.ones(3)
+    MPI.SUM.Reduce_local(a, b)
+    MPI.COMM_WORLD.Barrier()
+    self_dup = MPI.COMM_SELF.Dup()
+    window = MPI.Win.Create(np.zeros(4), comm=MPI.COMM_SELF)
+    group = MPI.COMM_WORLD.Get_group()
+    out = {
+        "size": MPI.COMM_WORLD.Get_size(),
+        "rank": MPI.COMM_WORLD.Get_rank(),
+        "is_job": MPI.COMM_WORLD == comm,
+        "sum": MPI.COMM_WORLD.allreduce(comm.rank),
+        "self": self_dup.Get_size(),
+        "reduce_local": b.tolist(),
+        "group": group.Get_size(),
+        "initialized": MPI.Is_initialized(),
+        "thread": MPI.Query_thread(),
+        "thread_main": MPI.Is_thread_main(),
+        "error_string": str(MPI.Exception(MPI.SUCCESS)),
+    }
+    group.Free()
+    window.Free()
+    self_dup.Free()
+    return out
+
+
+def test_the_first_lines_of_mpi_programs_work_and_cost_no_worker(cluster):
+    client, x = cluster
+    pids = client.run(os.getpid)
+    results = run_mpi(client, world_calls, n=3, timeout=60)
+    for rank, r in enumerate(results):
+        assert r["size"] == 3 and r["rank"] == rank and r["is_job"], r
+        assert r["sum"] == 3 and r["self"] == 1 and r["group"] == 3, r
+        assert r["reduce_local"] == [2.0, 2.0, 2.0] and r["initialized"], r
+        assert r["thread"] == 3 and r["thread_main"] is False  # fn runs in a task thread, not MPI's main one
+        assert r["error_string"].startswith("MPI_SUCCESS"), r
+    _unharmed(client, x, pids)
+
+
+def init_and_finalize(comm):
+    from mpi4py import MPI
+
+    try:
+        MPI.Init()
+        init = "returned"
+    except MPI.Exception as e:
+        init = e.Get_error_class()
+    t0 = time.monotonic()
+    MPI.Finalize()
+    return {"init": init, "finalize_s": time.monotonic() - t0, "finalized": MPI.Is_finalized()}
+
+
+def test_init_raises_as_under_mpirun_and_finalize_leaves_the_workers_session(cluster):
+    client, x = cluster
+    pids = client.run(os.getpid)
+    t0 = time.monotonic()
+    for r in run_mpi(client, init_and_finalize, n=3, timeout=30):
+        assert r["init"] != "returned" and r["finalize_s"] < 1 and not r["finalized"], r
+    assert time.monotonic() - t0 < 20
+    assert run_mpi(client, lambda c: c.allreduce(1), n=3, timeout=30) == [3, 3, 3]
+    _unharmed(client, x, pids)
+
+
+def outside_a_job():
+    from mpi4py import MPI
+
+    try:
+        MPI.COMM_WORLD.Barrier()
+    except MPI.Exception as e:
+        return e.Get_error_class() == MPI.ERR_COMM
+    return "the barrier returned"
+
+
+@pytest.mark.skipif(not OPENMPI, reason="an MPICH worker's world outside jobs is its own world of one")
+def test_outside_a_job_comm_world_raises_instead_of_waiting_for_the_pool(cluster):
+    client, x = cluster
+    assert set(client.run(outside_a_job).values()) == {True}
+
+
+def abort_on_world(comm):
+    from mpi4py import MPI
+
+    if comm.rank == 1:
+        MPI.COMM_WORLD.Abort(7)
+    MPI.COMM_WORLD.Barrier()
+
+
+def self_abort_outside():
+    from mpi4py import MPI
+
+    try:
+        MPI.COMM_SELF.Abort(3)
+    except RuntimeError as e:
+        return "outside an MPI job" in str(e)
+    return False
+
+
+def test_abort_on_comm_world_or_outside_a_job_ends_no_worker(cluster):
+    client, x = cluster
+    pids = client.run(os.getpid)
+    with pytest.raises(MPIJobError, match="status 7") as e:
+        run_mpi(client, abort_on_world, n=3, timeout=30)
+    assert e.value.rank == 1
+    assert set(client.run(self_abort_outside).values()) == {True}
+    assert run_mpi(client, lambda c: c.allreduce(1), n=3, timeout=30) == [3, 3, 3]
+    if OPENMPI:  # MPICH members left in the barrier cannot be revoked: they are replaced
+        _unharmed(client, x, pids)
+
+
+def raise_in_first_pickle_collective(comm):
+    if comm.rank == 2:
+        time.sleep(1)
+        raise ValueError("rank 2 gives up")
+    return comm.allreduce(1)
+
+
+@pytest.mark.skipif(not OPENMPI, reason="MPICH cannot revoke: its members left in MPI are replaced")
+def test_a_rank_that_raises_during_the_first_pickle_collective_wedges_nobody(cluster):
+    client, x = cluster
+    pids = client.run(os.getpid)
+    t0 = time.monotonic()
+    with pytest.raises(MPIJobError, match="rank 2 gives up"):
+        run_mpi(client, raise_in_first_pickle_collective, n=3, timeout=30)
+    assert time.monotonic() - t0 < 30
+    assert run_mpi(client, lambda c: c.allreduce(1), n=3, timeout=30) == [3, 3, 3]
+    _unharmed(client, x, pids)
+
+
+def world_of_a_fork_rank(comm):
+    from mpi4py import MPI
+
+    a, b = np.ones(2), np.ones(2)
+    MPI.SUM.Reduce_local(a, b)
+    return {
+        "size": MPI.COMM_WORLD.Get_size(),
+        "sum": MPI.COMM_WORLD.allreduce(1),
+        "self": MPI.COMM_SELF.Get_size(),
+        "thread_main": MPI.Is_thread_main(),
+        "pid": os.getpid(),
+    }
+
+
+def test_in_fork_mode_comm_world_is_the_job_as_under_mpirun(cluster):
+    client, x = cluster
+    workers = set(client.run(os.getpid).values())
+    for r in run_mpi(client, world_of_a_fork_rank, n=3, mode="fork", timeout=60):
+        assert r["size"] == 3 and r["sum"] == 3 and r["self"] == 1 and r["thread_main"], r
+        assert r["pid"] not in workers
