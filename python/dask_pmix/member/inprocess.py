@@ -36,7 +36,7 @@ from ..worker import members as registry
 from ..worker import pool as pool_mod
 from ..worker import world_model
 from ..worker.activation import GATE
-from . import tracking
+from . import job_comms, tracking
 from .ending import describe, failed_ranks, failer, give_up, is_mpi_error, linger
 from .watcher import WATCHER, Calls, revoke
 
@@ -168,6 +168,7 @@ def _run_pool_member(
         try:
             with tracking.within("MPI_Comm_create_from_group"):
                 comm = p.comm(ranks, job["tag"])
+                job_comms.begin(p.MPI, job_id, comm)
         except Exception as exc:  # noqa: BLE001
             error = fail(f"building the job's communicator failed: {describe(exc)}", exc)
         if error is not None:
@@ -183,7 +184,7 @@ def _run_pool_member(
                 failed = failed_ranks(comm) if mpi else []
                 if not mpi:
                     # The others may wait on this member in a collective: revoking ends that.
-                    revoke(comm)
+                    revoke(comm, job_id)
                 give_up(comm, failed=True)
             error = fail(describe(exc), exc, failed)
         if error is not None:
@@ -193,6 +194,7 @@ def _run_pool_member(
             w.phase = "done"
             give_up(comm, failed=w.revoked)
     finally:
+        job_comms.end(job_id)
         GATE.job_ends()
         WATCHER.unwatch(job_id)
     # Its job hears that it left when the scheduler sees its task finish (all members at once).

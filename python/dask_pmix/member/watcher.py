@@ -27,7 +27,7 @@ from typing import Any
 
 from ..worker import jobs
 from ..worker.activation import GATE
-from . import tracking
+from . import job_comms, tracking
 
 logger = logging.getLogger("dask_pmix")
 
@@ -147,7 +147,7 @@ class Watcher:
         with w.lock:
             if w.revocable and not w.revoked and not w.done and w.comm is not None:
                 w.revoked = True
-                revoke(w.comm)
+                revoke(w.comm, w.job_id)
 
     def _check(self, w: Watch) -> float | None:
         """Acts on `w`; when it next needs looking at (None: only when something changes)."""
@@ -221,8 +221,11 @@ class Watcher:
         return None
 
 
-def revoke(comm) -> None:
-    """Revokes the communicator (ULFM): pending and later operations on it fail everywhere."""
+def revoke(comm, job_id: str | None = None) -> None:
+    """Revokes the communicator (ULFM), and with ``job_id`` every other communicator of that job
+    in this process (job_comms): pending and later operations on them fail here."""
+    if job_id is not None and job_comms.revoke_all(job_id):
+        return
     try:
         if not comm.Is_revoked():
             comm.Revoke()

@@ -64,6 +64,7 @@ _pool: Pool | World | None = None
 # A session whose PMIx server went away: it serves no new job, but is still finalized at close.
 _orphan: Pool | World | None = None
 _lost = threading.Event()
+_closing = threading.Event()  # set by close(): the Open MPI init thread may end
 _on_close: list[Callable[[], Any]] = []
 _keep_open: list[str] = []  # why the session must not be finalized (see keep_session)
 
@@ -226,8 +227,8 @@ def start(
     seat: dict, env: dict[str, str], address: str | None = None, interfaces: str | Sequence[str] | None = None
 ) -> threading.Thread:
     """Sets the pool rank's environment and initialises the session in a background thread.
-    Called once per process (by the worker plugin); ``current(wait=...)`` waits for it (an MPICH
-    world's thread lives on after that, as MPI's main thread, until ``close()``).
+    Called once per process (by the worker plugin); ``current(wait=...)`` waits for it (the thread lives
+    on after that, as MPI's main thread, until ``close()``).
 
     ``address``: the IP the worker is reached at; ``interfaces``: the pool setting that pins Open
     MPI's TCP transport (see tcp_interfaces). An OMPI_MCA_btl_tcp_if_include/exclude already in
@@ -296,6 +297,11 @@ def _initialise(seat: dict) -> None:
         )
     except BaseException as exc:  # noqa: BLE001 - reported, and the worker goes on in fork mode
         _set("failed", f"{type(exc).__name__}: {exc}")
+        return
+    # MPI's main thread (it called MPI_Init_thread) lives as long as the session: a thread that
+    # ended would leave its identity to the next one started, and MPI_Is_thread_main would answer
+    # True in a task thread at random.
+    _closing.wait()
 
 
 SERVER_LOST = "its PMIx server (the dask-pmix sidecar) went away; a new process is needed to join a new one"
@@ -411,6 +417,7 @@ def close(timeout: float = 10.0, in_flight: bool = False) -> bool:
         return True
     _orphan = None
     _set("absent", "the worker closed its MPI session")
+    _closing.set()
     if in_flight and isinstance(pool, World):
         return True
     with _cond:

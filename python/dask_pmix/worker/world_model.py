@@ -39,7 +39,8 @@ from ..errors import RankAborted
 
 logger = logging.getLogger("dask_pmix")
 
-_state = threading.local()  # .job: the job id whose function runs in this thread
+_job_threads: dict[int, str] = {}  # thread id -> the job whose function runs in it
+_world: Any = None  # mpi4py's predefined COMM_WORLD object, whose handle job_world swaps
 _lock = threading.Lock()
 _real: dict[str, Any] = {}  # the guarded functions of mpi4py.MPI, as mpi4py has them
 _outside: int | None = None  # the handle MPI.COMM_WORLD holds outside jobs
@@ -58,6 +59,8 @@ def initialise(MPI, *, pool_world: bool) -> None:
     MPI.COMM_WORLD.Set_errhandler(MPI.ERRORS_RETURN)
     MPI.COMM_SELF.Set_errhandler(MPI.ERRORS_RETURN)
     _guard(MPI)
+    global _world
+    _world = MPI.COMM_WORLD
     if pool_world:
         _outside = MPI._handleof(MPI.COMM_NULL)
         _set_world(MPI, _outside)
@@ -75,11 +78,12 @@ def job_world(MPI, comm, job_id: str) -> Iterator[None]:
     with _lock:
         before = MPI._handleof(MPI.COMM_WORLD)
         _set_world(MPI, MPI._handleof(comm))
-    _state.job = job_id
+    me = threading.get_ident()
+    _job_threads[me] = job_id
     try:
         yield
     finally:
-        _state.job = None
+        _job_threads.pop(me, None)
         with _lock:
             _set_world(MPI, before if _outside is None else _outside)
 
@@ -115,19 +119,39 @@ def _guard(MPI) -> None:
     MPI.Init = init
     MPI.Init_thread = init
     MPI.Finalize = finalize
-    _set_type_attribute(MPI.Comm, "Abort", _abort)
+    set_type_attribute(MPI.Comm, "Abort", _abort)
+    for name in ("Free", "free", "Disconnect"):
+        set_type_attribute(MPI.Comm, name, _not_the_world(MPI, MPI.Comm.__dict__[name]))
+
+
+def job_threads() -> set[int]:
+    """The threads running a job's function now."""
+    return set(_job_threads)
+
+
+def _not_the_world(MPI, free):
+    """COMM_WORLD is predefined, and freeing it an error, whatever communicator it stands for."""
+
+    def call(self, *args: Any, **kwargs: Any):
+        if self is _world:
+            raise MPI.Exception(MPI.ERR_COMM)
+        return free(self, *args, **kwargs)
+
+    call.__name__ = call.__qualname__ = free.__name__
+    call.__doc__ = free.__doc__
+    return call
 
 
 def _abort(self, errorcode: int = 0):
     """Comm.Abort in a pool worker: MPI_Abort would end the process and lose its Dask data."""
-    if getattr(_state, "job", None) is not None:
+    if threading.get_ident() in _job_threads:
         raise RankAborted(errorcode)
     raise RuntimeError(
         f"MPI_Abort({errorcode}) outside an MPI job: a dask-pmix worker process is not ended (it holds Dask data)"
     )
 
 
-def _set_type_attribute(cls: type, name: str, value: Any) -> None:
+def set_type_attribute(cls: type, name: str, value: Any) -> None:
     """Sets an attribute of an extension type, which Python refuses for static types: through the
     type's own dictionary, then drops the method caches of the type and its subclasses."""
     try:
