@@ -193,3 +193,113 @@ def test_in_fork_mode_comm_world_is_the_job_as_under_mpirun(cluster):
     for r in run_mpi(client, world_of_a_fork_rank, n=3, mode="fork", timeout=60):
         assert r["size"] == 3 and r["sum"] == 3 and r["self"] == 1 and r["thread_main"], r
         assert r["pid"] not in workers
+
+
+def partitioned(comm):
+    import numpy as np
+    from mpi4py import MPI
+
+    try:
+        MPI.COMM_WORLD.Psend_init(np.zeros(4), 2, dest=(comm.rank + 1) % comm.size)
+    except NotImplementedError as e:
+        return "mode='fork'" in str(e)
+    return "Psend_init returned"
+
+
+@pytest.mark.skipif(not OPENMPI, reason="Open MPI's partitioned component needs a world of the job")
+def test_partitioned_point_to_point_raises_in_process_and_says_what_to_use(cluster):
+    client, x = cluster
+    assert run_mpi(client, partitioned, n=3, timeout=30) == [True, True, True]
+
+
+def c_library(comm, path):
+    import ctypes
+
+    from mpi4py import MPI
+
+    lib = ctypes.CDLL(path)
+    handle = ctypes.c_void_p if MPI._sizeof(MPI.Comm) == ctypes.sizeof(ctypes.c_void_p) else ctypes.c_int
+    lib.lib_compare.argtypes = [handle, ctypes.c_int]
+    size = ctypes.c_int(0)
+    total = lib.lib_sum_of_ranks_f(comm.py2f(), ctypes.byref(size))
+    world = lib.lib_sum_of_ranks_f(MPI.COMM_WORLD.py2f(), ctypes.byref(size))
+    return {
+        "size": size.value,
+        "sum": total,
+        "world_sum": world,
+        "same": lib.lib_compare(MPI._handleof(comm), MPI.COMM_WORLD.py2f()),
+    }
+
+
+def test_a_c_library_sees_the_jobs_communicator_through_handle_conversion(cluster, tmp_path):
+    import subprocess
+    import sys
+
+    mpicc = os.path.join(os.path.dirname(sys.executable), "mpicc")
+    src = os.path.join(os.path.dirname(__file__), "programs", "comm_lib.c")
+    lib = str(tmp_path / "libcomm.so")
+    subprocess.run([mpicc, "-shared", "-fPIC", "-o", lib, src], check=True, capture_output=True)
+    client, x = cluster
+    for r in run_mpi(client, c_library, lib, n=3, timeout=60):
+        assert r == {"size": 3, "sum": 3, "world_sum": 3, "same": 1}, r
+
+
+def rma_patterns(comm):
+    from mpi4py import MPI
+
+    # A counter on rank 0, bumped by everyone under passive-target exclusive locks.
+    win = MPI.Win.Allocate(8, disp_unit=8, comm=comm)
+    if comm.rank == 0:
+        np.frombuffer(win.tomemory(), dtype="i8")[:] = 0
+    comm.Barrier()
+    one = np.ones(1, dtype="i8")
+    for _ in range(5):
+        win.Lock(0, MPI.LOCK_EXCLUSIVE)
+        win.Accumulate(one, 0, op=MPI.SUM)
+        win.Unlock(0)
+    comm.Barrier()
+    got = np.zeros(1, dtype="i8")
+    win.Lock(0, MPI.LOCK_SHARED)
+    win.Get(got, 0)
+    win.Unlock(0)
+    win.Free()
+    # A shared-memory window over the ranks that share a node (the shared-memory split).
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    shared = MPI.Win.Allocate_shared(8 * 4, disp_unit=8, comm=node)
+    buf, _ = shared.Shared_query(0)
+    shared.Fence()
+    np.frombuffer(buf, dtype="i8")[node.rank] = 10 + node.rank
+    shared.Fence()
+    seen = np.frombuffer(buf, dtype="i8")[: node.size].tolist()
+    shared.Free()
+    node_size = node.size
+    node.Free()
+    return {"counter": int(got[0]), "node_size": node_size, "seen": seen}
+
+
+def test_rma_passive_target_locks_and_a_shared_memory_window(cluster):
+    client, x = cluster
+    for r in run_mpi(client, rma_patterns, n=3, timeout=60):
+        assert r["counter"] == 15, r
+        assert r["seen"] == [10 + i for i in range(r["node_size"])], r
+
+
+def mpi_io(comm, path):
+    from mpi4py import MPI
+
+    f = MPI.File.Open(comm, path, MPI.MODE_CREATE | MPI.MODE_RDWR)
+    f.Write_at_all(comm.rank * 8 * 4, np.full(4, comm.rank, dtype="i8"))
+    f.Sync()
+    comm.Barrier()
+    back = np.empty(4 * comm.size, dtype="i8")
+    f.Read_at_all(0, back)
+    f.Close()
+    return back.tolist()
+
+
+def test_mpi_io_on_a_file_the_members_share(cluster, tmp_path):
+    client, x = cluster
+    path = str(tmp_path / "shared.bin")
+    expected = [r for r in range(3) for _ in range(4)]
+    assert run_mpi(client, mpi_io, path, n=3, timeout=60) == [expected] * 3
+    assert np.fromfile(path, dtype="i8").tolist() == expected

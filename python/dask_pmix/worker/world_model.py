@@ -19,6 +19,9 @@ them never started), so it is never shown to user code:
   pool's world, an agreement over ranks that never started, and would hang the worker for good.
 - ``Comm.Abort`` raises instead of ending the process, which holds the worker's Dask data: in a
   job's function it fails the job (RankAborted), elsewhere it raises an error saying so.
+  ``COMM_WORLD.Free()`` raises as on any predefined communicator.
+- Partitioned point-to-point raises NotImplementedError: Open MPI's part/persist duplicates the
+  pool's world in the background.
 
 An MPICH / Intel MPI world of one (the opt-in in-process pool) is initialised with MPI_Init
 already; it gets the same guards and the same ``COMM_WORLD`` during a job, and keeps its own
@@ -62,6 +65,8 @@ def initialise(MPI, *, pool_world: bool) -> None:
     global _world
     _world = MPI.COMM_WORLD
     if pool_world:
+        for name in ("Psend_init", "Precv_init"):
+            set_type_attribute(MPI.Comm, name, _partitioned)
         _outside = MPI._handleof(MPI.COMM_NULL)
         _set_world(MPI, _outside)
 
@@ -122,6 +127,15 @@ def _guard(MPI) -> None:
     set_type_attribute(MPI.Comm, "Abort", _abort)
     for name in ("Free", "free", "Disconnect"):
         set_type_attribute(MPI.Comm, name, _not_the_world(MPI, MPI.Comm.__dict__[name]))
+
+
+def _partitioned(self, *args: Any, **kwargs: Any):
+    """Open MPI's one partitioned component (part/persist) duplicates MPI_COMM_WORLD, the pool's,
+    at its first progress: a collective over ranks that never started, which waits for good."""
+    raise NotImplementedError(
+        "partitioned point-to-point (Psend_init/Precv_init) cannot run in an in-process job: Open MPI's "
+        "implementation needs a world of the job's ranks; run the job with mode='fork'"
+    )
 
 
 def job_threads() -> set[int]:
