@@ -8,6 +8,8 @@
  * connects (to DASK_PMIX_PMI_SOCKET, the server's UNIX socket for ranks on its host, if that
  * works, else to PMI_PORT), sends `cmd=initack pmiid=<PMI_ID>`, reads the four reply lines,
  * sets PMI_FD, PMI_RANK, PMI_SIZE and unsets PMI_PORT, PMI_ID and DASK_PMIX_PMI_SOCKET.
+ * A PMI_ID that is not a credential's 32 lower-case hex digits is refused before any connection
+ * (it is copied onto the wire: a newline in it would send commands of its own).
  * Returns 0 (also when there is nothing to do), or -1 with the reason on stderr. */
 #ifndef DASK_PMIX_PMI_CONNECT_H
 #define DASK_PMIX_PMI_CONNECT_H
@@ -71,6 +73,31 @@ static int pmi_connect_field(const char *text, const char *key, char *out, size_
   return 0;
 }
 
+#define PMI_CONNECT_ID_DIGITS 32
+
+/* 0 if id is a credential: exactly 32 lower-case hex digits (src/pmi/credential.ts). Else -1,
+ * with what is wrong on stderr (the value is not printed: it may carry anything). */
+static int pmi_connect_check_id(const char *id) {
+  size_t n = strlen(id);
+  for (size_t i = 0; i < n; i++) {
+    char c = id[i];
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) {
+      fprintf(stderr,
+              "dask-pmix: PMI_ID is not a dask-pmix credential: character %zu is %s (0x%02x), and a credential "
+              "is %d lower-case hex digits; nothing was sent\n",
+              i + 1, c == '\n' ? "a newline" : ((unsigned char)c < 0x20 || c == 0x7f) ? "a control character" : "outside 0-9a-f",
+              (unsigned char)c, PMI_CONNECT_ID_DIGITS);
+      return -1;
+    }
+  }
+  if (n != PMI_CONNECT_ID_DIGITS) {
+    fprintf(stderr, "dask-pmix: PMI_ID is not a dask-pmix credential: %zu hex digits, not %d; nothing was sent\n", n,
+            PMI_CONNECT_ID_DIGITS);
+    return -1;
+  }
+  return 0;
+}
+
 static int pmi_connect_unix(const char *path) {
   struct sockaddr_un a;
   if (!path || strlen(path) >= sizeof a.sun_path) return -1;
@@ -122,6 +149,7 @@ static int pmi_connect_tcp(const char *port) {
 static int pmi_connect(void) {
   const char *port = getenv("PMI_PORT"), *id = getenv("PMI_ID");
   if (!port || !id) return 0;
+  if (pmi_connect_check_id(id) != 0) return -1;
   long deadline = pmi_connect_now_ms() + PMI_CONNECT_TIMEOUT_MS;
   int fd = pmi_connect_unix(getenv("DASK_PMIX_PMI_SOCKET"));
   if (fd < 0) fd = pmi_connect_tcp(port);

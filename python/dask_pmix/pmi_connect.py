@@ -26,6 +26,9 @@ import time
 from collections.abc import MutableMapping
 
 TIMEOUT = 60.0
+#: A credential: 128 bits as 32 lower-case hex digits (src/pmi/credential.ts).
+CREDENTIAL_DIGITS = 32
+_HEX = frozenset("0123456789abcdef")
 
 
 class PMIConnectError(RuntimeError):
@@ -55,13 +58,35 @@ def _field(line: str, key: str) -> str:
     raise PMIConnectError(f"PMI server reply without {key}=: {line}")
 
 
+def check_pmi_id(pmi_id: str) -> str:
+    """Returns ``pmi_id`` if it is a credential; raises PMIConnectError saying what is wrong.
+
+    The value goes onto the wire as it is: a newline in it would send commands of its own
+    (``\\ncmd=finalize`` finalizing the rank before MPI starts), so it is checked before any
+    connection. The value itself is not repeated in the message."""
+    for i, c in enumerate(pmi_id):
+        if c not in _HEX:
+            what = "a newline" if c == "\n" else "a control character" if ord(c) < 0x20 or c == "\x7f" else repr(c)
+            raise PMIConnectError(
+                f"PMI_ID is not a dask-pmix credential: character {i + 1} is {what}, and a credential is "
+                f"{CREDENTIAL_DIGITS} lower-case hex digits; nothing was sent"
+            )
+    if len(pmi_id) != CREDENTIAL_DIGITS:
+        raise PMIConnectError(
+            f"PMI_ID is not a dask-pmix credential: {len(pmi_id)} hex digits, not {CREDENTIAL_DIGITS}; nothing was sent"
+        )
+    return pmi_id
+
+
 def bind(environ: MutableMapping[str, str] = os.environ, timeout: float = TIMEOUT) -> int | None:
     """If ``environ`` holds ``PMI_PORT`` and ``PMI_ID``, binds a connection and replaces them with
     ``PMI_FD``, ``PMI_RANK`` and ``PMI_SIZE``. Returns the fd (left open, inheritable), or None
-    when there is nothing to bind. Raises PMIConnectError with the server's reason otherwise."""
+    when there is nothing to bind. Raises PMIConnectError with the server's reason otherwise, and
+    before connecting for a ``PMI_ID`` that is not a credential (check_pmi_id)."""
     port, pmi_id = environ.get("PMI_PORT"), environ.get("PMI_ID")
     if not port or not pmi_id:
         return None
+    check_pmi_id(pmi_id)
     host, sep, num = port.rpartition(":")
     if not sep or not num.isdigit():
         raise PMIConnectError(f"PMI_PORT {port!r} is not host:port")

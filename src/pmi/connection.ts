@@ -22,6 +22,9 @@ import { formatPmi2Error, type Pmi2Command, parsePmi2Body } from './pmi2-codec.j
 import { Pmi2Session } from './pmi2-session.js';
 import { type Frame, WireFramer } from './wire-framer.js';
 
+const PIPELINED_BIND =
+  'the credential came with more commands after it: PMI_ID must be exactly the 32 hex digits of a dask-pmix credential, and nothing may follow a bind before its reply';
+
 /** A reply: its text, or text with a close. */
 type Out = string | Reply | null;
 
@@ -185,6 +188,7 @@ export class PmiConnection {
   private dispatch(frame: Frame, seq?: number): void {
     // A refused PMI_ID: whatever else the client sent along is not looked at (no second guess).
     if (this.state.phase === 'refused') return;
+    if (seq === undefined && this.pipelinedBind(frame)) return;
     switch (frame.kind) {
       case 'line': {
         if (seq === undefined) this.traceIn(frame.text);
@@ -239,6 +243,29 @@ export class PmiConnection {
         return;
       }
     }
+  }
+
+  /**
+   * A bind (initack, or a PMI-2 fullinit) with more bytes behind it in what arrived: refused
+   * before anything is parsed. A starter sends the credential alone and reads the reply before
+   * MPI speaks, so bytes after it are a PMI_ID that carried commands of its own (a newline and
+   * `cmd=finalize` in the variable): they must not act as the member.
+   */
+  private pipelinedBind(frame: Frame): boolean {
+    if (this.state.phase !== 'new') return false;
+    const rest = this.framer.rest();
+    if (rest.bytes.length === 0 && !rest.skipLine && rest.skipBytes === 0) return false;
+    let text: string;
+    if (frame.kind === 'line' && /^cmd=initack[ \t]/.test(frame.text)) {
+      text = formatPmi1Error('initack', new PmiError(PIPELINED_BIND));
+    } else if (frame.kind === 'pmi2' && /^cmd=fullinit;/.test(frame.body)) {
+      text = formatPmi2Error('fullinit-response', new PmiError(PIPELINED_BIND));
+    } else return false;
+    this.traceIn(frame.kind === 'line' ? frame.text : frame.body);
+    this.state.phase = 'refused';
+    if (frame.kind === 'line') this.inOrder(() => ({ text, close: true }), undefined);
+    else this.send({ text, close: true }, undefined);
+    return true;
   }
 
   /**

@@ -118,6 +118,11 @@ interface JobRuntime {
   joined?: Deferred;
   /** In-process jobs over worlds: each member's ports by merge step, in rank order. */
   ports?: (Record<string, string> | undefined)[];
+  /**
+   * Ranks that finalized before every member had connected. No MPI can have wired them up with
+   * the rest, so the job does not count as running on their account: its wiring timeout holds.
+   */
+  finalizedWiring?: number[];
 }
 
 interface Deferred {
@@ -580,7 +585,7 @@ export class JobLifecycle {
     if (m.state !== 'assigned') throw new RmError('conflict', `rank ${rank} of job ${rt.job.id} is ${m.state}`);
     this.setMember(rt, m, 'connected');
     if (rt.job.state === 'pending') this.transition(rt, 'wiring', `rank ${rank} connected`);
-    if (rt.job.members.every((x) => x.state === 'connected' || x.state === 'finalized'))
+    if (!rt.finalizedWiring && rt.job.members.every((x) => x.state === 'connected' || x.state === 'finalized'))
       this.started(rt, 'every member connected');
   }
 
@@ -604,6 +609,7 @@ export class JobLifecycle {
 
   private finalize(rt: JobRuntime, m: JobMember): void {
     if (m.state === 'finalized' || m.state === 'lost') return;
+    if (rt.job.state === 'pending' || rt.job.state === 'wiring') (rt.finalizedWiring ??= []).push(m.rank);
     this.setMember(rt, m, 'finalized');
     this.o.names.procEnded(rt.job.id, m.rank);
     rt.collectives.markGone(m.rank, 'has finalized');
@@ -842,11 +848,15 @@ export class JobLifecycle {
   private wiringExpired(rt: JobRuntime): void {
     if (rt.job.state !== 'pending' && rt.job.state !== 'wiring') return;
     const missing = rt.job.members.filter((m) => m.state === 'assigned').map((m) => m.rank);
-    this.end(
-      rt,
-      'failed',
-      `wiring timeout: rank${missing.length === 1 ? '' : 's'} ${missing.join(',')} did not connect within ${rt.job.wiringTimeoutSeconds} s`,
-    );
+    const early = rt.finalizedWiring ?? [];
+    const s = (n: number) => (n === 1 ? '' : 's');
+    const why = [
+      ...(missing.length ? [`rank${s(missing.length)} ${missing.join(',')} did not connect`] : []),
+      ...(early.length
+        ? [`rank${s(early.length)} ${early.join(',')} finalized before every member had connected`]
+        : []),
+    ];
+    this.end(rt, 'failed', `wiring timeout: ${why.join('; ')} within ${rt.job.wiringTimeoutSeconds} s`);
   }
 
   /** Ends an active job; a job that already ended stays as it is. */

@@ -24,14 +24,17 @@ afterAll(() => fx.stop());
 const bound = (j: FixtureJob, rank: number) => fx.bound(j, rank);
 
 describe('the native PMI engine', () => {
-  it('serves what a client sends along with its initack, in order, whoever answers each line', async () => {
+  it('serves what a client sends in one write after its bind, in order, whoever answers each line', async () => {
     const j = await fx.job(1);
     const kvs = j.job.namespace;
     const c = await WireClient.connect(fx.port);
-    // One write: the bind (JavaScript), then lines for the engine and for JavaScript, interleaved.
+    // The bind alone (anything sent along with it is refused: credential-injection.test.ts), then
+    // one write of lines for the engine and for JavaScript, interleaved.
+    c.send(`cmd=initack pmiid=${j.pmiIds[0]}\n`);
+    const got = [];
+    for (let i = 0; i < 4; i++) got.push(parse1(await c.line()));
     c.send(
       [
-        `cmd=initack pmiid=${j.pmiIds[0]}`,
         'cmd=get_maxes',
         'cmd=publish_name service=engine-order port=p1',
         `cmd=put kvsname=${kvs} key=k value=v`,
@@ -45,8 +48,7 @@ describe('the native PMI engine', () => {
         .map((l) => `${l}\n`)
         .join(''),
     );
-    const got = [];
-    for (let i = 0; i < 13; i++) got.push(parse1(await c.line()));
+    for (let i = 0; i < 9; i++) got.push(parse1(await c.line()));
     expect(got.map((r) => [r.cmd, r.rc ?? r.size ?? r.rank ?? r.debug])).toEqual([
       ['initack', '0'],
       ['set', '1'],
@@ -121,8 +123,9 @@ describe('the native PMI engine', () => {
     const j = await fx.job(1);
     const c = await WireClient.connect(fx.port);
     const body = frame2('cmd=fullinit;pmirank=0;threaded=FALSE;');
-    c.send(`cmd=initack pmiid=${j.pmiIds[0]}\ncmd=init pmi_version=2 pmi_subversion=0\n${body.slice(0, 9)}`);
+    c.send(`cmd=initack pmiid=${j.pmiIds[0]}\n`);
     for (let i = 0; i < 4; i++) await c.line();
+    c.send(`cmd=init pmi_version=2 pmi_subversion=0\n${body.slice(0, 9)}`);
     expect(parse1(await c.line())).toMatchObject({ cmd: 'response_to_init', rc: '0', pmi_version: '2' });
     c.send(body.slice(9));
     expect(parse2(await c.frame())).toMatchObject({
@@ -148,7 +151,8 @@ describe('the native PMI engine', () => {
     for (let round = 0; round < 20; round++) {
       const j = await fx.job(1, { wiringTimeoutSeconds: 5 });
       const c = await WireClient.connect(fx.port);
-      c.send(`cmd=initack pmiid=${j.pmiIds[0]}\ncmd=get_maxes\n`);
+      // The bind alone: a command sent along with it would be refused with the bind.
+      c.send(`cmd=initack pmiid=${j.pmiIds[0]}\n`);
       if (round % 2) await new Promise((res) => setImmediate(res));
       // A reset, as a client that exits with replies unread sends: Node destroys the server's
       // socket at once and says 'close' only later.
