@@ -23,7 +23,8 @@ const HELP = `usage: dask-pmix serve [options]
                            create jobs and read member environments
   --open-reads             reads of workers, psets, jobs and events need no token
   --state-dir DIR          where process sets and job history persist (SQLite), and where a
-                           restarted sidecar finds what its predecessor left  [DASK_PMIX_STATE_DIR]
+                           restarted sidecar finds what its predecessor left; its files are 0600,
+                           a directory others can read or write is warned about  [DASK_PMIX_STATE_DIR]
   --pmix-tmpdir DIR        libpmix rendezvous directory   [DASK_PMIX_TMPDIR, default a new temp dir]
   --log-level LEVEL        trace|debug|info|warn|error|silent  [DASK_PMIX_LOG_LEVEL, default info]
   --wiring-timeout SECS    default time for all members to connect  [default 60]

@@ -3,7 +3,7 @@
 // change as it happens.
 import type { ResourceManager } from '../rm/manager.js';
 import { isActive } from '../rm/types.js';
-import type { StateStore } from '../store/state-store.js';
+import type { StateStore, StoreLog } from '../store/state-store.js';
 import { removeShmSegments } from './shm-cleanup.js';
 
 export interface Restored {
@@ -27,11 +27,11 @@ export interface Persisted {
  * binding is a native module built for one Node.js ABI: on another Node it does not load, and
  * the sidecar runs without persistence (the error says why) rather than not at all.
  */
-export async function persist(rm: ResourceManager, dir: string): Promise<Persisted | Error> {
+export async function persist(rm: ResourceManager, dir: string, log?: StoreLog): Promise<Persisted | Error> {
   let store: StateStore;
   try {
     // The binding loads its native part when the first database opens.
-    store = (await import('../store/state-store.js')).StateStore.open(dir);
+    store = (await import('../store/state-store.js')).StateStore.open(dir, log);
   } catch (err) {
     return err instanceof Error ? err : new Error(String(err));
   }

@@ -107,7 +107,7 @@ export class Sidecar {
     // Psets and job history from the state directory, before anything else can change them.
     let persisted: Persisted | undefined;
     if (opts.stateDir) {
-      const p = await persist(rm, opts.stateDir);
+      const p = await persist(rm, opts.stateDir, log);
       if (p instanceof Error) {
         log.error(
           { err: p, stateDir: opts.stateDir },
