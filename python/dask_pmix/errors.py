@@ -2,17 +2,50 @@
 
 from __future__ import annotations
 
+import re
+
+# A schema violation as the sidecar (fastify, ajv) words it: "invalid request: " and then, for
+# each violation, where ("body/timeoutSeconds", "querystring/wait", "body") and what is wrong.
+_INVALID = "invalid request: "
+_WHERE = re.compile(r"(?:^|(?<=, ))(body|querystring|params|headers)((?:/[^\s/,]+)*) (?=must |should |is |has )")
+_PLACE = {"body": "the request", "querystring": "the query", "params": "the URL", "headers": "the headers"}
+
+
+def readable(status: int, message: str) -> str:
+    """The sidecar's message, with a schema violation's JSON paths said in words:
+    "invalid request: body/timeoutSeconds must be <= 31536000" becomes "the request's
+    timeoutSeconds must be <= 31536000"; other messages are kept as they are."""
+    if status != 400 or not message.startswith(_INVALID):
+        return message
+
+    def where(m: re.Match) -> str:
+        place = _PLACE[m.group(1)]
+        parts = [p for p in m.group(2).split("/") if p]
+        if not parts:
+            return f"{place} "
+        field = parts[0] + "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in parts[1:])
+        return f"{place}'s {field} "
+
+    return "invalid request: " + _WHERE.sub(where, message[len(_INVALID) :])
+
 
 class SidecarError(RuntimeError):
     """The sidecar refused a request (HTTP 4xx/5xx) or could not be reached."""
 
     def __init__(self, status: int, message: str, method: str = "", path: str = ""):
         self.status = status
-        self.message = message
+        self.message = readable(status, message)
         self.method = method
         self.path = path
         where = f" ({method} {path})" if method else ""
-        super().__init__(f"sidecar answered {status}: {message}{where}" if status else f"{message}{where}")
+        text = self.message
+        super().__init__(
+            f"the sidecar refused the request ({status}): {text}{where}"
+            if 400 <= status < 500
+            else f"sidecar answered {status}: {text}{where}"
+            if status
+            else f"{text}{where}"
+        )
 
 
 class MPIJobError(RuntimeError):

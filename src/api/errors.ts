@@ -39,7 +39,7 @@ export function installErrorHandler(app: FastifyInstance): void {
     else if (err instanceof HttpError) status = err.statusCode;
     else if ('validation' in err && err.validation) {
       status = 400;
-      message = `invalid request: ${err.message}`;
+      message = `invalid request: ${withAllowed(err)}`;
     } else if (
       'statusCode' in err &&
       typeof err.statusCode === 'number' &&
@@ -54,4 +54,18 @@ export function installErrorHandler(app: FastifyInstance): void {
   app.setNotFoundHandler((req, reply) => {
     void reply.code(404).send(errorBody(404, `no route ${req.method} ${req.url}`));
   });
+}
+
+/** Fastify's message for a schema violation, with the values an enum allows named. */
+function withAllowed(err: FastifyError): string {
+  const v = err.validation ?? [];
+  if (!v.some((e) => e.keyword === 'enum')) return err.message;
+  const where = err.validationContext ?? 'body';
+  return v
+    .map((e) => {
+      const allowed = e.keyword === 'enum' ? (e.params as { allowedValues?: unknown[] }).allowedValues : undefined;
+      const text = `${where}${e.instancePath} ${e.message ?? 'is invalid'}`;
+      return allowed ? `${text}: ${allowed.map((a) => JSON.stringify(a)).join(', ')}` : text;
+    })
+    .join(', ');
 }

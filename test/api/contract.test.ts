@@ -310,7 +310,11 @@ describe('jobs', () => {
   it('4xx: schema, auth, unknown ids, conflicts, unresolvable requests; nothing changes', async () => {
     const before = JSON.stringify((await fx.call('GET', '/v1/workers')).body);
     expectError(await fx.call('POST', '/v1/jobs', { members: ['j1'] }), 400, /impl/);
-    expectError(await fx.call('POST', '/v1/jobs', { impl: 'lam', members: ['j1'] }), 400);
+    expectError(
+      await fx.call('POST', '/v1/jobs', { impl: 'lam', members: ['j1'] }),
+      400,
+      /invalid request: body\/impl must be equal to one of the allowed values: "openmpi", "mpich", "intelmpi"$/,
+    );
     expectError(await fx.call('POST', '/v1/jobs', { impl: 'IMPL_UNSPECIFIED', members: ['j1'] }), 400);
     expectError(await fx.call('POST', '/v1/jobs', { impl: 'openmpi' }), 400, /exactly one/);
     expectError(

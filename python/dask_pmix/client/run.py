@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import numbers
 import warnings
 import weakref
@@ -35,6 +36,10 @@ ENDED_GRACE = 5.0
 # worker died never reports: its error comes this much later.
 OWN_ERROR_WAIT = 1.0
 MODES = (None, "inprocess", "fork")
+#: The MPI libraries the sidecar runs jobs for (src/rm/types.ts IMPLS).
+IMPLS = ("openmpi", "mpich", "intelmpi")
+#: The sidecar's bounds on a job's timeouts, in seconds (src/api/schemas.ts, CreateJobRequest).
+MAX_SECONDS = {"timeout": (31_536_000, "365 days"), "wiring_timeout": (86_400, "1 day")}
 
 
 def _holders(who_has: dict, futures: list) -> dict[str, list]:
@@ -91,12 +96,36 @@ async def _check_plugin(client) -> None:
 
 
 def _seconds(name: str, value) -> float | None:
-    """A timeout argument: positive seconds, or None for no limit."""
+    """A timeout argument: positive seconds within the sidecar's bound, or None for no limit."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not float(value) > 0:
         raise ValueError(f"{name} must be a positive number of seconds, or None for no limit, not {value!r}")
+    top, span = MAX_SECONDS.get(name, (math.inf, ""))
+    if not (math.isfinite(float(value)) and float(value) <= top):
+        raise ValueError(
+            f"{name} must be a positive number of seconds up to {top:,} ({span}, the sidecar's bound), "
+            f"or None for no limit, not {value!r}"
+        )
     return float(value)
+
+
+def _impl(impl) -> str:
+    """The MPI library asked for (None: the dask-pmix.job.impl setting), one of IMPLS."""
+    chosen = impl or config.get("job.impl")
+    if chosen not in IMPLS:
+        known = ", ".join(repr(i) for i in IMPLS[:-1]) + f" or {IMPLS[-1]!r}"
+        where = "" if impl else " (from the dask-pmix.job.impl setting)"
+        raise ValueError(f"impl must be {known} (or None for the default), not {chosen!r}{where}")
+    return chosen
+
+
+def _check_request(n, workers, mode, impl, timeout, wiring_timeout) -> None:
+    """Everything about a job request that can be refused before the cluster is asked."""
+    _check_options(n, workers, mode)
+    _impl(impl)
+    _seconds("timeout", config.seconds("timeouts.job") if timeout is None else timeout)
+    _seconds("wiring_timeout", config.seconds("timeouts.wiring") if wiring_timeout is None else wiring_timeout)
 
 
 def _check_options(n, workers, mode) -> None:
@@ -124,7 +153,7 @@ async def _start_job(
     local: Iterable | None = None,
 ) -> MPIJob:
     _check_options(n, workers, mode)
-    impl = impl or config.get("job.impl")
+    impl = _impl(impl)
     asked = mode or config.get("job.mode")
     timeout = _seconds("timeout", config.seconds("timeouts.job") if timeout is None else timeout)
     wiring_timeout = _seconds(
@@ -278,6 +307,7 @@ def submit_mpi(
     tasks that take a future as input run where it is (``client.submit(g, futures[r])``).
     Cancelling the futures (``client.cancel(futures)``, or dropping them before they finish) ends
     the job and gives its members back. With an asynchronous client, ``await`` it."""
+    _check_request(n, workers, mode, impl, timeout, wiring_timeout)
     fallbacks: list = []
 
     async def submit() -> list:
@@ -332,13 +362,16 @@ def run_mpi(
     saying why. ``mode="fork"`` runs each rank in a child process of its worker, isolated from it
     (``get_worker()`` is not available there). ``impl``, ``mode``, ``timeout`` and
     ``wiring_timeout`` default to the dask-pmix settings (job.impl, job.mode, timeouts.job,
-    timeouts.wiring); timeouts are positive seconds, or None for no limit.
+    timeouts.wiring); ``impl`` is "openmpi", "mpich" or "intelmpi"; timeouts are positive seconds
+    (at most 365 days, a wiring timeout 1 day), or None for no limit. Bad options raise ValueError
+    before the cluster is asked.
 
     The members are frozen (Dask will not retire them) until the job ends, and released afterwards
     whatever happens. Raises MPIJobError naming the rank, the worker and the reason when the job
     fails; with ``timeout`` it returns or raises within about that long. With an asynchronous
     client, ``await`` it.
     """
+    _check_request(n, workers, mode, impl, timeout, wiring_timeout)
     fallbacks: list = []
 
     async def run() -> list:
