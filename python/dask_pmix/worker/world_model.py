@@ -67,6 +67,8 @@ def initialise(MPI, *, pool_world: bool) -> None:
     if pool_world:
         for name in ("Psend_init", "Precv_init"):
             set_type_attribute(MPI.Comm, name, _partitioned)
+        for name in ("Shrink", "Ishrink"):
+            set_type_attribute(MPI.Comm, name, _intercomm_shrink(MPI, MPI.Comm.__dict__[name]))
         _outside = MPI._handleof(MPI.COMM_NULL)
         _set_world(MPI, _outside)
 
@@ -120,13 +122,48 @@ def _guard(MPI) -> None:
                 "worker (jobs are communicators)"
             )
 
-    _real.update(Init=MPI.Init, Init_thread=MPI.Init_thread, Finalize=MPI.Finalize, Abort=MPI.Comm.Abort)
-    MPI.Init = init
-    MPI.Init_thread = init
-    MPI.Finalize = finalize
+    _real.update(Init=MPI.Init, Init_thread=MPI.Init_thread, Finalize=MPI.Finalize)
+    for name, fn in (("Init", init), ("Init_thread", init), ("Finalize", finalize)):
+        fn.__name__ = fn.__qualname__ = name
+        fn.__doc__ = _real[name].__doc__
+        setattr(MPI, name, fn)
     set_type_attribute(MPI.Comm, "Abort", _abort)
-    for name in ("Free", "free", "Disconnect"):
-        set_type_attribute(MPI.Comm, name, _not_the_world(MPI, MPI.Comm.__dict__[name]))
+    _abort.__doc__ = MPI.Comm.Abort.__doc__
+    comm = dict(MPI.Comm.__dict__)  # mpi4py's own methods (the type's dictionary changes below)
+    names = ("TAG_UB", "HOST", "IO", "WTIME_IS_GLOBAL", "LASTUSEDCODE", "APPNUM")  # HOST: not in mpi4py 4
+    world_attrs = tuple(getattr(MPI, k) for k in names if hasattr(MPI, k))
+    pool_world = MPI.Comm.fromhandle(MPI._handleof(MPI.COMM_WORLD))
+
+    # COMM_WORLD stays a predefined communicator, whichever it stands for: Free and Disconnect
+    # refuse it, the safe free leaves it, it pickles by name, and its predefined attributes are
+    # the world's (a job's communicator has none).
+    def refuse(self) -> None:
+        raise MPI.Exception(MPI.ERR_COMM)
+
+    on_world = {
+        "Free": refuse,
+        "Disconnect": refuse,
+        "free": lambda self: None,
+        "__reduce__": lambda self: "COMM_WORLD",
+        "Get_attr": lambda self, keyval: (
+            pool_world.Get_attr(keyval) if keyval in world_attrs else comm["Get_attr"](self, keyval)
+        ),
+    }
+    for name, world_fn in on_world.items():
+        set_type_attribute(MPI.Comm, name, _on_world(comm[name], world_fn))
+
+
+def _on_world(method, world_fn):
+    """``method``, but ``world_fn`` on mpi4py's COMM_WORLD object."""
+
+    def call(self, *args: Any, **kwargs: Any):
+        if self is _world:
+            return world_fn(self, *args, **kwargs)
+        return method(self, *args, **kwargs)
+
+    call.__name__ = call.__qualname__ = method.__name__
+    call.__doc__ = method.__doc__
+    return call
 
 
 def _partitioned(self, *args: Any, **kwargs: Any):
@@ -138,22 +175,26 @@ def _partitioned(self, *args: Any, **kwargs: Any):
     )
 
 
+def _intercomm_shrink(MPI, shrink):
+    """MPI_Comm_shrink of an intercommunicator waits for good in a pool process (Open MPI 5.0.11,
+    mpi4py's TestULFMInter.testShrink): raise instead; an intracommunicator shrinks."""
+
+    def call(self, *args: Any, **kwargs: Any):
+        if isinstance(self, MPI.Intercomm):
+            raise NotImplementedError(
+                f"{shrink.__name__} of an intercommunicator hangs in an in-process job (Open MPI 5.0.x): shrink "
+                "the intracommunicators it joins, or run the job with mode='fork'"
+            )
+        return shrink(self, *args, **kwargs)
+
+    call.__name__ = call.__qualname__ = shrink.__name__
+    call.__doc__ = shrink.__doc__
+    return call
+
+
 def job_threads() -> set[int]:
     """The threads running a job's function now."""
     return set(_job_threads)
-
-
-def _not_the_world(MPI, free):
-    """COMM_WORLD is predefined, and freeing it an error, whatever communicator it stands for."""
-
-    def call(self, *args: Any, **kwargs: Any):
-        if self is _world:
-            raise MPI.Exception(MPI.ERR_COMM)
-        return free(self, *args, **kwargs)
-
-    call.__name__ = call.__qualname__ = free.__name__
-    call.__doc__ = free.__doc__
-    return call
 
 
 def _abort(self, errorcode: int = 0):
