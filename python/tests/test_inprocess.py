@@ -274,6 +274,15 @@ from distributed import Client, LocalCluster
 from dask_pmix import SidecarPlugin, run_mpi, wait_for_plugin
 
 def total(comm):
+    import numpy as np
+    from mpi4py import MPI
+
+    # Normal use beyond the communicator itself: a window (osc/ucx printed an error at each one
+    # where the machine has no UCX device) and COMM_SELF.
+    win = MPI.Win.Create(np.zeros(4), comm=comm)
+    win.Fence()
+    win.Free()
+    MPI.COMM_SELF.Barrier()
     return comm.allreduce(comm.Get_rank())
 
 if __name__ == "__main__":
