@@ -66,7 +66,7 @@ def initialise(MPI, *, pool_world: bool) -> None:
     _world = MPI.COMM_WORLD
     if pool_world:
         for name in ("Psend_init", "Precv_init"):
-            set_type_attribute(MPI.Comm, name, _partitioned)
+            set_type_attribute(MPI.Comm, name, _named(_partitioned, MPI.Comm.__dict__[name]))
         for name in ("Shrink", "Ishrink"):
             set_type_attribute(MPI.Comm, name, _intercomm_shrink(MPI, MPI.Comm.__dict__[name]))
         _outside = MPI._handleof(MPI.COMM_NULL)
@@ -96,7 +96,12 @@ def job_world(MPI, comm, job_id: str) -> Iterator[None]:
 
 
 def _set_world(MPI, handle: int) -> None:
-    slot = MPI._addressof(MPI.COMM_WORLD)
+    _set_handle(MPI, MPI.COMM_WORLD, handle)
+
+
+def _set_handle(MPI, obj, handle: int) -> None:
+    """Points mpi4py's ``obj`` at another MPI handle (nothing is freed or made)."""
+    slot = MPI._addressof(obj)
     size = MPI._sizeof(MPI.Comm)
     if size == ctypes.sizeof(ctypes.c_void_p):
         ctypes.c_void_p.from_address(slot).value = handle
@@ -134,30 +139,37 @@ def _guard(MPI) -> None:
     world_attrs = tuple(getattr(MPI, k) for k in names if hasattr(MPI, k))
     pool_world = MPI.Comm.fromhandle(MPI._handleof(MPI.COMM_WORLD))
 
-    # COMM_WORLD stays a predefined communicator, whichever it stands for: Free and Disconnect
-    # refuse it, the safe free leaves it, it pickles by name, and its predefined attributes are
-    # the world's (a job's communicator has none).
+    # COMM_WORLD stays a predefined communicator, whichever it stands for, and so does every
+    # object with its handle (a clone, ``MPI.Intracomm(MPI.COMM_WORLD)``, the ``comm`` a job's
+    # function gets): Free and Disconnect refuse it, the safe free leaves it, it pickles by name
+    # (a clone as a new object of it), and its predefined attributes are the world's (a job's
+    # communicator has none).
+    null = MPI._handleof(MPI.COMM_NULL)
+
     def refuse(self) -> None:
         raise MPI.Exception(MPI.ERR_COMM)
+
+    def world_attr(self, keyval: int) -> Any:
+        return pool_world.Get_attr(keyval) if keyval in world_attrs else comm["Get_attr"](self, keyval)
 
     on_world = {
         "Free": refuse,
         "Disconnect": refuse,
-        "free": lambda self: None,
-        "__reduce__": lambda self: "COMM_WORLD",
-        "Get_attr": lambda self, keyval: (
-            pool_world.Get_attr(keyval) if keyval in world_attrs else comm["Get_attr"](self, keyval)
-        ),
+        # mpi4py's safe free of a predefined handle: the object forgets it, COMM_WORLD keeps it.
+        "free": lambda self: None if self is _world else _set_handle(MPI, self, null),
+        "__reduce__": lambda self: "COMM_WORLD" if self is _world else (type(_world), (_world,)),
+        "Get_attr": world_attr,
     }
     for name, world_fn in on_world.items():
-        set_type_attribute(MPI.Comm, name, _on_world(comm[name], world_fn))
+        set_type_attribute(MPI.Comm, name, _on_world(MPI, null, comm[name], world_fn))
 
 
-def _on_world(method, world_fn):
-    """``method``, but ``world_fn`` on mpi4py's COMM_WORLD object."""
+def _on_world(MPI, null: int, method, world_fn):
+    """``method``, but ``world_fn`` on mpi4py's COMM_WORLD object and on any object that holds
+    the handle it holds now (outside jobs, MPI_COMM_NULL, which stays mpi4py's)."""
 
     def call(self, *args: Any, **kwargs: Any):
-        if self is _world:
+        if self is _world or (_world is not None and MPI._handleof(self) == MPI._handleof(_world) != null):
             return world_fn(self, *args, **kwargs)
         return method(self, *args, **kwargs)
 
@@ -173,6 +185,17 @@ def _partitioned(self, *args: Any, **kwargs: Any):
         "partitioned point-to-point (Psend_init/Precv_init) cannot run in an in-process job: Open MPI's "
         "implementation needs a world of the job's ranks; run the job with mode='fork'"
     )
+
+
+def _named(fn, like):
+    """``fn`` under the name and docstring of the mpi4py method it stands in for."""
+
+    def call(*args: Any, **kwargs: Any):
+        return fn(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = like.__name__
+    call.__doc__ = like.__doc__
+    return call
 
 
 def _intercomm_shrink(MPI, shrink):
