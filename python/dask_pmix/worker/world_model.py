@@ -19,9 +19,11 @@ them never started), so it is never shown to user code:
   pool's world, an agreement over ranks that never started, and would hang the worker for good.
 - ``Comm.Abort`` raises instead of ending the process, which holds the worker's Dask data: in a
   job's function it fails the job (RankAborted), elsewhere it raises an error saying so.
-  ``COMM_WORLD.Free()`` raises as on any predefined communicator.
-- Partitioned point-to-point raises NotImplementedError: Open MPI's part/persist duplicates the
-  pool's world in the background.
+- Any object holding ``COMM_WORLD``'s handle acts as a predefined communicator, as mpi4py
+  treats clones of one: it cannot be freed, pickles by name and has the world's attributes.
+- Partitioned point-to-point and the shrink of an intercommunicator raise NotImplementedError:
+  Open MPI's part/persist duplicates the pool's world in the background, and an intercomm
+  shrink waits for good in a pool process.
 
 An MPICH / Intel MPI world of one (the opt-in in-process pool) is initialised with MPI_Init
 already; it gets the same guards and the same ``COMM_WORLD`` during a job, and keeps its own
