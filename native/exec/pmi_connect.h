@@ -85,7 +85,10 @@ static int pmi_connect_check_id(const char *id) {
       fprintf(stderr,
               "dask-pmix: PMI_ID is not a dask-pmix credential: character %zu is %s (0x%02x), and a credential "
               "is %d lower-case hex digits; nothing was sent\n",
-              i + 1, c == '\n' ? "a newline" : ((unsigned char)c < 0x20 || c == 0x7f) ? "a control character" : "outside 0-9a-f",
+              i + 1,
+              c == '\n'                                ? "a newline"
+              : ((unsigned char)c < 0x20 || c == 0x7f) ? "a control character"
+                                                       : "outside 0-9a-f",
               (unsigned char)c, PMI_CONNECT_ID_DIGITS);
       return -1;
     }

@@ -161,38 +161,30 @@ def raise_in_first_pickle_collective(comm):
     return comm.allreduce(1)
 
 
-@pytest.mark.skipif(not OPENMPI, reason="MPICH cannot revoke: its members left in MPI are replaced")
-def test_a_rank_that_raises_during_the_first_pickle_collective_wedges_nobody(cluster):
-    client, x = cluster
-    pids = client.run(os.getpid)
-    t0 = time.monotonic()
-    with pytest.raises(MPIJobError, match="rank 2 gives up"):
-        run_mpi(client, raise_in_first_pickle_collective, n=3, impl=IMPL, timeout=30)
-    assert time.monotonic() - t0 < 30
-    assert run_mpi(client, lambda c: c.allreduce(1), n=3, impl=IMPL, timeout=30) == [3, 3, 3]
-    _unharmed(client, x, pids)
-
-
-def raise_while_others_wait_on_a_communicator_fn_made(comm):
+def raise_while_others_wait_on_communicators_fn_made(comm):
     from mpi4py import MPI
 
     sub = MPI.COMM_WORLD.Split(0, comm.rank)
     dup = comm.Dup()
-    if comm.rank == 0:
+    if comm.rank == 2:
         time.sleep(1)
-        raise ValueError("rank 0 gives up")
+        raise ValueError("rank 2 gives up")
     if comm.rank == 1:
         sub.Barrier()
     return dup.allreduce(1)
 
 
 @pytest.mark.skipif(not OPENMPI, reason="MPICH cannot revoke: its members left in MPI are replaced")
-def test_a_failed_job_revokes_the_communicators_fn_made_from_the_jobs(cluster):
+@pytest.mark.parametrize("fn", [raise_in_first_pickle_collective, raise_while_others_wait_on_communicators_fn_made])
+def test_a_rank_that_raises_while_the_others_wait_for_it_wedges_nobody(cluster, fn):
+    """The others wait in mpi4py's first pickle collective (its duplicate of the communicator),
+    or in a barrier and a pickle collective on communicators the function made: the failed job
+    revokes them all."""
     client, x = cluster
     pids = client.run(os.getpid)
     t0 = time.monotonic()
-    with pytest.raises(MPIJobError, match="rank 0 gives up"):
-        run_mpi(client, raise_while_others_wait_on_a_communicator_fn_made, n=3, impl=IMPL, timeout=30)
+    with pytest.raises(MPIJobError, match="rank 2 gives up"):
+        run_mpi(client, fn, n=3, impl=IMPL, timeout=30)
     assert time.monotonic() - t0 < 15
     assert run_mpi(client, lambda c: c.allreduce(1), n=3, impl=IMPL, timeout=30) == [3, 3, 3]
     _unharmed(client, x, pids)
