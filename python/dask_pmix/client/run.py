@@ -120,12 +120,15 @@ def _impl(impl) -> str:
     return chosen
 
 
-def _check_request(n, workers, mode, impl, timeout, wiring_timeout) -> None:
-    """Everything about a job request that can be refused before the cluster is asked."""
+def _check_request(n, workers, mode, impl, timeout, wiring_timeout) -> tuple[str, float | None, float | None]:
+    """Everything about a job request that can be refused before the cluster is asked; the MPI
+    library and the timeouts with the settings' defaults filled in."""
     _check_options(n, workers, mode)
-    _impl(impl)
-    _seconds("timeout", config.seconds("timeouts.job") if timeout is None else timeout)
-    _seconds("wiring_timeout", config.seconds("timeouts.wiring") if wiring_timeout is None else wiring_timeout)
+    return (
+        _impl(impl),
+        _seconds("timeout", config.seconds("timeouts.job") if timeout is None else timeout),
+        _seconds("wiring_timeout", config.seconds("timeouts.wiring") if wiring_timeout is None else wiring_timeout),
+    )
 
 
 def _check_options(n, workers, mode) -> None:
@@ -152,13 +155,8 @@ async def _start_job(
     wiring_timeout: float | None = None,
     local: Iterable | None = None,
 ) -> MPIJob:
-    _check_options(n, workers, mode)
-    impl = _impl(impl)
+    impl, timeout, wiring_timeout = _check_request(n, workers, mode, impl, timeout, wiring_timeout)
     asked = mode or config.get("job.mode")
-    timeout = _seconds("timeout", config.seconds("timeouts.job") if timeout is None else timeout)
-    wiring_timeout = _seconds(
-        "wiring_timeout", config.seconds("timeouts.wiring") if wiring_timeout is None else wiring_timeout
-    )
     await _check_plugin(client)
     ends = job_ends(client)  # subscribed before the job exists: its end cannot be missed
     kwargs = dict(kwargs or {})

@@ -175,7 +175,7 @@ def _run_pool_member(
             raise error
         w.enter("fn", comm)
         try:
-            with world_model.job_world(p.MPI, comm, job_id):
+            with world_model.job_world(p.MPI, comm):
                 value = fn(tracking.tracked(comm), *args, **kwargs)
         except BaseException as exc:  # noqa: BLE001
             with w.lock:

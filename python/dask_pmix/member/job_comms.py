@@ -17,6 +17,7 @@ One job at a time is in MPI in a process (dask_pmix.member.inprocess), so one li
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from typing import Any
@@ -97,6 +98,7 @@ def _install(MPI) -> None:
 
 
 def _recording(MPI, make):
+    @functools.wraps(make)
     def call(self, *args: Any, **kwargs: Any):
         if _running is None or threading.get_ident() not in world_model.job_threads():
             return make(self, *args, **kwargs)
@@ -105,6 +107,4 @@ def _recording(MPI, make):
         _record(MPI, new)
         return new
 
-    call.__name__ = call.__qualname__ = make.__name__
-    call.__doc__ = make.__doc__
     return call

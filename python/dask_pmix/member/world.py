@@ -82,7 +82,7 @@ def run_world_member(
             w.enter("fn", comm)
             raised: BaseException | None = None
             try:
-                with world_model.job_world(MPI, comm, job_id):
+                with world_model.job_world(MPI, comm):
                     value = fn(tracking.tracked(comm), *args, **kwargs)
             except BaseException as exc:  # noqa: BLE001
                 raised = exc

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import gc
 import logging
 import threading
@@ -44,7 +45,7 @@ from ..errors import RankAborted
 
 logger = logging.getLogger("dask_pmix")
 
-_job_threads: dict[int, str] = {}  # thread id -> the job whose function runs in it
+_job_threads: set[int] = set()  # the threads that run a job's function now
 _world: Any = None  # mpi4py's predefined COMM_WORLD object, whose handle job_world swaps
 _lock = threading.Lock()
 _real: dict[str, Any] = {}  # the guarded functions of mpi4py.MPI, as mpi4py has them
@@ -68,7 +69,7 @@ def initialise(MPI, *, pool_world: bool) -> None:
     _world = MPI.COMM_WORLD
     if pool_world:
         for name in ("Psend_init", "Precv_init"):
-            set_type_attribute(MPI.Comm, name, _named(_partitioned, MPI.Comm.__dict__[name]))
+            set_type_attribute(MPI.Comm, name, _in_place_of(MPI.Comm.__dict__[name], _partitioned))
         for name in ("Shrink", "Ishrink"):
             set_type_attribute(MPI.Comm, name, _intercomm_shrink(MPI, MPI.Comm.__dict__[name]))
         _outside = MPI._handleof(MPI.COMM_NULL)
@@ -81,18 +82,18 @@ def finalize(MPI) -> None:
 
 
 @contextlib.contextmanager
-def job_world(MPI, comm, job_id: str) -> Iterator[None]:
+def job_world(MPI, comm) -> Iterator[None]:
     """``MPI.COMM_WORLD`` is ``comm`` in this process while the block runs (one job at a time is
     in MPI in a process: dask_pmix.member.inprocess)."""
     with _lock:
         before = MPI._handleof(MPI.COMM_WORLD)
         _set_world(MPI, MPI._handleof(comm))
     me = threading.get_ident()
-    _job_threads[me] = job_id
+    _job_threads.add(me)
     try:
         yield
     finally:
-        _job_threads.pop(me, None)
+        _job_threads.discard(me)
         with _lock:
             _set_world(MPI, before if _outside is None else _outside)
 
@@ -131,11 +132,8 @@ def _guard(MPI) -> None:
 
     _real.update(Init=MPI.Init, Init_thread=MPI.Init_thread, Finalize=MPI.Finalize)
     for name, fn in (("Init", init), ("Init_thread", init), ("Finalize", finalize)):
-        fn.__name__ = fn.__qualname__ = name
-        fn.__doc__ = _real[name].__doc__
-        setattr(MPI, name, fn)
-    set_type_attribute(MPI.Comm, "Abort", _abort)
-    _abort.__doc__ = MPI.Comm.Abort.__doc__
+        setattr(MPI, name, _in_place_of(_real[name], fn))
+    set_type_attribute(MPI.Comm, "Abort", _in_place_of(MPI.Comm.Abort, _abort))
     comm = dict(MPI.Comm.__dict__)  # mpi4py's own methods (the type's dictionary changes below)
     names = ("TAG_UB", "HOST", "IO", "WTIME_IS_GLOBAL", "LASTUSEDCODE", "APPNUM")  # HOST: not in mpi4py 4
     world_attrs = tuple(getattr(MPI, k) for k in names if hasattr(MPI, k))
@@ -175,8 +173,16 @@ def _on_world(MPI, null: int, method, world_fn):
             return world_fn(self, *args, **kwargs)
         return method(self, *args, **kwargs)
 
-    call.__name__ = call.__qualname__ = method.__name__
-    call.__doc__ = method.__doc__
+    return _in_place_of(method, call)
+
+
+def _in_place_of(method, body):
+    """``body`` under the name and docstring of the mpi4py function it stands in for."""
+
+    @functools.wraps(method)
+    def call(*args: Any, **kwargs: Any):
+        return body(*args, **kwargs)
+
     return call
 
 
@@ -187,17 +193,6 @@ def _partitioned(self, *args: Any, **kwargs: Any):
         "partitioned point-to-point (Psend_init/Precv_init) cannot run in an in-process job: Open MPI's "
         "implementation needs a world of the job's ranks; run the job with mode='fork'"
     )
-
-
-def _named(fn, like):
-    """``fn`` under the name and docstring of the mpi4py method it stands in for."""
-
-    def call(*args: Any, **kwargs: Any):
-        return fn(*args, **kwargs)
-
-    call.__name__ = call.__qualname__ = like.__name__
-    call.__doc__ = like.__doc__
-    return call
 
 
 def _intercomm_shrink(MPI, shrink):
@@ -212,9 +207,7 @@ def _intercomm_shrink(MPI, shrink):
             )
         return shrink(self, *args, **kwargs)
 
-    call.__name__ = call.__qualname__ = shrink.__name__
-    call.__doc__ = shrink.__doc__
-    return call
+    return _in_place_of(shrink, call)
 
 
 def job_threads() -> set[int]:
@@ -239,4 +232,4 @@ def set_type_attribute(cls: type, name: str, value: Any) -> None:
         mapping[name] = value
         ctypes.pythonapi.PyType_Modified(ctypes.py_object(cls))
     except Exception:  # noqa: BLE001 - the guard is a best effort; say so
-        logger.warning("dask-pmix: cannot guard %s.%s: MPI_Abort there ends the worker", cls.__name__, name)
+        logger.warning("dask-pmix: cannot guard %s.%s: mpi4py's own stays in place", cls.__name__, name)
