@@ -137,6 +137,8 @@ class SidecarPlugin(SchedulerPlugin):
         self.joining.bound = config.seconds("timeouts.pool-join") or 30.0
         await self._check_sidecar()
         self.replacer = Replacer(scheduler, lambda: self.rest, self._register_soon)
+        for address in scheduler.workers:
+            self.replacer.added(address)
         scheduler.handlers.update(
             {
                 Scheduler.INFO: self.info,
@@ -401,10 +403,14 @@ class SidecarPlugin(SchedulerPlugin):
 
     # -- membership -------------------------------------------------------------------------------
     def add_worker(self, scheduler, worker: str) -> None:
+        if self.replacer is not None:
+            self.replacer.added(worker)
         self._register_soon(worker)
 
     def remove_worker(self, scheduler, worker: str, *, stimulus_id: str | None = None, **kwargs) -> None:
         # The sidecar fails any job this worker is in, which releases the other members.
+        if self.replacer is not None:
+            self.replacer.removed(worker)
         self._listening.discard(worker)
         self.joining.gone(worker)
         pending = self._registrations.pop(worker, None)

@@ -6,7 +6,14 @@ Dask can move its data: it is taken out of the sidecar (no job picks it meanwhil
 the pool (the dashboard shows why), retired gracefully (retire_workers moves every key only it
 holds to other workers), and only then restarted through its nanny. A worker whose data cannot
 be moved (no other worker can take it) is not restarted: it keeps serving Dask outside the pool.
-One replacement at a time."""
+One replacement at a time.
+
+A worker is not restarted while its name is still within ``distributed.deploy.lost-worker-timeout``
+of its last removal: a SpecCluster (LocalCluster, dask-jobqueue) checks that long after every
+removal whether a worker of that name is back, and closes the worker's nanny for good when it finds
+none, which is what it finds while that worker is away for its next restart (distributed 2026.8:
+deploy/spec.py, _update_worker_status). So a worker replaced twice in quick succession would not
+come back."""
 
 from __future__ import annotations
 
@@ -14,6 +21,9 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+
+import dask
+from dask.utils import parse_timedelta
 
 from ..errors import SidecarError
 from ..rest import AsyncSidecarClient
@@ -24,6 +34,17 @@ logger = logging.getLogger("dask_pmix")
 RETIRE_WITHIN = 300.0
 # How long the restarted worker may take to come back before the next replacement goes ahead.
 RESTART_WITHIN = 120.0
+# Past a SpecCluster's check after a worker's removal (the module docstring): its timer and ours
+# start at slightly different moments.
+LOST_CHECK_MARGIN = 1.0
+
+
+def lost_worker_timeout() -> float:
+    """Seconds after a worker's removal at which a SpecCluster closes its nanny if no worker of
+    its name is back (distributed.deploy.lost-worker-timeout; LocalCluster runs in the scheduler's
+    process and reads the same settings)."""
+    value = dask.config.get("distributed.deploy.lost-worker-timeout", "15s")
+    return float(parse_timedelta(value, default="s") or 0.0)
 
 
 class Replacer:
@@ -35,6 +56,30 @@ class Replacer:
         self._pending: set[str] = set()
         self._tasks: set[asyncio.Task] = set()
         self.replaced: list[dict] = []  # what was done, newest last (bounded)
+        self._names: dict[str, str] = {}  # worker address -> its name (a restart keeps the name)
+        self._removed_at: dict[str, float] = {}  # worker name -> when a worker of it last left
+
+    def added(self, worker: str) -> None:
+        ws = self.scheduler.workers.get(worker)
+        if ws is not None:
+            self._names[worker] = str(ws.name)
+
+    def removed(self, worker: str) -> None:
+        name = self._names.pop(worker, None)
+        if name is None:
+            return
+        now = time.monotonic()
+        self._removed_at[name] = now
+        horizon = now - lost_worker_timeout() - LOST_CHECK_MARGIN
+        for old in [n for n, t in self._removed_at.items() if t < horizon]:
+            del self._removed_at[old]
+
+    def _until_restartable(self, worker: str) -> float:
+        """Seconds until ``worker`` may be restarted without a SpecCluster closing its nanny."""
+        left_at = self._removed_at.get(self._names.get(worker, ""))
+        if left_at is None:
+            return 0.0
+        return max(0.0, left_at + lost_worker_timeout() + LOST_CHECK_MARGIN - time.monotonic())
 
     def replace(self, worker: str, reason: str) -> dict:
         if worker not in self.scheduler.workers:
@@ -93,10 +138,35 @@ class Replacer:
                         self._record(worker, reason, "kept: its data could not be moved")
                         self.register(worker)
                     return
+                wait = self._until_restartable(worker)
+                if wait > 0:
+                    logger.info(
+                        "dask-pmix: worker %s is restarted in %.1f s: a worker of its name left %.0f s ago "
+                        "(distributed.deploy.lost-worker-timeout)",
+                        worker,
+                        wait,
+                        lost_worker_timeout() + LOST_CHECK_MARGIN - wait,
+                    )
+                    await asyncio.sleep(wait)
                 # Waits for the new process to be back: it is where the next replacement's data goes.
-                await self.scheduler.restart_workers(
+                name = self._names.get(worker)
+                out = await self.scheduler.restart_workers(
                     [worker], timeout=RESTART_WITHIN, wait_for_workers=True, on_error="return", stimulus_id=stimulus
                 )
+                if out.get(worker, "OK") != "OK" or not any(
+                    str(ws.name) == name for ws in self.scheduler.workers.values()
+                ):
+                    logger.error(
+                        "dask-pmix: worker %s was retired (its data moved) but did not come back within %.0f s of "
+                        "its restart (%s); a SpecCluster closes a worker away longer than "
+                        "distributed.deploy.lost-worker-timeout (%.0f s)",
+                        worker,
+                        RESTART_WITHIN,
+                        out.get(worker, "not back"),
+                        lost_worker_timeout(),
+                    )
+                    self._record(worker, reason, "data moved, restart did not come back")
+                    return
                 logger.warning("dask-pmix: worker %s was retired (its data moved) and restarted", worker)
                 self._record(worker, reason, "data moved, restarted")
         except asyncio.CancelledError:
