@@ -1,4 +1,4 @@
-// What Node's net module cannot do with a TCP socket, for the gate and the PMI listener.
+// What Node's net module cannot do with a socket, for the gate and the PMI listener.
 //
 // - tcpKeepAlive(fd, idleMs, intervalMs, count, userTimeoutMs): keepalive probes after `idleMs`
 //   of silence, every `intervalMs`, the connection dropped after `count` unanswered; and
@@ -7,7 +7,12 @@
 //   is so noticed in bounded time, by whoever reads the socket (libpmix, or the PMI server).
 // - peerUid(localAddress, localPort, remoteAddress, remotePort): the uid that owns the other end
 //   of a TCP connection when that end is a socket of this host (and network namespace), from the
-//   kernel's socket table (NETLINK_SOCK_DIAG, one exact lookup); -1 when it is elsewhere.
+//   kernel's socket table (NETLINK_SOCK_DIAG, one exact lookup); -1 when no such socket is on
+//   this host, -2 when it is but no process holds it any more (closed: an orphan or TIME_WAIT, for
+//   which the kernel reports uid 0, so that figure says nothing of its owner), -3 when the kernel
+//   could not be asked.
+// - unixPeerUid(fd): the uid of the process that connected a UNIX socket (SO_PEERCRED, recorded
+//   by the kernel at connect, whatever the peer did since); -1 if it cannot be read.
 #include "tcp.h"
 
 #include <arpa/inet.h>
@@ -19,6 +24,7 @@
 #include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -75,7 +81,7 @@ Napi::Value PeerUid(const Napi::CallbackInfo &info) {
       !ParseAddress(info[2].As<Napi::String>().Utf8Value(), &rf, remote) || lf != rf)
     return Napi::Number::New(env, -1);
   int nl = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
-  if (nl < 0) return Napi::Number::New(env, -1);
+  if (nl < 0) return Napi::Number::New(env, -3);
   timeval tv{0, 200 * 1000};
   setsockopt(nl, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   struct {
@@ -97,16 +103,23 @@ Napi::Value PeerUid(const Napi::CallbackInfo &info) {
   msg.req.id.idiag_cookie[1] = INET_DIAG_NOCOOKIE;
   sockaddr_nl kernel{};
   kernel.nl_family = AF_NETLINK;
-  int uid = -1;
+  int uid = -3;
   if (sendto(nl, &msg, sizeof msg, 0, reinterpret_cast<sockaddr *>(&kernel), sizeof kernel) ==
       static_cast<ssize_t>(sizeof msg)) {
     alignas(nlmsghdr) char buf[4096];
     ssize_t n = recv(nl, buf, sizeof buf, 0);
     for (auto *h = reinterpret_cast<nlmsghdr *>(buf); n > 0 && NLMSG_OK(h, static_cast<unsigned>(n));
          h = NLMSG_NEXT(h, n)) {
-      if (h->nlmsg_type != SOCK_DIAG_BY_FAMILY) break;  // NLMSG_ERROR: no such socket here
+      if (h->nlmsg_type == NLMSG_ERROR) {
+        // ENOENT: no such socket here; anything else: the lookup itself failed.
+        auto *e = static_cast<nlmsgerr *>(NLMSG_DATA(h));
+        if (e->error == -ENOENT) uid = -1;
+        break;
+      }
+      if (h->nlmsg_type != SOCK_DIAG_BY_FAMILY) break;
       auto *m = static_cast<inet_diag_msg *>(NLMSG_DATA(h));
-      uid = static_cast<int>(m->idiag_uid);
+      // No inode: the socket is no process's any more (closed), and its uid reads as 0.
+      uid = m->idiag_inode == 0 ? -2 : static_cast<int>(m->idiag_uid);
       break;
     }
   }
@@ -114,11 +127,26 @@ Napi::Value PeerUid(const Napi::CallbackInfo &info) {
   return Napi::Number::New(env, uid);
 }
 
+Napi::Value UnixPeerUid(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  if (info.Length() < 1 || !info[0].IsNumber()) throw Napi::TypeError::New(env, "unixPeerUid(fd)");
+  int fd = info[0].As<Napi::Number>().Int32Value();
+  sockaddr_un self{};
+  socklen_t sl = sizeof self;
+  ucred cred{};
+  socklen_t cl = sizeof cred;
+  if (getsockname(fd, reinterpret_cast<sockaddr *>(&self), &sl) != 0 || self.sun_family != AF_UNIX ||
+      getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 || cl != sizeof cred)
+    return Napi::Number::New(env, -1);
+  return Napi::Number::New(env, static_cast<double>(cred.uid));
+}
+
 }  // namespace
 
 void InitTcp(Napi::Env env, Napi::Object exports) {
   exports.Set("tcpKeepAlive", Napi::Function::New(env, TcpKeepAlive, "tcpKeepAlive"));
   exports.Set("peerUid", Napi::Function::New(env, PeerUid, "peerUid"));
+  exports.Set("unixPeerUid", Napi::Function::New(env, UnixPeerUid, "unixPeerUid"));
 }
 
 }  // namespace dpmix

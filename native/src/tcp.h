@@ -4,7 +4,7 @@
 
 namespace dpmix {
 
-// Adds tcpKeepAlive and peerUid to `exports`.
+// Adds tcpKeepAlive, peerUid and unixPeerUid to `exports`.
 void InitTcp(Napi::Env env, Napi::Object exports);
 
 }  // namespace dpmix

@@ -16,6 +16,7 @@ import { ConnectionState } from './connection-state.js';
 import type { EngineConnEvent, EngineFrame, PmiEngine } from './engine.js';
 import { errorMessage, PmiError } from './errors.js';
 import type { PmiJobCore } from './job-core.js';
+import { peerUidOf, tcpEnds } from './peer-uid.js';
 import { formatPmi1Error, type Pmi1Command, parsePmi1Line } from './pmi1-codec.js';
 import { PMI1_RESPONSE, PMI1_UNKNOWN_RESPONSE, Pmi1Session, type Reply } from './pmi1-session.js';
 import { formatPmi2Error, type Pmi2Command, parsePmi2Body } from './pmi2-codec.js';
@@ -63,9 +64,15 @@ export class PmiConnection {
     private readonly trace?: Trace,
     private readonly onError?: (what: string, err: unknown) => void,
     bindTimeoutMs = 30_000,
+    /** Accepted on the TCP port or on the UNIX socket (listener.ts). */
+    via: 'tcp' | 'unix' = 'tcp',
   ) {
     const peer = socket.remoteAddress ? `${socket.remoteAddress}:${socket.remotePort ?? '?'}` : 'local socket';
-    this.state = new ConnectionState(core, { peer }, onError);
+    // Whose the peer's socket is (peer-uid.ts). Over TCP it is looked up now, while the peer that
+    // just connected holds it: once closed, the kernel no longer says. SO_PEERCRED stays.
+    const tcpOwner = via === 'tcp' ? peerUidOf({ via, ends: tcpEnds(socket) }) : undefined;
+    const peerUid = () => tcpOwner ?? peerUidOf({ via: 'unix', fd: socketFd(socket) });
+    this.state = new ConnectionState(core, { peer, peerUid }, onError);
     this.pmi1 = new Pmi1Session(this.state);
     this.pmi2 = new Pmi2Session(this.state);
     socket.setNoDelay(true);
@@ -129,7 +136,7 @@ export class PmiConnection {
       return;
     }
     const seat = this.state.member!.engine!;
-    const fd = (this.socket as unknown as { _handle?: { fd?: number } })._handle?.fd;
+    const fd = socketFd(this.socket);
     // Whatever Node has buffered comes through onData (held) when read out.
     this.socket.read();
     const rest = this.framer.rest();
@@ -393,6 +400,11 @@ function engineFrame(ev: EngineFrame): Frame {
     case 'error':
       return { kind: 'error', wire: ev.wire, message: ev.text, fatal: ev.fatal };
   }
+}
+
+/** The file descriptor under a Node socket, while it is open. */
+function socketFd(socket: Socket): number | undefined {
+  return (socket as unknown as { _handle?: { fd?: number } })._handle?.fd;
 }
 
 function asPmiError(e: unknown): PmiError {

@@ -14,4 +14,5 @@ export type {
 } from './job-core.js';
 export { LIMITS, PMI1_MAX_LINE, PMI2_MAX_BODY } from './limits.js';
 export { PmiListener, type PmiListenerOptions } from './listener.js';
+export { checkPeerUid, type PeerUid, peerUidRefusal } from './peer-uid.js';
 export { type NodeLayout, nodeLayout, parseProcessMapping, processMapping } from './process-mapping.js';

@@ -12,6 +12,7 @@
 // job's other members and makes their later calls fail).
 
 import type { EngineJob } from './engine.js';
+import type { PeerUid } from './peer-uid.js';
 
 export interface PmiMemberInfo {
   readonly jobId: string;
@@ -87,10 +88,16 @@ export interface PmiMember {
   disconnected(reason: string): void;
 }
 
-/** Who is connecting, for the core's messages. */
+/** Who is connecting, for the core's messages and its check of the peer's uid. */
 export interface PmiConnectionInfo {
   /** Remote address and port. */
   readonly peer: string;
+  /**
+   * The uid owning the peer's socket when it is on this host (peer-uid.ts; over TCP as found when
+   * the connection was accepted): the core holds a valid credential's bind to its worker's uid
+   * with checkPeerUid.
+   */
+  peerUid(): PeerUid;
 }
 
 export interface PmiJobCore {
@@ -98,7 +105,9 @@ export interface PmiJobCore {
    * Binds a connection to the member a PMI_ID names. PMI_ID is what the member's env carried:
    * a listener-wide credential (credential.ts), not the rank (the rank comes back in the
    * reply). Throws if the id is unknown, already connected, or its job is not accepting
-   * members any more.
+   * members any more, or if the connection's peer is on this host as another uid than the
+   * member's worker (checkPeerUid(conn.peerUid(), uid)); a refusal changes nothing, so the
+   * rightful rank can still bind with the same credential.
    */
   attach(pmiId: string, conn: PmiConnectionInfo): PmiMember;
 }

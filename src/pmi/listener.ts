@@ -2,7 +2,8 @@
 // the core knows. Members find it through PMI_PORT=<host>:<port> and say who they are with
 // PMI_ID; see credential.ts for what PMI_ID must be. Ranks on this host may come through a UNIX
 // socket instead (the starter picks it, MPI only sees the connection as PMI_FD): the same
-// commands at about half the round-trip cost of TCP loopback, as hydra's socketpairs.
+// commands at about half the round-trip cost of TCP loopback, as hydra's socketpairs. Either way,
+// a peer on this host binds only as its member's worker's uid (peer-uid.ts).
 import { mkdtempSync, rmSync } from 'node:fs';
 import { createServer, type Server, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
@@ -58,13 +59,13 @@ export class PmiListener {
   static async start(opts: PmiListenerOptions): Promise<PmiListener> {
     const host = opts.host ?? '127.0.0.1';
     let self: PmiListener | undefined;
-    const early: Socket[] = [];
-    const onSocket = (socket: Socket) => {
+    const early: [Socket, 'tcp' | 'unix'][] = [];
+    const onSocket = (via: 'tcp' | 'unix') => (socket: Socket) => {
       if (!self) {
-        early.push(socket);
+        early.push([socket, via]);
         return;
       }
-      self.accept(socket, opts);
+      self.accept(socket, via, opts);
     };
     const listen = (server: Server, ...args: unknown[]) =>
       new Promise<void>((resolve, reject) => {
@@ -74,7 +75,7 @@ export class PmiListener {
           resolve();
         });
       });
-    const server = createServer(onSocket);
+    const server = createServer(onSocket('tcp'));
     await listen(server, opts.port ?? 0, host);
     const addr = server.address();
     if (!addr || typeof addr === 'string') throw new Error('PMI listener has no TCP address');
@@ -82,7 +83,7 @@ export class PmiListener {
     if (opts.localSocket ?? true) {
       // mkdtemp makes the directory 0700: only this user reaches the socket at all.
       const dir = mkdtempSync(join(tmpdir(), 'dask-pmix-pmi-'));
-      local = { server: createServer(onSocket), dir, path: join(dir, 'pmi.sock') };
+      local = { server: createServer(onSocket('unix')), dir, path: join(dir, 'pmi.sock') };
       try {
         await listen(local.server, local.path);
       } catch (e) {
@@ -92,7 +93,7 @@ export class PmiListener {
       }
     }
     self = new PmiListener(server, host, addr.port, local, new PmiEngine(opts.trace !== undefined, opts.onError));
-    for (const s of early) self.accept(s, opts);
+    for (const [s, via] of early) self.accept(s, via, opts);
     return self;
   }
 
@@ -119,7 +120,7 @@ export class PmiListener {
     if (this.local) rmSync(this.local.dir, { recursive: true, force: true });
   }
 
-  private accept(socket: Socket, opts: PmiListenerOptions): void {
+  private accept(socket: Socket, via: 'tcp' | 'unix', opts: PmiListenerOptions): void {
     if (socket.remoteAddress && opts.onTcpConnection) {
       try {
         opts.onTcpConnection(socket);
@@ -135,6 +136,7 @@ export class PmiListener {
       opts.trace,
       opts.onError,
       opts.bindTimeoutMs ?? BIND_TIMEOUT_MS,
+      via,
     );
     this.connections.add(conn);
     void conn.done.then(() => this.connections.delete(conn));

@@ -43,8 +43,14 @@ export interface NativeBinding {
   closeStrangers(): number;
   /** SO_KEEPALIVE with these timings, and TCP_USER_TIMEOUT, on a TCP socket. */
   tcpKeepAlive(fd: number, idleMs: number, intervalMs: number, count: number, userTimeoutMs: number): void;
-  /** The uid owning the other end of this TCP connection if it is a socket of this host, else -1. */
+  /**
+   * The uid owning the other end of this TCP connection if it is a socket of this host; -1 if no
+   * such socket is here, -2 if it is but closed (no process holds it; the kernel says uid 0), -3 if
+   * the kernel could not be asked.
+   */
   peerUid(localAddress: string, localPort: number, remoteAddress: string, remotePort: number): number;
+  /** The uid of the process that connected this UNIX socket (SO_PEERCRED), else -1. */
+  unixPeerUid(fd: number): number;
   /** _exit(code): for a shutdown that libpmix's finalize would not let end. */
   exitNow(code: number): never;
   constants: { keys: Record<string, string>; ints: Record<string, number>; headerVersion: string };

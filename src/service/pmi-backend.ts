@@ -12,8 +12,10 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import type { EngineJob } from '../pmi/engine.js';
 import {
+  checkPeerUid,
   LIMITS,
   newPmiId,
+  type PmiConnectionInfo,
   PmiError,
   type PmiJobCore,
   PmiListener,
@@ -82,6 +84,11 @@ export interface PmiBackendOptions {
 /** Host names under which a worker runs on the sidecar's own host. */
 export const LOCAL_HOSTS = new Set([hostname(), 'localhost', '127.0.0.1', '::1']);
 
+/** The uid a worker's ranks run as: the one it registered with, else the sidecar's own (as for PMIx). */
+export function workerUid(worker: Readonly<Worker> | undefined): number {
+  return worker?.uid ?? process.getuid?.() ?? 0;
+}
+
 /** Writes this host's hwloc topology as XML; undefined when hwloc's lstopo is not installed. */
 async function writeTopology(): Promise<{ file: string; dir: string } | undefined> {
   const dir = mkdtempSync(join(tmpdir(), 'dask-pmix-hwloc-'));
@@ -100,7 +107,7 @@ export class PmiBackend implements JobBackend, PmiJobCore {
   private readonly byPmiId = new Map<string, { pj: PmiJob; rank: number }>();
   private readonly jobs = new Map<string, PmiJob>();
   /** Members of something else than a job of the core (the in-process worlds, pmi-worlds.ts). */
-  private others: ((pmiId: string) => PmiMember | undefined) | undefined;
+  private others: ((pmiId: string, conn: PmiConnectionInfo) => PmiMember | undefined) | undefined;
 
   private constructor(
     private readonly opts: PmiBackendOptions,
@@ -120,7 +127,7 @@ export class PmiBackend implements JobBackend, PmiJobCore {
           : await writeTopology();
     let self: PmiBackend | undefined;
     // The listener needs its core before it accepts anything; the backend is that core.
-    const core: PmiJobCore = { attach: (id) => self!.attach(id) };
+    const core: PmiJobCore = { attach: (id, conn) => self!.attach(id, conn) };
     const listener = await PmiListener.start({
       core,
       host: opts.host,
@@ -144,11 +151,12 @@ export class PmiBackend implements JobBackend, PmiJobCore {
 
   // ---- JobBackend ----------------------------------------------------------------------------
 
-  async prepare(job: Readonly<Job>): Promise<void> {
+  async prepare(job: Readonly<Job>, workers: ReadonlyMap<string, Readonly<Worker>>): Promise<void> {
     const pj: PmiJob = {
       job,
       pmiIds: job.members.map(() => newPmiId()),
       hosts: job.members.map((m) => m.host),
+      uids: job.members.map((m) => workerUid(workers.get(m.workerId))),
       connected: job.members.map(() => false),
       released: false,
     };
@@ -179,7 +187,7 @@ export class PmiBackend implements JobBackend, PmiJobCore {
   }
 
   /** Serves members that are not ranks of a job of the core too: `attach` answers their credentials. */
-  serveAlso(attach: (pmiId: string) => PmiMember | undefined): void {
+  serveAlso(attach: (pmiId: string, conn: PmiConnectionInfo) => PmiMember | undefined): void {
     this.others = attach;
   }
 
@@ -221,15 +229,18 @@ export class PmiBackend implements JobBackend, PmiJobCore {
 
   // ---- PmiJobCore ----------------------------------------------------------------------------
 
-  attach(pmiId: string): PmiMember {
+  attach(pmiId: string, conn: PmiConnectionInfo): PmiMember {
     const e = this.byPmiId.get(pmiId);
     if (!e) {
-      const other = this.others?.(pmiId);
+      const other = this.others?.(pmiId, conn);
       if (other) return other;
     }
     // The guess is not echoed: an answer must not help the next one.
     if (!e) throw new PmiError('unknown PMI_ID: no active MPICH/Intel MPI job has such a member');
     const { pj, rank } = e;
+    // Before anything else, and changing nothing: a stranger holding the credential neither
+    // learns the rank's state nor takes the credential from the rank it belongs to.
+    checkPeerUid(conn.peerUid(), pj.uids[rank]!);
     if (pj.connected[rank]) throw new PmiError(`the PMI_ID of rank ${rank} of job ${pj.job.id} is already connected`);
     try {
       this.opts.rm.memberConnected(pj.job.namespace, rank);

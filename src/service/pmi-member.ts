@@ -21,6 +21,8 @@ export interface PmiJob {
   /** Each rank's credential (src/pmi/credential.ts). */
   pmiIds: string[];
   hosts: string[];
+  /** The uid each rank's worker was registered with: a peer on this host binds only as it. */
+  uids: number[];
   /** The job in the native engine, made when its first member binds. */
   engine?: EngineJob;
   /** Which ranks have a live connection. */

@@ -5,9 +5,17 @@
 // a job's. The connection is also how the sidecar learns that the worker process died: it closes
 // without PMI finalize (MPICH 5 finalizes PMI only at process exit), and the job the worker is in
 // fails at once.
-import { type KvsLookup, newPmiId, PmiError, type PmiMember, type PmiMemberInfo } from '../pmi/index.js';
+import {
+  checkPeerUid,
+  type KvsLookup,
+  newPmiId,
+  type PmiConnectionInfo,
+  PmiError,
+  type PmiMember,
+  type PmiMemberInfo,
+} from '../pmi/index.js';
 import type { Impl, ResourceManager, Worker, WorldBackend } from '../rm/index.js';
-import { LOCAL_HOSTS, type PmiBackend } from './pmi-backend.js';
+import { LOCAL_HOSTS, type PmiBackend, workerUid } from './pmi-backend.js';
 import { asPmiError, core, lookupName, publishName, unpublishName } from './pmi-names.js';
 
 /**
@@ -34,6 +42,8 @@ interface World {
   impl: Impl;
   host: string;
   pmiId: string;
+  /** The uid its worker registered with: a peer on this host binds only as it. */
+  uid: number;
   /** Bound to a connection (a credential binds once). */
   attached: boolean;
 }
@@ -49,11 +59,18 @@ export class PmiWorlds implements WorldBackend {
     /** Settings for every world's process, replacing WORLD_ENV (as --pmi-env replaces the defaults). */
     private readonly extraEnv?: Readonly<Record<string, string>>,
   ) {
-    pmi.serveAlso((id) => this.attach(id));
+    pmi.serveAlso((id, conn) => this.attach(id, conn));
   }
 
   open(namespace: string, impl: Impl, worker: Readonly<Worker>): Record<string, string> {
-    const world: World = { namespace, impl, host: worker.host, pmiId: newPmiId(), attached: false };
+    const world: World = {
+      namespace,
+      impl,
+      host: worker.host,
+      pmiId: newPmiId(),
+      uid: workerUid(worker),
+      attached: false,
+    };
     this.byPmiId.set(world.pmiId, world);
     this.byNamespace.set(namespace, world);
     return {
@@ -71,9 +88,10 @@ export class PmiWorlds implements WorldBackend {
     this.rm.names.jobReleased(namespace);
   }
 
-  private attach(pmiId: string): PmiMember | undefined {
+  private attach(pmiId: string, conn: PmiConnectionInfo): PmiMember | undefined {
     const world = this.byPmiId.get(pmiId);
     if (!world) return undefined;
+    checkPeerUid(conn.peerUid(), world.uid);
     if (world.attached) throw new PmiError(`the PMI_ID of world ${world.namespace} is already connected`);
     const refusal = this.rm.worldRefusal(world.namespace);
     if (refusal) throw new PmiError(refusal);

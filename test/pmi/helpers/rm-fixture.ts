@@ -57,15 +57,19 @@ export class PmiRmFixture {
     return this.backend.listener.port;
   }
 
-  /** Registers `n` workers on `hosts` (default all on this host) and creates a job over them. */
+  /**
+   * Registers `n` workers on `hosts` (default all on this host), running as `uid` (default: not
+   * said, so the sidecar's own), and creates a job over them.
+   */
   async job(
     n: number,
-    opts: { hosts?: string[]; impl?: Impl; wiringTimeoutSeconds?: number } = {},
+    opts: { hosts?: string[]; impl?: Impl; wiringTimeoutSeconds?: number; uid?: number } = {},
   ): Promise<FixtureJob> {
     const workers: string[] = [];
     for (let i = 0; i < n; i++) {
       const id = `w${++this.nextWorker}`;
-      this.rm.registerWorker({ id, host: opts.hosts?.[i] ?? 'localhost' });
+      const user = opts.uid !== undefined ? { uid: opts.uid, gid: opts.uid } : {};
+      this.rm.registerWorker({ id, host: opts.hosts?.[i] ?? 'localhost', ...user });
       workers.push(id);
     }
     const job = await this.rm.createJob({
