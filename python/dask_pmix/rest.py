@@ -131,8 +131,10 @@ class _Routes:
     def jobs(self):
         return self._call("GET", "/v1/jobs", post=_items("jobs"))
 
-    def delete_job(self, job_id: str):
-        return self._call("DELETE", f"/v1/jobs/{quote(job_id)}")
+    def delete_job(self, job_id: str, reason: str | None = None):
+        """Ends the job (aborted) and forgets it; ``reason`` is the error an active job ends with."""
+        query = f"?reason={quote(reason[:500])}" if reason else ""
+        return self._call("DELETE", f"/v1/jobs/{quote(job_id)}{query}")
 
     def member_lost(self, job_id: str, worker_id: str, reason: str):
         return self._call("POST", f"/v1/jobs/{quote(job_id)}/members/{quote(worker_id)}/lost", {"reason": reason})

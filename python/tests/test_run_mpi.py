@@ -294,6 +294,46 @@ def test_a_member_whose_nanny_reports_it_gone_fails_the_job_naming_it(impl, tmp_
         cluster.close()
 
 
+def test_client_restart_during_a_job_fails_it_saying_so(tmp_path, impl):
+    # client.restart() releases every task, the ranks' too: the job's error names the restart
+    # (it read "deleted over REST"), and the restarted cluster runs the next job.
+    cluster, client, sidecar = start_cluster(2)
+    flag = str(tmp_path / "go")
+    try:
+        def wait_for_flag(comm):
+            while not os.path.exists(flag):
+                comm.Barrier()
+                time.sleep(0.05)
+            return comm.rank
+
+        outcome = {}
+
+        def run():
+            try:
+                outcome["results"] = run_mpi(client, wait_for_flag, n=2, impl=impl, timeout=60)
+            except MPIJobError as e:
+                outcome["error"] = e
+
+        job = threading.Thread(target=run)
+        job.start()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(j["state"] == "running" for j in sidecar.jobs()):
+            time.sleep(0.1)
+        assert any(j["state"] == "running" for j in sidecar.jobs()), sidecar.jobs()
+        client.restart()
+        job.join(60)
+        assert not job.is_alive(), "run_mpi did not return"
+        assert "error" in outcome, outcome
+        assert "client.restart()" in str(outcome["error"]), str(outcome["error"])
+        assert "deleted over REST" not in str(outcome["error"])
+        open(flag, "w").close()
+        assert run_mpi(client, lambda comm: comm.allreduce(1), n=2, impl=impl, timeout=60) == [2, 2]
+    finally:
+        open(flag, "w").close()
+        client.close()
+        cluster.close()
+
+
 def test_a_job_for_another_mpi_than_the_workers_fails_clearly(dask_cluster, impl):
     _, client, sidecar = dask_cluster
     other = "mpich" if impl == "openmpi" else "openmpi"

@@ -285,6 +285,18 @@ describe('jobs', () => {
     expect((await fx.call('GET', '/v1/workers/j2')).body.state).toBe('available');
   });
 
+  it('ends a job with the reason its deleter gives, and refuses a reason that is empty or too long', async () => {
+    const job = (await fx.call('POST', '/v1/jobs', { impl: 'openmpi', members: ['j1', 'j4'] })).body;
+    expectError(await fx.call('DELETE', `/v1/jobs/${job.id}?reason=`), 400);
+    expectError(await fx.call('DELETE', `/v1/jobs/${job.id}?reason=${'x'.repeat(501)}`), 400);
+    expect((await fx.call('GET', `/v1/jobs/${job.id}`)).body.state).toBe('pending');
+    const why = 'the cluster was restarted (client.restart()) while the job ran';
+    const d = await fx.call('DELETE', `/v1/jobs/${job.id}?reason=${encodeURIComponent(why)}`);
+    expect(d.status).toBe(200);
+    expect(d.body).toMatchObject({ state: 'aborted', error: why });
+    expect((await fx.call('GET', '/v1/workers/j4')).body.state).toBe('available');
+  });
+
   it('creates from a selector and honours placement', async () => {
     const r = await fx.call('POST', '/v1/jobs', {
       impl: 'mpich',

@@ -42,6 +42,8 @@ logger = logging.getLogger("dask_pmix")
 # A fork job whose every rank's task finished is ended by its ranks' finalize; one still active this
 # long after the last rank finished is ended here.
 SETTLE = 2.0
+# The stimuli of Scheduler.restart (client.restart()): it releases every task, the ranks' too.
+RESTART_STIMULI = ("client-restart-", "restart-")
 
 
 class SidecarPlugin(SchedulerPlugin):
@@ -492,7 +494,11 @@ class SidecarPlugin(SchedulerPlugin):
             # not the task dropped: the sidecar fails the job itself, naming the member (ending
             # the job now would lose who ended it).
             return
-        self._soon(self._end(entry.id, "a rank's task was cancelled (its future was released)"))
+        if str(kwargs.get("stimulus_id") or "").startswith(RESTART_STIMULI):
+            why = "the cluster was restarted (client.restart()) while the job ran: Dask released every task"
+        else:
+            why = "a rank's task was cancelled (its future was released)"
+        self._soon(self._end(entry.id, why))
 
     async def _complete(self, job_id: str) -> None:
         """Every rank of the in-process job returned: its members leave it, all at once."""
@@ -515,7 +521,7 @@ class SidecarPlugin(SchedulerPlugin):
     async def _end(self, job_id: str, why: str) -> dict:
         """Ends the job now (aborted, its members given back)."""
         try:
-            job = await self.sidecar.delete_job(job_id)
+            job = await self.sidecar.delete_job(job_id, why)
         except SidecarError as e:
             return {"id": job_id, "error": str(e)}
         if job:

@@ -76,19 +76,25 @@ export const jobRoutes: FastifyPluginAsync<RouteOptions> = async (app, { rm, aut
     async (req) => (await jobView(req))(rm.getJob(req.params.id)),
   );
 
-  app.delete<Params<{ id: string }>>(
+  app.delete<Params<{ id: string }> & { Querystring: { reason?: string } }>(
     '/jobs/:id',
     {
       ...write,
       schema: {
         security: auth.security.write,
-        summary: 'Abort the job if active, release its members, forget it',
+        summary:
+          'Abort the job if active, release its members, forget it; reason=<text> is the error an active job ends with',
         tags: ['jobs'],
         params: params('id'),
-        response: { 200: responses.job, ...errors(401, 404) },
+        querystring: {
+          type: 'object',
+          properties: { reason: { type: 'string', minLength: 1, maxLength: 500 } },
+          additionalProperties: false,
+        },
+        response: { 200: responses.job, ...errors(400, 401, 404) },
       },
     },
-    async (req) => toJson.job(await rm.deleteJob(req.params.id)),
+    async (req) => toJson.job(await rm.deleteJob(req.params.id, req.query.reason)),
   );
 
   // Always behind the token: the environment lets its holder join the job as that rank.
