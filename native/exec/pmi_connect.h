@@ -151,7 +151,15 @@ static int pmi_connect_tcp(const char *port) {
 
 static int pmi_connect(void) {
   const char *port = getenv("PMI_PORT"), *id = getenv("PMI_ID");
-  if (!port || !id) return 0;
+  if (!port && !id) return 0;
+  if (!port || !id) {
+    /* MPICH would start on half of it and say only "PMI_Get_appnum returned -1". */
+    fprintf(stderr,
+            "dask-pmix: %s is set but %s is not: a rank needs the whole environment of its member "
+            "(GET /v1/jobs/{id}/env/{worker}); nothing was started\n",
+            port ? "PMI_PORT" : "PMI_ID", port ? "PMI_ID" : "PMI_PORT");
+    return -1;
+  }
   if (pmi_connect_check_id(id) != 0) return -1;
   long deadline = pmi_connect_now_ms() + PMI_CONNECT_TIMEOUT_MS;
   int fd = pmi_connect_unix(getenv("DASK_PMIX_PMI_SOCKET"));

@@ -84,8 +84,15 @@ def bind(environ: MutableMapping[str, str] = os.environ, timeout: float = TIMEOU
     when there is nothing to bind. Raises PMIConnectError with the server's reason otherwise, and
     before connecting for a ``PMI_ID`` that is not a credential (check_pmi_id)."""
     port, pmi_id = environ.get("PMI_PORT"), environ.get("PMI_ID")
-    if not port or not pmi_id:
+    if not port and not pmi_id:
         return None
+    if not port or not pmi_id:
+        # MPICH would start on half of it and say only "PMI_Get_appnum returned -1".
+        have, lack = ("PMI_PORT", "PMI_ID") if port else ("PMI_ID", "PMI_PORT")
+        raise PMIConnectError(
+            f"{have} is set but {lack} is not: a rank needs the whole environment of its member "
+            "(GET /v1/jobs/{id}/env/{worker}); nothing was sent"
+        )
     check_pmi_id(pmi_id)
     host, sep, num = port.rpartition(":")
     if not sep or not num.isdigit():

@@ -66,6 +66,19 @@ describe.each(Object.entries(LAUNCHERS))('dask-pmix exec through %s', (_name, la
     await fx.rm.deleteJob(j.job.id);
   });
 
+  it('refuses half a PMI environment, saying which variable is missing, and runs nothing', async () => {
+    const j = await fx.job(1);
+    const { PMI_ID: _id, ...withoutId } = j.envs[0]!;
+    const r = await run([...launcher, 'exec', '/bin/echo', 'ran'], withoutId);
+    expect(r).toMatchObject({ code: 3, out: '' });
+    expect(r.err).toContain('dask-pmix: PMI_PORT is set but PMI_ID is not');
+    const { PMI_PORT: _port, ...withoutPort } = j.envs[0]!;
+    const s = await run([...launcher, 'exec', '/bin/echo', 'ran'], withoutPort);
+    expect(s).toMatchObject({ code: 3, out: '' });
+    expect(s.err).toContain('dask-pmix: PMI_ID is set but PMI_PORT is not');
+    await fx.rm.deleteJob(j.job.id);
+  });
+
   it('just runs the program when there is no PMI environment, passing its exit status on', async () => {
     expect(await run([...launcher, 'exec', '/bin/sh', '-c', 'echo plain; exit 7'], {})).toMatchObject({
       code: 7,

@@ -83,6 +83,20 @@ describe('a PMI_ID with commands in it', () => {
     expect((await run(cmd, env)).code).toBe(0);
     await fx.rm.deleteJob(j.job.id);
   });
+  it.each(Object.entries(BINDERS))('is refused by %s when half of it is missing, saying which', async (_n, cmd) => {
+    const j = await fx.job(1);
+    const env: Record<string, string> = { ...j.envs[0]!, PYTHONPATH: join(ROOT, 'python') };
+    const { PMI_ID: _id, ...noId } = env;
+    const r = await run(cmd, noId);
+    expect(r.code).toBe(3);
+    expect(r.err).toContain('PMI_PORT is set but PMI_ID is not: a rank needs the whole environment of its member');
+    const { PMI_PORT: _port, ...noPort } = env;
+    const s = await run(cmd, noPort);
+    expect(s.code).toBe(3);
+    expect(s.err).toContain('PMI_ID is set but PMI_PORT is not');
+    expect(fx.state(j.job.id)).toBe('pending');
+    await fx.rm.deleteJob(j.job.id);
+  });
 });
 
 describe('the wiring timeout', () => {
