@@ -334,6 +334,50 @@ def test_client_restart_during_a_job_fails_it_saying_so(tmp_path, impl):
         cluster.close()
 
 
+def test_a_member_retired_by_dask_during_a_job_fails_it_saying_so(tmp_path, impl):
+    # retire_workers (what cluster.scale(n) does to the workers it drops) closes the worker once
+    # its data moved: the job fails naming the retirement (it read "its worker finalized its MPI
+    # session"), the other members go back to work, and the retired worker is gone.
+    cluster, client, sidecar = start_cluster(3)
+    flag = str(tmp_path / "go")
+    try:
+        members = workers_of(client)[:2]
+
+        def wait_for_flag(comm):
+            while not os.path.exists(flag):
+                comm.Barrier()
+                time.sleep(0.05)
+            return comm.rank
+
+        outcome = {}
+
+        def run():
+            try:
+                outcome["results"] = run_mpi(client, wait_for_flag, workers=members, impl=impl, timeout=60)
+            except MPIJobError as e:
+                outcome["error"] = e
+
+        job = threading.Thread(target=run)
+        job.start()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(j["state"] == "running" for j in sidecar.jobs()):
+            time.sleep(0.1)
+        assert any(j["state"] == "running" for j in sidecar.jobs()), sidecar.jobs()
+        client.retire_workers(workers=[members[1]])
+        job.join(60)
+        assert not job.is_alive(), "run_mpi did not return"
+        assert "error" in outcome, outcome
+        err = outcome["error"]
+        assert "being retired by Dask" in str(err) and err.worker == members[1], str(err)
+        assert members[1] not in workers_of(client)
+        open(flag, "w").close()
+        assert run_mpi(client, lambda comm: comm.allreduce(1), n=2, impl=impl, timeout=60) == [2, 2]
+    finally:
+        open(flag, "w").close()
+        client.close()
+        cluster.close()
+
+
 def test_a_job_for_another_mpi_than_the_workers_fails_clearly(dask_cluster, impl):
     _, client, sidecar = dask_cluster
     other = "mpich" if impl == "openmpi" else "openmpi"

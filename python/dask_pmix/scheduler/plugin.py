@@ -529,6 +529,22 @@ class SidecarPlugin(SchedulerPlugin):
         logger.debug("dask-pmix: job %s ended: %s", job_id, why)
         return job or {"id": job_id}
 
+    def log_event(self, topic, msg) -> None:
+        """A worker that Dask begins to retire (cluster.scale(), retire_workers(), a worker's
+        lifetime) while it is a member of a job will be closed once its data has moved: its job
+        fails now, saying so, instead of at the close as 'its worker finalized its MPI session'."""
+        if not isinstance(msg, dict) or msg.get("action") != "worker-status-change" or self._closed:
+            return
+        if msg.get("status") != "closing_gracefully" or not isinstance(topic, str):
+            return
+        for entry in self.jobs.active():
+            if topic in entry.workers:
+                why = (
+                    "its worker is being retired by Dask (cluster.scale(), client.retire_workers() or the "
+                    "worker's lifetime) while the job ran; MPI jobs do not shrink"
+                )
+                self._soon(self.member_lost(entry.id, topic, why))
+
     def remove_client(self, scheduler, client: str) -> None:
         for entry in self.jobs.active():
             if entry.owner == client:
