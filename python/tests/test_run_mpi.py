@@ -249,33 +249,52 @@ def test_retire_and_adaptive_keep_members_and_a_killed_member_fails_the_job(impl
         cluster.close()
 
 
+def _wait_for_file(path: str):
+    def fn(comm):
+        while not os.path.exists(path):
+            comm.Barrier()
+            time.sleep(0.05)
+        return comm.rank
+
+    return fn
+
+
+def running_job_until(client, sidecar, flag: str, impl: str, **where):
+    """A job whose ranks run until ``flag`` exists, started in a thread; returns once it runs,
+    with the thread and the dict that gets its results or its MPIJobError."""
+    outcome: dict = {}
+
+    def run():
+        try:
+            outcome["results"] = run_mpi(client, _wait_for_file(flag), impl=impl, timeout=60, **where)
+        except MPIJobError as e:
+            outcome["error"] = e
+
+    job = threading.Thread(target=run)
+    job.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(j["state"] == "running" for j in sidecar.jobs()):
+        time.sleep(0.1)
+    assert any(j["state"] == "running" for j in sidecar.jobs()), sidecar.jobs()
+    return job, outcome
+
+
+def failed(job: threading.Thread, outcome: dict) -> MPIJobError:
+    job.join(60)
+    assert not job.is_alive(), "run_mpi did not return"
+    assert "error" in outcome, outcome
+    assert "deleted over REST" not in str(outcome["error"])
+    return outcome["error"]
+
+
 def test_a_member_whose_nanny_reports_it_gone_fails_the_job_naming_it(impl, tmp_path):
     """Dask hears of a dead worker from its nanny or from its stream closing, whichever comes
     first; either way the job fails naming that member, not as a job deleted by someone."""
     cluster, client, sidecar = start_cluster(3)
+    flag = str(tmp_path / "go")
     try:
         members = workers_of(client)
-        flag = str(tmp_path / "go")
-
-        def wait_for_flag(comm):
-            while not os.path.exists(flag):
-                comm.Barrier()
-                time.sleep(0.05)
-            return comm.rank
-
-        outcome = {}
-
-        def run():
-            try:
-                outcome["results"] = run_mpi(client, wait_for_flag, workers=members, impl=impl, timeout=60)
-            except MPIJobError as e:
-                outcome["error"] = e
-
-        job = threading.Thread(target=run)
-        job.start()
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not any(j["state"] == "running" for j in sidecar.jobs()):
-            time.sleep(0.1)
+        job, outcome = running_job_until(client, sidecar, flag, impl, workers=members)
         victim = members[1]
 
         async def nanny_says_gone(dask_scheduler, address=victim):
@@ -283,13 +302,10 @@ def test_a_member_whose_nanny_reports_it_gone_fails_the_job_naming_it(impl, tmp_
             return await dask_scheduler.remove_worker(address, stimulus_id=f"nanny-close-{time.time()}")
 
         client.run_on_scheduler(nanny_says_gone)
-        job.join(60)
-        open(flag, "w").close()
-        assert "error" in outcome, outcome
-        assert outcome["error"].worker == victim, outcome["error"]
-        assert "deleted over REST" not in str(outcome["error"])
+        err = failed(job, outcome)
+        assert err.worker == victim, err
     finally:
-        open(str(tmp_path / "go"), "w").close()
+        open(flag, "w").close()
         client.close()
         cluster.close()
 
@@ -300,32 +316,9 @@ def test_client_restart_during_a_job_fails_it_saying_so(tmp_path, impl):
     cluster, client, sidecar = start_cluster(2)
     flag = str(tmp_path / "go")
     try:
-        def wait_for_flag(comm):
-            while not os.path.exists(flag):
-                comm.Barrier()
-                time.sleep(0.05)
-            return comm.rank
-
-        outcome = {}
-
-        def run():
-            try:
-                outcome["results"] = run_mpi(client, wait_for_flag, n=2, impl=impl, timeout=60)
-            except MPIJobError as e:
-                outcome["error"] = e
-
-        job = threading.Thread(target=run)
-        job.start()
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not any(j["state"] == "running" for j in sidecar.jobs()):
-            time.sleep(0.1)
-        assert any(j["state"] == "running" for j in sidecar.jobs()), sidecar.jobs()
+        job, outcome = running_job_until(client, sidecar, flag, impl, n=2)
         client.restart()
-        job.join(60)
-        assert not job.is_alive(), "run_mpi did not return"
-        assert "error" in outcome, outcome
-        assert "client.restart()" in str(outcome["error"]), str(outcome["error"])
-        assert "deleted over REST" not in str(outcome["error"])
+        assert "client.restart()" in str(failed(job, outcome))
         open(flag, "w").close()
         assert run_mpi(client, lambda comm: comm.allreduce(1), n=2, impl=impl, timeout=60) == [2, 2]
     finally:
@@ -336,38 +329,15 @@ def test_client_restart_during_a_job_fails_it_saying_so(tmp_path, impl):
 
 def test_a_member_retired_by_dask_during_a_job_fails_it_saying_so(tmp_path, impl):
     # retire_workers (what cluster.scale(n) does to the workers it drops) closes the worker once
-    # its data moved: the job fails naming the retirement (it read "its worker finalized its MPI
-    # session"), the other members go back to work, and the retired worker is gone.
+    # its data moved: the job fails naming the retirement (it read "its worker left (removed over
+    # REST)"), the other members go back to work, and the retired worker is gone.
     cluster, client, sidecar = start_cluster(3)
     flag = str(tmp_path / "go")
     try:
         members = workers_of(client)[:2]
-
-        def wait_for_flag(comm):
-            while not os.path.exists(flag):
-                comm.Barrier()
-                time.sleep(0.05)
-            return comm.rank
-
-        outcome = {}
-
-        def run():
-            try:
-                outcome["results"] = run_mpi(client, wait_for_flag, workers=members, impl=impl, timeout=60)
-            except MPIJobError as e:
-                outcome["error"] = e
-
-        job = threading.Thread(target=run)
-        job.start()
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not any(j["state"] == "running" for j in sidecar.jobs()):
-            time.sleep(0.1)
-        assert any(j["state"] == "running" for j in sidecar.jobs()), sidecar.jobs()
+        job, outcome = running_job_until(client, sidecar, flag, impl, workers=members)
         client.retire_workers(workers=[members[1]])
-        job.join(60)
-        assert not job.is_alive(), "run_mpi did not return"
-        assert "error" in outcome, outcome
-        err = outcome["error"]
+        err = failed(job, outcome)
         assert "being retired by Dask" in str(err) and err.worker == members[1], str(err)
         assert members[1] not in workers_of(client)
         open(flag, "w").close()

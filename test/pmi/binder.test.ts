@@ -2,11 +2,11 @@
 // through the binder (native/exec); a wrong credential is refused with the server's reason; with
 // no PMI environment the program just runs. Both launchers: bin/dask-pmix (straight to the
 // binder) and the Node.js CLI.
-import { spawn } from 'node:child_process';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { bin } from '../helpers/build-clients.js';
 import { ROOT } from '../helpers/paths.js';
+import { runProgram } from '../helpers/run-program.js';
 import { PmiRmFixture } from './helpers/rm-fixture.js';
 
 let fx: PmiRmFixture;
@@ -20,26 +20,8 @@ const LAUNCHERS = {
   'node main.js': [process.execPath, join(ROOT, 'dist', 'src', 'cli', 'main.js')],
 } as const;
 
-function run(
-  cmd: readonly string[],
-  env: Record<string, string>,
-): Promise<{ code: number | null; out: string; err: string }> {
-  return new Promise((resolve, reject) => {
-    const c = spawn(cmd[0]!, cmd.slice(1), {
-      env: { PATH: process.env.PATH!, ...env },
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
-    let out = '';
-    let err = '';
-    c.stdout.on('data', (d: Buffer) => (out += d.toString()));
-    c.stderr.on('data', (d: Buffer) => (err += d.toString()));
-    const t = setTimeout(() => c.kill('SIGKILL'), 30_000);
-    c.on('error', reject);
-    c.on('close', (code) => {
-      clearTimeout(t);
-      resolve({ code, out, err });
-    });
-  });
+function run(cmd: readonly string[], env: Record<string, string>) {
+  return runProgram(cmd, env, { timeoutMs: 30_000 });
 }
 
 describe.each(Object.entries(LAUNCHERS))('dask-pmix exec through %s', (_name, launcher) => {

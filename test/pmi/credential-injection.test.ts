@@ -2,10 +2,10 @@
 // would bind rank 0 and finalize it in one write, before MPI starts. The binders refuse such a
 // PMI_ID before connecting; the server refuses a bind with anything behind it in what arrived,
 // before parsing it; and a job still wiring fails at its wiring timeout whatever a client sends.
-import { spawn } from 'node:child_process';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { BINDER, ROOT, VENV } from '../helpers/paths.js';
+import { runProgram } from '../helpers/run-program.js';
 import { PmiRmFixture } from './helpers/rm-fixture.js';
 import { frame2, parse1, WireClient } from './helpers/wire-client.js';
 
@@ -15,22 +15,7 @@ beforeAll(async () => {
 });
 afterAll(() => fx.stop());
 
-function run(cmd: readonly string[], env: Record<string, string>): Promise<{ code: number | null; err: string }> {
-  return new Promise((resolve, reject) => {
-    const c = spawn(cmd[0]!, cmd.slice(1), {
-      env: { PATH: process.env.PATH!, ...env },
-      stdio: ['ignore', 'ignore', 'pipe'],
-    });
-    let err = '';
-    c.stderr.on('data', (d: Buffer) => (err += d.toString()));
-    const t = setTimeout(() => c.kill('SIGKILL'), 20_000);
-    c.on('error', reject);
-    c.on('close', (code) => {
-      clearTimeout(t);
-      resolve({ code, err });
-    });
-  });
-}
+const run = (cmd: readonly string[], env: Record<string, string>) => runProgram(cmd, env);
 
 function memberStates(jobId: string): string[] {
   return fx.rm.getJob(jobId).members.map((m) => m.state);

@@ -19,6 +19,7 @@ import { PmiError } from '../../src/pmi/errors.js';
 import { checkPeerUid, isThisHost, type PeerUid, peerUidOf, peerUidRefusal, tcpEnds } from '../../src/pmi/peer-uid.js';
 import { PmiWorlds } from '../../src/service/pmi-worlds.js';
 import { BINDER, ROOT } from '../helpers/paths.js';
+import { runProgram } from '../helpers/run-program.js';
 import { type FixtureJob, PmiRmFixture } from './helpers/rm-fixture.js';
 import { frame2, parse1, WireClient } from './helpers/wire-client.js';
 
@@ -152,30 +153,8 @@ interface BindResult {
   timedOut: boolean;
 }
 
-function spawnAs(
-  uid: number | undefined,
-  cmd: string,
-  args: readonly string[],
-  env: Record<string, string>,
-): Promise<{ code: number | null; out: string; err: string }> {
-  return new Promise((resolve, reject) => {
-    const c = spawn(cmd, args, {
-      env: { PATH: process.env.PATH!, ...env },
-      cwd: '/tmp',
-      stdio: ['ignore', 'pipe', 'pipe'],
-      ...(uid !== undefined ? { uid, gid: uid } : {}),
-    });
-    let out = '';
-    let err = '';
-    c.stdout.on('data', (d: Buffer) => (out += d.toString()));
-    c.stderr.on('data', (d: Buffer) => (err += d.toString()));
-    const t = setTimeout(() => c.kill('SIGKILL'), 20_000);
-    c.on('error', reject);
-    c.on('close', (code) => {
-      clearTimeout(t);
-      resolve({ code, out, err });
-    });
-  });
+function spawnAs(uid: number | undefined, cmd: string, args: readonly string[], env: Record<string, string>) {
+  return runProgram([cmd, ...args], env, { cwd: '/tmp', ...(uid !== undefined ? { uid } : {}) });
 }
 
 /** One bind by the helper running as `uid`: see helpers/bind-as.mjs. */
