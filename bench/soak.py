@@ -9,12 +9,18 @@ MPI: in-process by default, and fork), one from .venv-mpich (MPICH, fork), each 
 jobs mix clusters, modes and sizes 1-4; about a tenth are faults (soaklib/plan.py): kill -9 of a
 member mid-job, MPI_Abort, a rank that hangs (in Python or in MPI) under a run_mpi timeout, a
 silent connection to the sidecar held over several jobs, another uid at every port of the sidecar, 300
-silent connections kept open on the PMIx gate during a job, SIGTERM and kill -9 of the sidecar.
+silent connections kept open on the PMIx gate during a job, SIGTERM and kill -9 of the sidecar,
+PMI binds with commands behind a member's credential and binds with it from another uid (each
+while that member's rank is held back), a forged tcp+mpi hello (to two workers of a third, small
+cluster listening on tcp+mpi://, started only for it), client.restart() mid-job.
 After each fault, the next job on that cluster must succeed. Checked (each a violation when it
 does not hold; --check exits 1 on any):
   - no run_mpi hangs: each returns or raises within its bound (a watchdog thread per job);
   - each fault fails its job with MPIJobError within the promised bound (2 s for a member or
-    the sidecar lost, timeout + 2 s for a hang), and a hang says it timed out;
+    the sidecar lost or a client.restart(), timeout + 2 s for a hang), and a hang says it timed
+    out, a restart that the cluster was restarted;
+  - the PMI binds are refused (rc=-1, closed; another uid's for its uid) and bind nothing, the
+    forged hello is answered mpi:false and the real pair keeps its MPI path; their jobs succeed;
   - every healthy job succeeds with the right answer;
   - a killed sidecar is restarted and gets its workers and psets back;
   - no member left running on a worker 20 s after its job's call returned (asked of the workers'
@@ -208,6 +214,11 @@ def summarize(records: list[dict]) -> dict:
     return out
 
 
+def _canary_loss_explained(r: dict) -> bool:
+    """Whether a job's canary chunks computed again are explained by what the soak did, not by dask-pmix."""
+    return r["fault"] in ("kill", "client-restart") or bool(r.get("cluster_restarted_by_the_soak"))
+
+
 def violations_of(result: dict, records: list[dict]) -> list[str]:
     from soaklib.faults import FROZEN_WITHIN
 
@@ -218,6 +229,13 @@ def violations_of(result: dict, records: list[dict]) -> list[str]:
             v.append(f"{where}: run_mpi hung (no return within the watchdog's bound)")
         if r.get("stranger", {}).get("harmful"):
             v.append(f"{where}: another uid got in: {r['stranger']['harmful'][:3]}")
+        for key, what in (("pmi", "a bind that must be refused was not"), ("forged_hello", "a forged hello got in")):
+            if r.get(key, {}).get("harmful"):
+                v.append(f"{where}: {what}: {r[key]['harmful'][:3]}")
+            if r.get(key, {}).get("error"):
+                v.append(f"{where}: the fault could not be done: {r[key]['error']}")
+        if r.get("restart", {}).get("error") or str(r.get("restart", {}).get("remade_canary", "ok")) != "ok":
+            v.append(f"{where}: client.restart() or the canary after it failed: {json.dumps(r['restart'])[:300]}")
         if r["outcome"] == "hung":
             pass
         elif r["fault"] in (None, *HEALTHY_FAULTS) and r["outcome"] != "ok":
@@ -246,8 +264,9 @@ def violations_of(result: dict, records: list[dict]) -> list[str]:
         if rec is not None and rec.get("pool_back_s", 0) is None:
             v.append(f"{where}: the workers' pool seats were not all ready again within 120 s")
         # A chunk of the canary computed again: its worker's data was lost. A member killed by the
-        # soak, or the soak's own restart after a hang, may cause that; nothing dask-pmix does may.
-        if r.get("canary_recomputed") and r["fault"] != "kill" and not r.get("cluster_restarted_by_the_soak"):
+        # soak, a client.restart() (Dask drops all data: the soak makes the canary again), or the
+        # soak's own restart after a hang, may cause that; nothing dask-pmix does may.
+        if r.get("canary_recomputed") and not _canary_loss_explained(r):
             v.append(f"{where}: {r['canary_recomputed']} chunk(s) of data held since the start were computed again")
     for name, st in result["final"].items():
         for key in ("frozen_rest", "frozen_plugin", "sidecar_not_dask", "dask_not_sidecar", "active_jobs",
@@ -292,6 +311,12 @@ def main() -> int:
     t_start = time.monotonic()
     venvs = {"openmpi": ROOT / ".venv", "mpich": ROOT / ".venv-mpich"}
     clusters = {n: DaskCluster(n, venvs[n], workdir, WORKERS) for n in names}
+    # The forged hellos go to workers that listen on tcp+mpi://: two of their own, in one cohort
+    # (the sm path between them), since the soak's clusters stay tcp:// (tcp+mpi would put the
+    # comm backend under every job and transfer they measure).
+    comm = (DaskCluster("comm", venvs["openmpi"], workdir, 2, protocol="tcp+mpi")
+            if any(s.fault == "forged-hello" for s in plan) and "openmpi" in names else None)
+    every_cluster = [*clusters.values(), *([comm] if comm else [])]
     errors: list[BaseException] = []
 
     def connect(c):
@@ -301,13 +326,13 @@ def main() -> int:
             errors.append(e)
 
     try:
-        for c in clusters.values():
+        for c in every_cluster:
             c.launch_scheduler()
-        for c in clusters.values():
+        for c in every_cluster:
             c.launch_workers()
     except BaseException as e:  # noqa: BLE001
         errors.append(e)
-    threads = [threading.Thread(target=connect, args=(c,)) for c in clusters.values()] if not errors else []
+    threads = [threading.Thread(target=connect, args=(c,)) for c in every_cluster] if not errors else []
     for t in threads:
         t.start()
     for t in threads:
@@ -325,7 +350,7 @@ def main() -> int:
         result["startup_s"] = round(time.monotonic() - t_start, 1)
         for c in clusters.values():  # a pset whose definition must survive the sidecar's restarts
             c.rest.define_pset("soak-kept", members=sorted(c.worker_pids())[:2])
-        runner = Runner(clusters, workdir)
+        runner = Runner(clusters, workdir, comm)
         t_jobs = time.monotonic()
 
         def sample(i: int) -> None:
@@ -366,11 +391,13 @@ def main() -> int:
         runner.close_silent()
         result["jobs_s"] = round(time.monotonic() - t_jobs, 1)
         result["final"] = {n: final_state(c) for n, c in clusters.items()}
+        if comm is not None:
+            result["final"]["comm"] = final_state(comm)
         end = ledger.sample("end")
         result["shm"] = {"before": len(ledger.before), "max_files": ledger.max_files, "orphaned_at_end": end["orphaned"],
                          "samples": shm_samples[:: max(1, len(shm_samples) // 25)]}
     finally:
-        stops = {n: c.stop() for n, c in clusters.items()}
+        stops = {c.name: c.stop() for c in every_cluster}
     time.sleep(1.0)
     result.setdefault("shm", {})["left_after_stop"] = ledger.left_after_stop()
     result["shm"]["leftovers"] = ledger.describe(sorted(set(result["shm"]["left_after_stop"])
@@ -406,7 +433,10 @@ def main() -> int:
         # kill (nor the soak's own restart after a hang) explains, which dask-pmix's actions lost.
         "canary_recomputed": sum(r.get("canary_recomputed", 0) for r in records),
         "canary_recomputed_by_dask_pmix": sum(r.get("canary_recomputed", 0) for r in records
-                                              if r["fault"] != "kill" and not r.get("cluster_restarted_by_the_soak")),
+                                              if not _canary_loss_explained(r)),
+        # Dask's by design: client.restart() drops every key, and the soak makes the canary again.
+        "canary_recomputed_by_client_restart": sum(r.get("canary_recomputed", 0) for r in records
+                                                   if r["fault"] == "client-restart"),
         "frozen_workers_at_end": sum(len(st["frozen_rest"]) + len(st["frozen_plugin"]) for st in result["final"].values()),
         "leaked_namespaces": sum(len(st["namespaces_on_disk"]) + len(st["active_jobs"]) for st in result["final"].values()),
         "shm_orphaned_at_end": len(result["shm"]["orphaned_at_end"]),

@@ -96,3 +96,39 @@ def member_stacks(dask_worker=None):
                                 for x in reversed(traceback.extract_stack(frame)[-8:])]
             out[str(tid)] = member
     return out
+
+
+def hold_thread(marker_dir, token, slot, within):
+    """A task that keeps one of its worker's threads until `<token>.release` exists (at most
+    `within` s): with every thread of a worker so held, a job's rank there waits to start, and its
+    member's PMI credential stays unbound meanwhile (the PMI faults). Marks itself in first."""
+    import os
+    import time
+
+    _mark(marker_dir, token, f"hold{slot}")
+    release = os.path.join(marker_dir, f"{token}.release")
+    deadline = time.monotonic() + within
+    while not os.path.exists(release) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return slot
+
+
+def comm_description(dask_worker=None):
+    """Run on a tcp+mpi worker (client.run): what its transport hello tells a peer about it
+    (dask_pmix.comm.paths.describe), and its comm counters."""
+    from dask_pmix.comm.link import current_link
+    from dask_pmix.comm.paths import describe
+    from dask_pmix.comm.stats import comm_stats
+
+    return {"description": describe(current_link()), "stats": comm_stats()}
+
+
+def block(nbytes, seed):
+    """A block of data large enough to cross between tcp+mpi workers over MPI (comm.sm-threshold)."""
+    import numpy as np
+
+    return np.full(nbytes // 8, seed, dtype="f8")
+
+
+def total(x):
+    return float(x[:4].sum()) + x.nbytes

@@ -39,8 +39,10 @@ def rss_kb(pid: int) -> int | None:
 class DaskCluster:
     """One scheduler (with the dask-pmix plugin and its sidecar) and `n_workers` nanny workers."""
 
-    def __init__(self, name: str, venv: Path, workdir: Path, n_workers: int, nthreads: int = 2):
+    def __init__(self, name: str, venv: Path, workdir: Path, n_workers: int, nthreads: int = 2,
+                 protocol: str | None = None):
         self.name = name
+        self.protocol = protocol  # the workers' (`dask worker --protocol`); None: Dask's default, tcp
         self.venv = venv
         self.workdir = workdir / name
         self.n_workers = n_workers
@@ -90,7 +92,8 @@ class DaskCluster:
             time.sleep(0.2)
         self._spawn([str(self.venv / "bin" / "dask"), "worker", "--scheduler-file", str(self.scheduler_file),
                      "--nworkers", str(self.n_workers), "--nthreads", str(self.nthreads), "--host", "127.0.0.1",
-                     "--no-dashboard", "--memory-limit", "0"], "workers.log", self._env)
+                     "--no-dashboard", "--memory-limit", "0",
+                     *(["--protocol", self.protocol] if self.protocol else [])], "workers.log", self._env)
 
     def connect(self, timeout: float = 180.0) -> None:
         """Waits for the workers and the plugin (any thread)."""
@@ -99,15 +102,19 @@ class DaskCluster:
         info = wait_for_plugin(self.client, timeout=timeout)
         self.url, self.token = info["url"], info.get("token") or ""
         self.rest = SidecarClient(self.url, self.token, timeout=10)
-        # Data kept for the whole soak, three chunks per worker: dask-pmix must never be why a
-        # chunk is computed again (a worker it replaces has its data moved first).
+        self.canary_log = self.workdir / "canary.log"
+        self.make_canary()
+        self.canary_seen = self.canary_computations()
+
+    def make_canary(self) -> None:
+        """Data kept for the whole soak, three chunks per worker: dask-pmix must never be why a
+        chunk is computed again (a worker it replaces has its data moved first). Made again after
+        a client.restart(), which drops all of it."""
         from soaklib import bodies
 
-        self.canary_log = self.workdir / "canary.log"
         self.canary = [self.client.submit(bodies.canary, i, str(self.canary_log), pure=False)
                        for i in range(3 * self.n_workers)]
         self.client.gather(self.canary)
-        self.canary_seen = self.canary_computations()
 
     def canary_computations(self) -> int:
         """How many times the canary's chunks have been computed so far."""

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from dask_pmix import MPIJobError, run_mpi, submit_mpi
 
-from . import bodies, stranger
+from . import bodies, hello_forger, pmibind, stranger
 from .cluster import DaskCluster
 from .flood import Flood
 from .plan import Spec
@@ -37,6 +37,10 @@ SIDECAR_HOLD = 20.0      # how long the ranks of a sidecar-fault job sleep betwe
 STALL = 4.0              # how long the "stall" fault stops the sidecar (below dask-pmix.timeouts.sidecar-gone)
 MARKERS_WITHIN = 60.0    # every rank of a faulty job is in within this
 SILENT_JOBS = 5          # a silent connection stays open over this many jobs
+HOLD_WITHIN = 60.0       # the PMI faults hold a member's rank back at most this long
+FORGED_BLOCK = 8 << 20   # a block between the tcp+mpi workers: over comm.sm-threshold (4 MiB), so it goes over MPI
+# client.restart() ends a running job as a member lost does: within LOSS_BOUND of the call
+RESTART_BOUND = LOSS_BOUND
 # A job's member tasks end within this of its run_mpi's return, or the member is left frozen (the
 # worker's watcher restarts a member still running 3 s after its job failed).
 FROZEN_WITHIN = 20.0
@@ -62,9 +66,10 @@ class Call:
         return done
 
 
-def call(cluster: DaskCluster, fn: Callable, args: tuple, *, n: int, impl: str, mode: str | None,
-         timeout: float | None = None, submit: bool = False) -> Call:
-    """run_mpi, or (submit) submit_mpi and a gather of its futures, in a thread of its own."""
+def call(cluster: DaskCluster, fn: Callable, args: tuple, *, n: int | None, impl: str, mode: str | None,
+         timeout: float | None = None, submit: bool = False, workers: list[str] | None = None) -> Call:
+    """run_mpi, or (submit) submit_mpi and a gather of its futures, in a thread of its own; on
+    `workers` (addresses, ranks in that order) when given, else on `n` the sidecar chooses."""
     box: dict[str, Any] = {}
 
     def target() -> None:
@@ -72,10 +77,12 @@ def call(cluster: DaskCluster, fn: Callable, args: tuple, *, n: int, impl: str, 
         box["wall_t0"] = time.time()
         try:
             if submit:
-                futures = submit_mpi(cluster.client, fn, *args, n=n, impl=impl, mode=mode, timeout=timeout)
+                futures = submit_mpi(cluster.client, fn, *args, n=n, workers=workers, impl=impl, mode=mode,
+                                     timeout=timeout)
                 box["result"] = cluster.client.gather(futures)
             else:
-                box["result"] = run_mpi(cluster.client, fn, *args, n=n, impl=impl, mode=mode, timeout=timeout)
+                box["result"] = run_mpi(cluster.client, fn, *args, n=n, workers=workers, impl=impl, mode=mode,
+                                        timeout=timeout)
         except BaseException as e:  # noqa: BLE001
             box["error"] = e
         box["t_end"] = time.monotonic()
@@ -121,6 +128,16 @@ def _healthy_result(c: Call, rec: dict, token: str, n: int) -> list | None:
         rec.update(outcome="wrong", result=got[:4])
         return None
     return result
+
+
+def _until(f: Callable[[], Any], within: float, every: float = 0.05) -> Any:
+    """f()'s first true value within `within` s, else None (False)."""
+    deadline = time.monotonic() + within
+    while True:
+        v = f()
+        if v or time.monotonic() > deadline:
+            return v
+        time.sleep(every)
 
 
 def _error_record(e: BaseException | None) -> dict | None:
@@ -239,8 +256,9 @@ def listening_ports(pid: int) -> list[int]:
 
 
 class Runner:
-    def __init__(self, clusters: dict[str, DaskCluster], workdir: Path):
+    def __init__(self, clusters: dict[str, DaskCluster], workdir: Path, comm: DaskCluster | None = None):
         self.clusters = clusters
+        self.comm = comm  # the tcp+mpi cluster the forged hellos go to (soak.py), if the plan has any
         self.markers = workdir / "markers"
         self.markers.mkdir(parents=True, exist_ok=True)
         self.silent: list[dict] = []  # open silent connections: {"sock", "left", "record"}
@@ -248,6 +266,7 @@ class Runner:
 
     # -- one job ---------------------------------------------------------------------------------
     def run(self, spec: Spec) -> dict:
+        t0 = time.monotonic()
         cluster = self.clusters[spec.cluster]
         before = cluster.worker_pids()
         n = min(spec.n, len(before))  # right after a fault the cluster may be a worker short
@@ -263,6 +282,12 @@ class Runner:
             self._flood(cluster, spec, n, before, rec)
         elif spec.fault == "stall":
             self._stall(cluster, spec, n, before, rec)
+        elif spec.fault in ("pmi-injection", "foreign-pmi-binder"):
+            self._pmi_fault(cluster, spec, n, before, rec)
+        elif spec.fault == "forged-hello":
+            self._forged_hello(cluster, spec, n, before, rec)
+        elif spec.fault == "client-restart":
+            self._client_restart(cluster, spec, n, rec)
         elif spec.fault in ("kill", "abort", "hang-sleep", "hang-mpi"):
             self._member_fault(cluster, spec, n, rec)
         else:
@@ -281,6 +306,7 @@ class Runner:
         seen = cluster.canary_computations()
         rec["canary_recomputed"] = seen - cluster.canary_seen
         cluster.canary_seen = seen
+        rec["run_s"] = round(time.monotonic() - t0, 2)  # the whole of it: the fault's own work and the checks after
         return rec
 
     # -- members left frozen -----------------------------------------------------------------------
@@ -303,7 +329,11 @@ class Runner:
         the next jobs rather than this one failure again (a violation all the same)."""
         t0 = time.monotonic()
         answer = bounded(lambda: cluster.client.restart(timeout=120, wait_for_workers=False), 150.0)
-        return f"{str(answer)[:200]} in {time.monotonic() - t0:.1f} s"
+        # The restart dropped the canary's data: made again (once the workers are back), so that
+        # later jobs are still held to it.
+        canary = bounded(lambda: (cluster.client.wait_for_workers(cluster.n_workers, timeout=120),
+                                  cluster.make_canary(), "made again")[-1], 150.0)
+        return f"{str(answer)[:200]} in {time.monotonic() - t0:.1f} s; canary {canary}"
 
     def _impl(self, spec: Spec) -> str:
         return "mpich" if spec.cluster == "mpich" else "openmpi"
@@ -539,6 +569,199 @@ class Runner:
                 os.kill(pid, signal.SIGCONT)
         if _healthy_result(c, rec, token, n) is not None:
             rec["outcome"] = "ok"
+
+    # -- binds that must be refused, a forged hello ------------------------------------------------
+    def _pmi_fault(self, cluster: DaskCluster, spec: Spec, n: int, before: dict, rec: dict) -> None:
+        """A healthy MPICH job whose member on one worker W is held back: every thread of W runs a
+        bodies.hold_thread, so W's rank cannot start, and its PMI credential stays unbound. Then,
+        with W's real PMI environment (GET /v1/jobs/{id}/env/{worker}):
+        - pmi-injection: the soak's own uid (the workers') sends binds with commands behind the
+          credential, PMI-1 and PMI-2 (pmibind.injections);
+        - foreign-pmi-binder: another uid (nobody) binds with it, PMI-1 and PMI-2 (pmibind.binds).
+        Each must be answered rc=-1 and closed (the foreign one naming its uid) and W's member must
+        still be unbound after them (pmi.harmful); W's rank is then let go and the job succeeds (a
+        bind that took W's seat would have the real rank refused, and the job fail)."""
+        import random
+
+        out: dict[str, Any] = {}
+        rec["pmi"] = out
+        token = f"j{spec.idx}"
+        if cluster.name != "mpich":
+            out["skipped"] = "an Open MPI cluster: its ranks speak PMIx, not PMI"
+            return self._healthy(cluster, spec, n, before, rec)
+        if spec.fault == "foreign-pmi-binder" and os.getuid() != 0:
+            out["skipped"] = "running as another uid needs root"
+            return self._healthy(cluster, spec, n, before, rec)
+        addresses = sorted(before)
+        held = random.Random(spec.idx).choice(addresses)
+        members = [held] + [a for a in addresses if a != held][: n - 1]
+        out["held"], harmful = held, []
+        out["harmful"] = harmful
+        release = self.markers / f"{token}.release"
+        holds = [cluster.client.submit(bodies.hold_thread, str(self.markers), token, i, HOLD_WITHIN, workers=[held],
+                                       allow_other_workers=False, pure=False) for i in range(cluster.nthreads)]
+        c: Call | None = None
+        try:
+            if _until(lambda: all((self.markers / f"{token}.hold{i}.in").exists() for i in range(cluster.nthreads)),
+                      MARKERS_WITHIN):
+                known = {j["id"] for j in cluster.rest.jobs()}
+                c = call(cluster, bodies.healthy, (token,), n=None, workers=members, impl="mpich", mode=spec.mode)
+                self._bind_held(cluster, spec, known, held, out)
+            else:
+                out["error"] = f"the tasks holding {held}'s threads did not start within {MARKERS_WITHIN:.0f} s"
+        except Exception as e:  # noqa: BLE001
+            out["error"] = f"{type(e).__name__}: {e}"[:400]
+        finally:
+            release.touch()
+            bounded(lambda: cluster.client.gather(holds), 30.0)
+        if c is None:
+            return self._healthy(cluster, spec, n, before, rec)
+        if _healthy_result(c, rec, token, len(members)) is not None:
+            rec["outcome"] = "ok"
+
+    def _bind_held(self, cluster: DaskCluster, spec: Spec, known: set, held: str, out: dict) -> None:
+        """The binds of a PMI fault, while `held`'s rank of the job not in `known` is held back."""
+        harmful = out["harmful"]
+        job = _until(lambda: next((j for j in cluster.rest.jobs() if j["id"] not in known), None), 20.0)
+        if job is None:
+            out["error"] = "the job did not appear in the sidecar's REST within 20 s"
+            return
+        env = cluster.rest.member_env(job["id"], held)["env"]
+        out.update(job=job["id"], port=env.get("PMI_PORT"), member_before=self._member_state(cluster, job["id"], held))
+        if not env.get("PMI_PORT") or not env.get("PMI_ID"):
+            out["error"] = f"no PMI_PORT / PMI_ID in the member's environment: {sorted(env)}"
+            return
+        if out["member_before"] != "assigned":
+            out["error"] = f"the held member was {out['member_before']} before the binds: not held back"
+            return
+        if spec.fault == "pmi-injection":
+            report = pmibind.main({"port": env["PMI_PORT"], "payloads": pmibind.injections(env["PMI_ID"])})
+        else:
+            plan = {"port": env["PMI_PORT"], "payloads": pmibind.binds(env["PMI_ID"])}
+            proc = subprocess.run(["/usr/bin/python3", pmibind.__file__, json.dumps(plan)], user=stranger.NOBODY,
+                                  group=stranger.NOBODY, cwd="/tmp", capture_output=True, text=True, timeout=60)
+            try:
+                report = json.loads(proc.stdout.strip().splitlines()[-1])
+            except (IndexError, ValueError):
+                out["error"] = f"the binder as uid {stranger.NOBODY} gave no report: {proc.stderr[-300:]}"
+                return
+            for name, a in report["answers"].items():
+                # The refusal names the uid (src/pmi/peer-uid.ts; PMI-1 writes its spaces as _).
+                if "may not bind this rank" not in a.get("text", "").replace("_", " "):
+                    harmful.append(f"{name}: not refused for its uid: {a.get('text', a.get('error'))!r:.160}")
+        out.update(uid=report["uid"], answers={k: a.get("text", a.get("error", ""))[:160]
+                                               + ("" if a.get("closed") else " (not closed)")
+                                               for k, a in report["answers"].items()})
+        harmful.extend(pmibind.harmful(report["answers"]))
+        out["member_after"] = self._member_state(cluster, job["id"], held)
+        if out["member_after"] != "assigned":
+            harmful.append(f"the held member was {out['member_after']} after the binds, before its rank started")
+
+    def _member_state(self, cluster: DaskCluster, job_id: str, worker: str) -> str | None:
+        try:
+            return next((m.get("state") for m in cluster.rest.job(job_id).get("members", [])
+                         if m.get("workerId") == worker), None)
+        except Exception as e:  # noqa: BLE001
+            return f"unknown: {e}"
+
+    def _forged_hello(self, cluster: DaskCluster, spec: Spec, n: int, before: dict, rec: dict) -> None:
+        """A local process (the soak's) connects to the listener of one worker A of the tcp+mpi
+        cluster and sends the transport hello of the other, B: B's description as B itself gives
+        it (dask_pmix.comm.paths.describe: its pool epoch, rank, local peers, pid). Hellos being
+        authenticated (a per-pool secret), the forgery must be answered mpi:false (or not at all);
+        mpi:true is a violation, as is the real pair of A and B no longer moving a block over MPI
+        afterwards, either way (comm_stats). A healthy job runs on the spec's cluster after it."""
+        out: dict[str, Any] = {}
+        rec["forged_hello"] = out
+        comm = self.comm
+        if comm is None:
+            out["skipped"] = "no tcp+mpi cluster (soak.py starts it with the Open MPI one)"
+            return self._healthy(cluster, spec, n, before, rec)
+        try:
+            self._forge(comm, spec.idx, out)
+        except Exception as e:  # noqa: BLE001
+            out["error"] = f"{type(e).__name__}: {e}"[:400]
+        self._healthy(cluster, spec, n, before, rec)
+
+    def _forge(self, comm: DaskCluster, idx: int, out: dict) -> None:
+        harmful: list[str] = []
+        out["harmful"] = harmful
+        descs = comm.client.run(bodies.comm_description)
+        a, b = sorted(descs)[:2]
+        desc_b = descs[b]["description"]
+        out.update(listener=a, impersonated=b, description={k: desc_b.get(k) for k in ("epoch", "rank", "local")})
+        # The real pair has its MPI path first (the first connections of a new pool may go TCP
+        # while the pair's communicator is built: tcp+mpi revisits them).
+        moved = _until(lambda: self._pair_moves_over_mpi(comm, a, b, idx) or None, 30.0)
+        if not moved:
+            out["error"] = f"the real pair {a} / {b} moved no block over MPI before the forgery"
+            return
+        host, port = a.split("://", 1)[1].rsplit(":", 1)
+        answers = [hello_forger.forge(host, int(port), desc_b)]
+        # Its own pid, as a process replaying the description would have.
+        answers.append(hello_forger.forge(host, int(port), {**desc_b, "pid": os.getpid()}))
+        out["answers"] = answers
+        for i, ans in enumerate(answers):
+            if ans.get("answer", {}).get("mpi"):
+                harmful.append(f"forged hello {i} (as {b}'s pool rank {desc_b.get('rank')}) answered mpi:true: "
+                               f"{json.dumps(ans['answer'], default=str)[:200]}")
+        if not self._pair_moves_over_mpi(comm, a, b, idx + 1):
+            # Once more: a transfer that raced the forgery's own pair reservation may go TCP once.
+            if not _until(lambda: self._pair_moves_over_mpi(comm, a, b, idx + 2) or None, 10.0):
+                harmful.append(f"after the forgery the real pair {a} / {b} moves its blocks over TCP")
+
+    def _pair_moves_over_mpi(self, comm: DaskCluster, a: str, b: str, seed: int) -> bool:
+        """A block from a to b and one from b to a: whether both arrived over MPI (each
+        receiver's comm_stats mpi bytes_received grew by a block)."""
+        def received() -> dict[str, int]:
+            return {w: s["stats"]["mpi"]["bytes_received"] for w, s in comm.client.run(bodies.comm_description).items()}
+
+        r0 = received()
+        for src, dst in ((a, b), (b, a)):
+            x = comm.client.submit(bodies.block, FORGED_BLOCK, seed, workers=[src], allow_other_workers=False, pure=False)
+            y = comm.client.submit(bodies.total, x, workers=[dst], allow_other_workers=False, pure=False)
+            y.result(timeout=60)
+            del x, y
+        r1 = received()
+        return all(r1.get(w, 0) - r0.get(w, 0) >= FORGED_BLOCK for w in (a, b))
+
+    # -- client.restart() mid-job -----------------------------------------------------------------
+    def _client_restart(self, cluster: DaskCluster, spec: Spec, n: int, rec: dict) -> None:
+        """client.restart() while a job's members wait between two Barriers: the job fails with
+        MPIJobError saying the cluster was restarted (client.restart()) within RESTART_BOUND s of the
+        call. Dask drops all data on a restart by design: the canary is made again, its chunks
+        counted apart (canary_recomputed_by_client_restart), not as lost to dask-pmix."""
+        token = f"j{spec.idx}"
+        c = call(cluster, bodies.faulty, (str(self.markers), token, 0, "hold", SIDECAR_HOLD), n=n,
+                 impl=self._impl(spec), mode=spec.mode)
+        marks = self._wait_markers(token, n, c)
+        rec["ranks_in"] = marks is not None
+        restart: dict[str, Any] = {}
+        rec["restart"] = restart
+        t_fault = time.monotonic()
+        if marks is not None:
+            def target() -> None:
+                try:
+                    cluster.client.restart(timeout=120)
+                except BaseException as e:  # noqa: BLE001
+                    restart["error"] = f"{type(e).__name__}: {e}"[:300]
+                restart["seconds"] = round(time.monotonic() - t_fault, 2)
+
+            rt = threading.Thread(target=target, name="soak-restart", daemon=True)
+            rt.start()
+        if c.settle(rec):
+            err = c.box.get("error")
+            rec["error"] = _error_record(err)
+            rec["latency"] = round(c.box["t_end"] - t_fault, 3)
+            rec["bound"] = RESTART_BOUND
+            rec["says_restart"] = err is not None and "the cluster was restarted (client.restart())" in str(err)
+            rec["outcome"] = ("failed-as-promised" if isinstance(err, MPIJobError) and rec["says_restart"]
+                              and rec["latency"] <= RESTART_BOUND and marks is not None
+                              else "failed-late" if isinstance(err, MPIJobError) and rec["says_restart"]
+                              else "not-failed" if err is None else "wrong-error")
+        if marks is not None:
+            rt.join(150)
+            restart["remade_canary"] = bounded(lambda: cluster.make_canary() or "ok", 120.0)
 
     # -- silent connections -----------------------------------------------------------------------
     def _open_silent(self, cluster: DaskCluster) -> dict:

@@ -18,12 +18,20 @@ FAULT_WEIGHTS = {
     "stranger": 0.05,      # another uid connects to every port of the sidecar and sends handshakes, PMI, HTTP, junk
     "flood": 0.05,         # 300 connections that send nothing kept open on the PMIx gate while a job runs
     "stall": 0.05,         # SIGSTOP of the sidecar for 4 s while a job runs (SIGCONT after): the job succeeds
+    # The four below are healthy faults but client-restart; the first two need MPICH's PMI port and
+    # the third the tcp+mpi cluster (soak.py starts it only when a plan has one). Light weights:
+    # each costs a few seconds more than a healthy job, a restart about ten.
+    "pmi-injection": 0.03,       # a member's PMI_ID with commands behind it, sent while its rank is held back
+    "foreign-pmi-binder": 0.03,  # another uid binds with a member's PMI environment before its rank does
+    "forged-hello": 0.03,        # a tcp+mpi hello that replays another worker's description
+    "client-restart": 0.03,      # client.restart() mid-job: the job fails saying so, Dask drops its data
     "sidecar-term": 0.06,  # SIGTERM of the sidecar mid-job
     "sidecar-kill": 0.06,  # kill -9 of the sidecar mid-job
 }
 SIDECAR_FAULTS = ("sidecar-term", "sidecar-kill")
 # Faults done beside a healthy job, which must succeed all the same.
-HEALTHY_FAULTS = ("silent", "stranger", "flood", "stall")
+HEALTHY_FAULTS = ("silent", "stranger", "flood", "stall", "pmi-injection", "foreign-pmi-binder", "forged-hello")
+PMI_FAULTS = ("pmi-injection", "foreign-pmi-binder")  # MPICH's PMI wire: on the MPICH cluster
 
 
 def _openmpi_mode(rng: random.Random, fork_share: float) -> str | None:
@@ -94,6 +102,10 @@ def make_plan(n_jobs: int, fault_fraction: float, seed: int, clusters: tuple[str
             return clusters[done % len(clusters)]  # alternate, Open MPI first
         if kind == "flood" and "openmpi" in clusters:
             return "openmpi"  # the PMIx gate's flood: only Open MPI jobs come through it
+        if kind in PMI_FAULTS and "mpich" in clusters:
+            return "mpich"  # Open MPI's ranks speak PMIx: only MPICH jobs bind on the PMI port
+        if kind == "forged-hello" and "openmpi" in clusters:
+            return "openmpi"  # the job beside it; the hello goes to the tcp+mpi cluster (Open MPI's)
         return "mpich" if rng.random() < mpich_share else "openmpi"
 
     plan: list[Spec] = []

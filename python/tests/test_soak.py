@@ -1,7 +1,8 @@
 """The soak's 100-job version (bench/soak.py): run_mpi and submit_mpi jobs on two real clusters
 (Open MPI in-process and fork, MPICH fork), sizes 1-4, a tenth of them faults (a member killed,
 MPI_Abort, hangs under a timeout, silent connections, another uid, a flood of connections, the
-sidecar stalled for 4 s, stopped and killed); fails on any invariant the soak checks (no hung
+sidecar stalled for 4 s, stopped and killed, PMI binds with commands in the credential and from
+another uid, a forged tcp+mpi hello, client.restart() mid-job); fails on any invariant the soak checks (no hung
 call, faults failing their jobs within the promised bounds, every other job right, nothing
 frozen, no namespace or /dev/shm file left, flat memory, the sidecar and its workers, psets and
 pool back after it died, no chunk of the data held since the start computed again but after a
@@ -27,9 +28,11 @@ def test_a_hundred_jobs_with_faults_keep_every_invariant(tmp_path):
     out = tmp_path / "soak.json"
     # Lighter than the 1,000-job run so that it fits the test command: few Open MPI fork jobs (a
     # fresh interpreter each) and the sidecar faults in the last tenth. Member faults hit
-    # in-process jobs too (they ran in fork mode only until the survivors' fix, 175f1e5).
+    # in-process jobs too (they ran in fork mode only until the survivors' fix, 175f1e5). 14
+    # faults: one of each kind (fewer would leave the lightest kinds out).
     proc = subprocess.run([str(ROOT / ".venv" / "bin" / "python"), str(ROOT / "bench" / "soak.py"), "--jobs", "100",
-                           "--fork-share", "0.1", "--sidecar-faults-from", "0.9", "--check", "--out", str(out)],
+                           "--faults", "0.14", "--fork-share", "0.1", "--sidecar-faults-from", "0.9", "--check",
+                           "--out", str(out)],
                           capture_output=True, text=True, timeout=1500)
     assert out.exists(), f"exit {proc.returncode}: {proc.stderr[-4000:]}"
     result = json.loads(out.read_text())
@@ -42,10 +45,10 @@ def test_a_hundred_jobs_with_faults_keep_every_invariant(tmp_path):
         == (0, 0, 0, 0, 0, 0, 0, 0, 0, 0), inv
     assert len(result["records"]) == 100
     faults = result["summary"]["faults"]
-    assert sum(f["count"] for f in faults.values()) == 10, faults
+    assert sum(f["count"] for f in faults.values()) == 14, faults
     kinds = {k.split("@")[0] for k in faults}
     assert kinds == {"kill", "abort", "hang-sleep", "hang-mpi", "silent", "stranger", "flood", "stall", "sidecar-term",
-                     "sidecar-kill"}, kinds
+                     "sidecar-kill", "pmi-injection", "foreign-pmi-binder", "forged-hello", "client-restart"}, kinds
     assert {k.split("@")[1] for k in faults} == {"openmpi", "mpich"}, faults
     assert len(result["sidecar_faults"]) == 2 and all(f["recovery"]["restarted"] for f in result["sidecar_faults"])
     assert all(flag for flags in inv["rss_flat"].values() for flag in flags if flag is not None), result["rss"]
