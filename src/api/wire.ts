@@ -181,8 +181,11 @@ export const toJson = {
   pset: (p: Readonly<ProcessSet>): Json => pb.ProcessSet.toObject(psetMsg(p), JSON_OPTIONS),
   job: (j: Readonly<Job>): Json => pb.Job.toObject(jobMsg(j), JSON_OPTIONS),
   event: (e: SequencedEvent): Json => pb.Event.toObject(eventMsg(e), EVENT_OPTIONS),
-  poolEnv: (workerId: string, seat: Readonly<PoolSeat>, env: Record<string, string>): Json =>
-    pb.PoolEnv.toObject(pb.PoolEnv.create({ workerId, pool: poolSeatMsg(seat), env }), JSON_OPTIONS),
+  poolEnv: (workerId: string, seat: Readonly<PoolSeat>, env: Record<string, string>, commSecret?: string): Json =>
+    pb.PoolEnv.toObject(
+      pb.PoolEnv.create({ workerId, pool: poolSeatMsg(seat), env, commSecret: commSecret ?? '' }),
+      JSON_OPTIONS,
+    ),
   joinJob: (r: { ready: boolean; job: Readonly<Job>; ports?: Record<string, string>[] }): Json =>
     pb.JoinJobResponse.toObject(
       pb.JoinJobResponse.create({

@@ -249,14 +249,15 @@ export class ResourceManager {
 
   /**
    * The worker process is about to initialise its MPI session in the pool: records what it says
-   * of itself (its own host, pid, uid and gid) and answers its rank and the environment to set.
+   * of itself (its own host, pid, uid and gid) and answers its rank, the environment to set and,
+   * for a rank of an Open MPI epoch, the epoch's secret (pool.ts; for this worker only).
    */
   joinPool(
     workerId: string,
     who: WorkerIdentity,
     waitMs = 30_000,
     impl: Impl = 'openmpi',
-  ): Promise<{ worker: Readonly<Worker>; seat: PoolSeat; env: Record<string, string> }> {
+  ): Promise<{ worker: Readonly<Worker>; seat: PoolSeat; env: Record<string, string>; secret?: string }> {
     const worlds = impl === 'openmpi' ? undefined : this.worlds;
     if (impl !== 'openmpi' && !worlds)
       throw new RmError(
@@ -281,7 +282,7 @@ export class ResourceManager {
     this.workers.identify(workerId, who);
     return pool!
       .join(workerId, waitMs)
-      .then(({ seat, env }) => ({ worker: this.workers.require(workerId), seat, env }));
+      .then(({ seat, env, secret }) => ({ worker: this.workers.require(workerId), seat, env, secret }));
   }
 
   /** The worker's pool rank is of no use (its session failed to start, or it gives it up). */

@@ -19,7 +19,13 @@
 // the current epoch is left or in use (a restart of every worker): then a new epoch forms the same
 // way, at the next registration or at the first join whose epoch has no seat in use.
 //
+// Each epoch has a secret of its own (32 random bytes) that only the answer to a member's join
+// carries: the tcp+mpi comm backend's hellos between members are bound to it (HMAC-SHA256, see
+// python/dask_pmix/comm/hello.py), so that a process outside the pool cannot pass for a member.
+// It is never part of a seat, an event or a listing.
+//
 // Plain TypeScript without I/O: the PMIx side of an epoch is the PoolBackend's.
+import { randomBytes } from 'node:crypto';
 import type { Clock, TimerHandle } from './clock.js';
 import { RmError } from './errors.js';
 import type { EventLog } from './events.js';
@@ -97,6 +103,8 @@ interface Epoch {
   connected: Set<number>;
   /** Settles when the namespace is registered (or could not be). */
   opened: Promise<void>;
+  /** The epoch's secret (hex), handed only to its members in their join answer (see the top of this file). */
+  secret: string;
   /** While forming: who asked to join, and the timer that closes it. */
   forming?: Forming;
 }
@@ -213,6 +221,7 @@ export class Pool {
       owners: new Map(),
       connected: new Set(),
       opened: Promise.resolve(),
+      secret: randomBytes(32).toString('hex'),
     };
     this.epochs.set(epoch.namespace, epoch);
     if (!cur) this.current = epoch;
@@ -446,9 +455,12 @@ export class Pool {
    * The worker is about to initialise its MPI session in the pool: its environment. Waits (up to
    * `waitMs`) for an epoch to open if the worker has no rank yet. A worker that runs as another
    * user than the pool's clients were registered as cannot join (its rank is retired, with the
-   * reason, and its jobs run in fork mode).
+   * reason, and its jobs run in fork mode). `secret`: its epoch's secret, for this worker only.
    */
-  async join(workerId: string, waitMs: number): Promise<{ seat: PoolSeat; env: Record<string, string> }> {
+  async join(
+    workerId: string,
+    waitMs: number,
+  ): Promise<{ seat: PoolSeat; env: Record<string, string>; secret: string }> {
     let w = this.o.workers.require(workerId);
     const deadline = this.o.clock.now() + waitMs;
     while (!w.pool) {
@@ -505,7 +517,9 @@ export class Pool {
       throw new RmError('unavailable', `worker '${workerId}' cannot join the pool: ${seat.reason}`);
     }
     check();
-    return { seat, env: this.o.backend.rankEnv(seat.namespace, seat.rank) };
+    const epoch = this.epochs.get(seat.namespace);
+    if (!epoch) throw new RmError('conflict', `worker '${workerId}' lost its pool rank`);
+    return { seat, env: this.o.backend.rankEnv(seat.namespace, seat.rank), secret: epoch.secret };
   }
 
   /** The worker's rank is of no more use (it left, or its session failed): never reused. */

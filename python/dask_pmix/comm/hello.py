@@ -2,13 +2,38 @@
 Dask's own handshake: does this connection move frames over MPI, on which path (paths.py), over
 which pair communicator, and with which tags?
 
-    connector -> listener   {"epoch": E, "rank": r, "local": [...], "fabric": f}   ({"epoch": None}: not in a pool)
+    connector -> listener   {"epoch": E, "rank": r, "local": [...], "fabric": f,
+                             "nonce": n, "mac": H(hello | this message)}       ({"epoch": None}: not in a pool)
     listener  -> connector  {"mpi": true, "path": p, "rank": r', "local": [...], "fabric": f',
-                             "pairs": [names it holds with r], "tag": t'}
+                             "pairs": [names it holds with r], "tag": t', "nonce": n',
+                             "mac": H(answer | this message | n)}
                             or {"mpi": false, "why": ..., "epoch": E' or None, "starting": bool}
-    connector -> listener   {"mpi": true, "pair": name, "tag": t}  or {"mpi": false, "why": ...}
+    connector -> listener   {"mpi": true, "pair": name, "tag": t, "mac": H(choice | this message | n')}
+                            or {"mpi": false, "why": ...}
     listener  -> connector  {"committed": true}   (after an MPI choice: it builds its side too)
     connector -> listener   {"use": "mpi"} once the pair communicator exists here, or {"use": "tcp"}
+
+H is HMAC-SHA256 keyed with the pool epoch's secret, which the sidecar hands only to the epoch's
+members, in their join answers (link.PoolLink.secret), over the canonical encoding of the message
+without its "mac" (_mac). Without it, any process that reaches a listener could replay a member's
+description, get an MPI answer and make the listener build a pair communicator with that member
+that the member never calls, so that the real pair fell back to TCP. Now a hello whose MAC is
+missing or wrong while it claims the listener's epoch is answered as one from outside the pool
+(mpi false, why "unauthenticated", counted as tcp_fallback:unauthenticated, logged without the
+secret), before a tag, a reservation or a construction is given to it; a listener whose answer
+does not prove the secret gets the same from the connector.
+
+Replay: the hello's MAC proves who made the description, not that it is fresh, and telling a
+replayed hello apart in the first message would need a listener challenge first (a round trip
+more for every connection) or clocks that agree. So each end puts a fresh nonce in its first
+message and the other's next MAC covers it: the listener's answer covers the connector's nonce
+(an old answer proves nothing to a new connector) and the connector's choice, after which the
+listener commits, covers the listener's (a replayed hello gets an MPI answer at most, and then
+nothing: the listener drops the connection at the choice, holding no construction). That is the
+same number of messages as before. The messages after the choice travel in the same TCP
+connection between two ends that have proved the secret and are not MACed. Between hosts the
+hello travels in clear (as Dask's own frames do on tcp://): the secret never does, and the nonces
+keep what can be read from being replayed.
 
 The connection waits for the pair communicator's construction for at most PAIR_WAIT: one that
 takes longer (a loaded host, or an Open MPI 5.0.x construction that never returns: see
@@ -37,7 +62,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import hashlib
+import hmac
 import logging
+import os
 import struct
 import time
 from dataclasses import dataclass
@@ -142,11 +170,64 @@ def _fallback(why: str) -> None:
     stats.note(f"tcp_fallback:{why}")
 
 
+# What each MAC is of: a MAC of one message never stands for another kind.
+HELLO, ANSWER, CHOICE = b"dask-pmix tcp+mpi hello 1", b"dask-pmix tcp+mpi answer 1", b"dask-pmix tcp+mpi choice 1"
+NONCE_BYTES = 16
+
+
+def _mac(secret: bytes, what: bytes, body: dict, *bound: Any) -> bytes:
+    """HMAC-SHA256 of a message without its "mac", its fields in key order (msgpack encodes what
+    the peer unpacked as the sender packed it), and of the nonces it answers."""
+    fields = sorted(((k, v) for k, v in body.items() if k != "mac"), key=lambda kv: str(kv[0]))
+    return hmac.new(secret, msgpack.packb([what, fields, *bound]), hashlib.sha256).digest()
+
+
+def _signed(link: PoolLink | None, what: bytes, body: dict, *bound: Any) -> dict:
+    if link is not None and link.secret:
+        body["mac"] = _mac(link.secret, what, body, *bound)
+    return body
+
+
+def _authentic(link: PoolLink, what: bytes, body: dict, *bound: Any) -> bool:
+    """Whether the peer holds this epoch's secret: its message's MAC is ours of it."""
+    mac = body.get("mac")
+    if not link.secret or not isinstance(mac, bytes):
+        return False
+    return hmac.compare_digest(mac, _mac(link.secret, what, body, *bound))
+
+
+_warned_at: float | None = None
+WARN_EVERY = 60.0  # seconds: the rest at debug (a process outside the pool must not fill the log)
+
+
+def _refused(stream, what: str, claim: dict) -> None:
+    """Says that a peer failed to prove the epoch's secret: what it claimed, never a MAC or the secret."""
+    global _warned_at
+    _fallback("unauthenticated")
+    now = time.monotonic()
+    level = logging.DEBUG
+    if _warned_at is None or now - _warned_at >= WARN_EVERY:
+        _warned_at, level = now, logging.WARNING
+    try:
+        peer = stream.socket.getpeername()
+    except Exception:  # noqa: BLE001 - closed already
+        peer = "?"
+    logger.log(
+        level,
+        "tcp+mpi: the %s of %s claims pool rank %s of this worker's epoch but %s; treated as outside the pool (TCP)",
+        what,
+        peer,
+        claim.get("rank"),
+        "carries no MAC" if "mac" not in claim else "its MAC is not of this epoch's secret",
+    )
+
+
 async def offer(stream, timeout: float, chunk_bytes: int) -> tuple[Route | None, Revisit | None]:
     """Connector side: the MPI route, or None for a TCP connection and when to revisit that."""
     link = current_link()
     mine = describe(link)
-    await _write(stream, mine)
+    nonce = os.urandom(NONCE_BYTES) if link is not None and link.secret else None
+    await _write(stream, _signed(link, HELLO, {**mine, "nonce": nonce} if nonce else dict(mine)))
     reply = await asyncio.wait_for(_read(stream), timeout)
     if not reply.get("mpi"):
         why = str(reply.get("why", "peer"))
@@ -157,6 +238,11 @@ async def offer(stream, timeout: float, chunk_bytes: int) -> tuple[Route | None,
             return None, Revisit(after=time.monotonic() + REVISIT_AFTER)
         if link is None and reply.get("epoch") is not None:
             return None, Revisit(epoch=str(reply["epoch"]))
+        return None, None
+    if link is None or nonce is None or not _authentic(link, ANSWER, reply, nonce):
+        # Not a member of this epoch: building a pair with the rank it names would wait for good.
+        await _write(stream, {"mpi": False, "why": "unauthenticated"})
+        _refused(stream, "answer", reply)
         return None, None
     peer = int(reply["rank"])
     path = choose(mine, reply)
@@ -188,7 +274,7 @@ async def offer(stream, timeout: float, chunk_bytes: int) -> tuple[Route | None,
     ours = reg.building_new(name, peer)  # not one the listener holds already
     fut = reg.start(name, peer, reserved=reserved)
     try:
-        await _write(stream, {"mpi": True, "pair": name, "tag": tag})
+        await _write(stream, _signed(link, CHOICE, {"mpi": True, "pair": name, "tag": tag}, reply.get("nonce")))
         committed = await asyncio.wait_for(_read(stream), timeout)
         if not committed.get("committed"):
             raise HelloError(f"the listener did not commit to the pair communicator: {committed!r}")
@@ -242,6 +328,11 @@ async def answer(stream, timeout: float, chunk_bytes: int) -> Route | None:
             stats.path("tcp")  # two pool workers without an MPI path between them
         return None
     assert link is not None  # a path needs both ends in one epoch
+    if not _authentic(link, HELLO, hello):
+        # Before anything is handed out to it: a tag, a reservation, a construction.
+        await _write(stream, {"mpi": False, "why": "unauthenticated", **status})
+        _refused(stream, "hello", hello)
+        return None
     peer = int(hello["rank"])
     reg = registry_for(link)
     tag = None if reg.broken(peer) else reg.alloc_tag(peer)
@@ -252,17 +343,24 @@ async def answer(stream, timeout: float, chunk_bytes: int) -> Route | None:
     # Whether a new pair communicator may be built here now (no job runs: activation.py); held
     # until the connector's choice says whether it is needed.
     reserved = GATE.reserve_pair()
+    nonce = os.urandom(NONCE_BYTES)
     try:
         await _write(
             stream,
-            {
-                "mpi": True,
-                "path": path.name,
-                **me,
-                "pairs": reg.names(peer),
-                "tag": tag,
-                "can_build": reserved is not None,
-            },
+            _signed(
+                link,
+                ANSWER,
+                {
+                    "mpi": True,
+                    "path": path.name,
+                    **me,
+                    "pairs": reg.names(peer),
+                    "tag": tag,
+                    "can_build": reserved is not None,
+                    "nonce": nonce,
+                },
+                hello.get("nonce"),
+            ),
         )
         choice = await asyncio.wait_for(_read(stream), timeout)
     except BaseException:
@@ -272,6 +370,12 @@ async def answer(stream, timeout: float, chunk_bytes: int) -> Route | None:
         GATE.pair_done(reserved)
         _fallback(str(choice.get("why", "connector")))
         return None
+    if not _authentic(link, CHOICE, choice, nonce):
+        # A replayed hello (its MAC was right) whose sender cannot answer this nonce: nothing is
+        # committed, and the connection, which no member opened, goes.
+        GATE.pair_done(reserved)
+        _refused(stream, "choice", {**choice, "rank": peer})
+        raise HelloError("the connector's choice does not prove the pool's secret")
     name = str(choice["pair"])
     # start() lets the reservation go when the communicator exists or another connection builds it.
     fut = reg.start(name, peer, reserved=reserved)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -26,6 +26,10 @@ class PoolLink:
     create_comm: Callable[[list, str], Any]  # blocking, collective over the ranks: (ranks, tag) -> Intracomm
     session: Any = None  # kept alive as long as the link
     local_peers: frozenset = frozenset()  # the epoch's ranks that share memory with this one (itself included)
+    # The epoch's secret, which only its members hold (the sidecar hands it to each in its pool
+    # join answer): hellos are bound to it (hello.py). None: this process cannot prove that it is
+    # a member, nor check another, so its connections stay TCP.
+    secret: bytes | None = field(default=None, repr=False)
 
 
 _override: PoolLink | None = None
@@ -63,6 +67,7 @@ def _from_pool() -> PoolLink | None:
         create_comm=member.comm,
         session=member.session,
         local_peers=_shared_of(member),
+        secret=member.comm_secret,
     )
 
 
@@ -166,7 +171,19 @@ def join_launcher_world() -> PoolLink:
         create_comm=create_comm,
         session=session,
         local_peers=shared_ranks(MPI, session, world),
+        secret=_launcher_secret(create_comm, world),
     )
+
+
+def _launcher_secret(create_comm: Callable[[list, str], Any], world) -> bytes:
+    """The world's secret for its hellos: no sidecar hands one out, so rank 0 makes it and sends it
+    to every rank over a communicator of the world, which no process outside it is in. Collective:
+    every rank of the launcher joins its world at start."""
+    comm = create_comm(list(range(world.Get_size())), "dask-pmix-comm-secret")
+    try:
+        return comm.bcast(os.urandom(32) if comm.Get_rank() == 0 else None, root=0)
+    finally:
+        comm.Free()
 
 
 def leave_launcher_world(link: PoolLink) -> None:

@@ -177,6 +177,7 @@ class PoolPlugin(WorkerPlugin):
                 answer["env"],
                 address=urlparse(worker.address).hostname,
                 interfaces=getattr(self, "interfaces", None),
+                comm_secret=answer.get("commSecret") or None,
             )
             await asyncio.to_thread(pool.current, self.session_timeout)
             st = pool.status()

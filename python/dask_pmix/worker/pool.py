@@ -79,6 +79,9 @@ class Pool:
     world: Any
     init_seconds: float = 0.0  # MPI_Session_init + the WORLD group, once per process
     local_peers: tuple[int, ...] = ()  # its cohort's ranks (itself included); () when alone on its node
+    # Its epoch's secret, from the sidecar's answer to its join (the comm backend binds its hellos
+    # to it: dask_pmix.comm.hello); None from a sidecar that sends none.
+    comm_secret: bytes | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def comm(self, ranks: Sequence[int], tag: str):
@@ -224,7 +227,11 @@ def _resolve(host: str) -> str:
 
 
 def start(
-    seat: dict, env: dict[str, str], address: str | None = None, interfaces: str | Sequence[str] | None = None
+    seat: dict,
+    env: dict[str, str],
+    address: str | None = None,
+    interfaces: str | Sequence[str] | None = None,
+    comm_secret: str | None = None,
 ) -> threading.Thread:
     """Sets the pool rank's environment and initialises the session in a background thread.
     Called once per process (by the worker plugin); ``current(wait=...)`` waits for it (the thread lives
@@ -232,7 +239,8 @@ def start(
 
     ``address``: the IP the worker is reached at; ``interfaces``: the pool setting that pins Open
     MPI's TCP transport (see tcp_interfaces). An OMPI_MCA_btl_tcp_if_include/exclude already in
-    the worker's environment wins over both."""
+    the worker's environment wins over both. ``comm_secret``: the epoch's secret (hex) of the
+    sidecar's answer, kept by the Pool for the comm backend."""
     global _environ_before
     with _cond:
         if _state["state"] in ("starting", "ready"):
@@ -250,12 +258,13 @@ def start(
     amca = amca_param_path()
     if amca and "OMPI_MCA_mca_base_param_file_path" not in os.environ:
         os.environ["OMPI_MCA_mca_base_param_file_path"] = amca
-    t = threading.Thread(target=_initialise, args=(seat,), name="dask-pmix-pool-init", daemon=True)
+    secret = bytes.fromhex(comm_secret) if comm_secret else None
+    t = threading.Thread(target=_initialise, args=(seat, secret), name="dask-pmix-pool-init", daemon=True)
     t.start()
     return t
 
 
-def _initialise(seat: dict) -> None:
+def _initialise(seat: dict, comm_secret: bytes | None = None) -> None:
     try:
         from .mpi import mpi_module
 
@@ -293,6 +302,7 @@ def _initialise(seat: dict) -> None:
                 world=world,
                 init_seconds=time.perf_counter() - t0,
                 local_peers=tuple(int(r) for r in seat.get("localPeers") or ()),
+                comm_secret=comm_secret,
             ),
         )
     except BaseException as exc:  # noqa: BLE001 - reported, and the worker goes on in fork mode

@@ -90,7 +90,7 @@ export const workerRoutes: FastifyPluginAsync<RouteOptions> = async (app, { rm, 
     },
     async (req) => {
       const b = req.body ?? {};
-      const { worker, seat, env } = await rm.joinPool(
+      const { worker, seat, env, secret } = await rm.joinPool(
         req.params.id,
         {
           ...(b.host ? { host: b.host } : {}),
@@ -101,7 +101,7 @@ export const workerRoutes: FastifyPluginAsync<RouteOptions> = async (app, { rm, 
         undefined,
         b.impl ?? 'openmpi',
       );
-      return toJson.poolEnv(worker.id, seat, env);
+      return toJson.poolEnv(worker.id, seat, env, secret);
     },
   );
 
