@@ -39,6 +39,9 @@ const HELP = `usage: dask-pmix serve [options]
                            the first pool epoch is registered once no worker registered or asked
                            to join for SECS (0: no cohorts)  [DASK_PMIX_POOL_COHORT, default 0.5]
   --pool-cohort-max SECS   ... at the latest SECS after the first worker asked  [default 10]
+  --max-spawn-procs N      processes one MPI_Comm_spawn of an Open MPI rank may start (on this
+                           host, as the rank's user)  [DASK_PMIX_MAX_SPAWN_PROCS, default 64]
+  --max-spawn-procs-per-job N  spawned processes of one job alive at once  [default 64]
   --remote                 accept PMIx clients on other hosts over TCP
   --pmix-if IFACE          interface, subnet or address for remote PMIx clients (implies --remote)
   --pmix-port PORT         fixed TCP port for PMIx clients
@@ -126,6 +129,8 @@ export async function serve(argv: string[]): Promise<number> {
       'pool-size': { type: 'string' },
       'pool-cohort': { type: 'string' },
       'pool-cohort-max': { type: 'string' },
+      'max-spawn-procs': { type: 'string' },
+      'max-spawn-procs-per-job': { type: 'string' },
       remote: { type: 'boolean' },
       'pmix-if': { type: 'string' },
       'pmix-port': { type: 'string' },
@@ -172,6 +177,14 @@ export async function serve(argv: string[]): Promise<number> {
   if (!Number.isInteger(poolSize)) throw new Error(`--pool-size must be a whole number, not '${poolSize}'`);
   const cohort = num('pool-cohort', values['pool-cohort'] ?? env.DASK_PMIX_POOL_COHORT, 0.5)!;
   const cohortMax = num('pool-cohort-max', values['pool-cohort-max'], 10)!;
+  const spawnMax = num('max-spawn-procs', values['max-spawn-procs'] ?? env.DASK_PMIX_MAX_SPAWN_PROCS);
+  const spawnPerJob = num('max-spawn-procs-per-job', values['max-spawn-procs-per-job']);
+  for (const [flag, n] of [
+    ['max-spawn-procs', spawnMax],
+    ['max-spawn-procs-per-job', spawnPerJob],
+  ] as const) {
+    if (n !== undefined && !Number.isInteger(n)) throw new Error(`--${flag} must be a whole number, not '${n}'`);
+  }
   const stateDir = values['state-dir'] ?? env.DASK_PMIX_STATE_DIR;
   if (stateDir) mkdirSync(stateDir, { recursive: true, mode: 0o700 });
 
@@ -222,6 +235,10 @@ export async function serve(argv: string[]): Promise<number> {
       ...(tools ? { pmixTools: tools } : {}),
       ...(ompiEnv ? { ompiEnv } : {}),
       poolSize,
+      spawnLimits: {
+        ...(spawnMax !== undefined ? { maxProcsPerSpawn: spawnMax } : {}),
+        ...(spawnPerJob !== undefined ? { maxProcsPerJob: spawnPerJob } : {}),
+      },
       poolCohort: { settleMs: cohort * 1000, maxWaitMs: Math.max(cohort, cohortMax) * 1000 },
       pmi: values['no-pmi']
         ? false

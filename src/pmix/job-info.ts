@@ -5,7 +5,7 @@
 // from the per-node and per-rank keys below, which describe the real hosts: ranks on different
 // hosts must not believe they can share memory.
 import { Keys } from './keys.js';
-import { type Info, info, v } from './values.js';
+import { type Info, info, type Proc, v } from './values.js';
 
 export interface RankPlacement {
   rank: number;
@@ -18,6 +18,8 @@ export interface RankPlacement {
   nodeId: number;
   /** The one process-set name this rank belongs to (Open MPI 5.0 resolves psets this way). */
   psetName?: string;
+  /** Its app (index into NamespaceLayout.apps; default 0). */
+  appnum?: number;
 }
 
 export interface NamespaceLayout {
@@ -26,6 +28,10 @@ export interface NamespaceLayout {
   /** Directory for the job's session files; Open MPI invents its own when absent. */
   tmpdir?: string;
   universeSize?: number;
+  /** The sizes of the namespace's apps in rank order (default: one app of every rank). */
+  apps?: number[];
+  /** The process whose MPI_Comm_spawn started this namespace. */
+  parent?: Proc;
 }
 
 export interface RegexGenerator {
@@ -47,22 +53,32 @@ export function hostsOf(layout: NamespaceLayout): { host: string; nodeId: number
 export function encodeNamespace(layout: NamespaceLayout, regex: RegexGenerator): Info[] {
   const size = layout.ranks.length;
   const hosts = hostsOf(layout);
+  const apps = layout.apps ?? [size];
+  // Each app's ranks follow the previous app's: its leader is the first of them.
+  const appStart = apps.map((_, i) => apps.slice(0, i).reduce((a, b) => a + b, 0));
   const out: Info[] = [
     info(Keys.JOBID, v.string(layout.nspace)),
     info(Keys.NPROC_OFFSET, v.rank(0)),
     info(Keys.JOB_SIZE, v.uint32(size)),
     info(Keys.UNIV_SIZE, v.uint32(layout.universeSize ?? size)),
     info(Keys.MAX_PROCS, v.uint32(layout.universeSize ?? size)),
-    info(Keys.JOB_NUM_APPS, v.uint32(1)),
+    info(Keys.JOB_NUM_APPS, v.uint32(apps.length)),
     info(Keys.NUM_NODES, v.uint32(hosts.length)),
     info(Keys.NODE_MAP, v.regex(regex.generateRegex(hosts.map((h) => h.host).join(',')))),
     info(Keys.PROC_MAP, v.regex(regex.generatePpn(hosts.map((h) => h.ranks.join(',')).join(';')))),
-    info(Keys.SPAWNED, v.bool(false)),
-    info(
-      Keys.APP_INFO_ARRAY,
-      v.infos([info(Keys.APPNUM, v.uint32(0)), info(Keys.APP_SIZE, v.uint32(size)), info(Keys.APPLDR, v.rank(0))]),
+    info(Keys.SPAWNED, v.bool(layout.parent !== undefined)),
+    ...apps.map((appSize, k) =>
+      info(
+        Keys.APP_INFO_ARRAY,
+        v.infos([
+          info(Keys.APPNUM, v.uint32(k)),
+          info(Keys.APP_SIZE, v.uint32(appSize)),
+          info(Keys.APPLDR, v.rank(appStart[k] ?? 0)),
+        ]),
+      ),
     ),
   ];
+  if (layout.parent) out.push(info(Keys.PARENT_ID, v.proc(layout.parent)));
   if (layout.tmpdir) {
     out.push(info(Keys.TMPDIR, v.string(layout.tmpdir)), info(Keys.NSDIR, v.string(layout.tmpdir)));
   }
@@ -84,15 +100,16 @@ export function encodeNamespace(layout: NamespaceLayout, regex: RegexGenerator):
     );
   }
   for (const r of layout.ranks) {
+    const appnum = r.appnum ?? 0;
     const proc: Info[] = [
       info(Keys.RANK, v.rank(r.rank)),
       info(Keys.GLOBAL_RANK, v.rank(r.rank)),
-      info(Keys.APP_RANK, v.rank(r.rank)),
+      info(Keys.APP_RANK, v.rank(r.rank - (appStart[appnum] ?? 0))),
       info(Keys.LOCAL_RANK, v.uint16(r.localRank)),
       info(Keys.NODE_RANK, v.uint16(r.nodeRank)),
       info(Keys.NODEID, v.uint32(r.nodeId)),
       info(Keys.HOSTNAME, v.string(r.host)),
-      info(Keys.APPNUM, v.uint32(0)),
+      info(Keys.APPNUM, v.uint32(appnum)),
       info(Keys.REINCARNATION, v.uint32(0)),
     ];
     if (layout.tmpdir) proc.push(info(Keys.PROCDIR, v.string(`${layout.tmpdir}/${r.rank}`)));

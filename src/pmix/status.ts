@@ -14,6 +14,7 @@ export const Status = {
   ERR_TIMEOUT: -24,
   ERR_UNREACH: -25,
   ERR_BAD_PARAM: -27,
+  ERR_OUT_OF_RESOURCE: -29,
   ERR_INIT: -31,
   ERR_NOMEM: -32,
   ERR_NOT_FOUND: -46,

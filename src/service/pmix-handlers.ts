@@ -21,11 +21,14 @@ import {
 } from '../pmix/index.js';
 import { isActive, type Persistence, type PublishRange, type ResourceManager, RmError } from '../rm/index.js';
 import type { PmixClients } from './pmix-clients.js';
+import type { PmixSpawner } from './pmix-spawn.js';
 
 export interface PmixHandlerOptions {
   rm: ResourceManager;
   /** Told which clients hold a connection, so that namespaces are torn down only after them. */
   clients?: PmixClients;
+  /** What starts MPI_Comm_spawn's processes (made once the server runs); without one spawn is refused. */
+  spawner?: () => PmixSpawner | undefined;
   log?: (level: 'debug' | 'info' | 'warn', msg: string, fields?: Record<string, unknown>) => void;
 }
 
@@ -105,12 +108,15 @@ function ranksByNamespace(rm: ResourceManager, procs: Proc[]): Map<string, numbe
   return out;
 }
 
-export function pmixHandlers({ rm, clients, log }: PmixHandlerOptions): UpcallHandlers {
+export function pmixHandlers({ rm, clients, spawner: spawnerOf, log }: PmixHandlerOptions): UpcallHandlers {
+  const sp = () => spawnerOf?.();
+  // A spawned process publishes and looks up for its parent's job (MPI_Comm_spawn's port exchange).
   const publisherOf = (proc: Proc) => ({
-    jobId: rm.findMember(proc.nspace, proc.rank).job.id,
+    jobId: sp()?.jobOf(proc.nspace) ?? rm.findMember(proc.nspace, proc.rank).job.id,
     namespace: proc.nspace,
     rank: proc.rank,
   });
+  const spawned = (nspace: string) => sp()?.owns(nspace) ?? false;
   const psetNames = () =>
     v.string(
       rm
@@ -179,6 +185,11 @@ export function pmixHandlers({ rm, clients, log }: PmixHandlerOptions): UpcallHa
 
   return {
     async clientConnected({ proc }) {
+      if (spawned(proc.nspace)) {
+        clients?.connected(proc.nspace, proc.rank);
+        sp()!.connected(proc.nspace, proc.rank);
+        return;
+      }
       if (rm.isPoolNamespace(proc.nspace)) {
         clients?.connected(proc.nspace, proc.rank);
         return answer(() => rm.poolClientConnected(proc.nspace, proc.rank));
@@ -198,6 +209,7 @@ export function pmixHandlers({ rm, clients, log }: PmixHandlerOptions): UpcallHa
 
     async clientFinalized({ proc }) {
       clients?.finalized(proc.nspace, proc.rank);
+      if (spawned(proc.nspace)) return sp()!.finalized(proc.nspace, proc.rank);
       if (rm.isPoolNamespace(proc.nspace))
         return answer(() => rm.poolClientGone(proc.nspace, proc.rank, 'its worker finalized its MPI session'));
       return answer(() => rm.memberFinalized(proc.nspace, proc.rank));
@@ -205,7 +217,8 @@ export function pmixHandlers({ rm, clients, log }: PmixHandlerOptions): UpcallHa
 
     async abort({ proc, status, message }) {
       // Open MPI's MPI_Abort names no procs: the caller's whole namespace, i.e. its job; from a
-      // pool rank, the in-process job its worker is in.
+      // pool rank, the in-process job its worker is in; from a spawned process, its parent's job.
+      if (spawned(proc.nspace)) return sp()!.abort(proc, status, message);
       if (rm.isPoolNamespace(proc.nspace)) return answer(() => rm.poolAbort(proc.nspace, proc.rank, status, message));
       return answer(() => rm.abort(proc.nspace, proc.rank, status, message));
     },
@@ -254,7 +267,7 @@ export function pmixHandlers({ rm, clients, log }: PmixHandlerOptions): UpcallHa
       // With one central server libpmix completes fences itself; this runs only if a fence
       // spans clients it does not hold. Every local contribution arrives in this one call.
       return answer(async () => {
-        if (procs.some((p) => rm.isPoolNamespace(p.nspace))) return data;
+        if (procs.some((p) => rm.isPoolNamespace(p.nspace) || spawned(p.nspace))) return data;
         const byNs = ranksByNamespace(rm, procs);
         if (byNs.size !== 1) return data;
         const [[nspace, ranks]] = [...byNs.entries()] as [[string, number[]]];
@@ -299,11 +312,10 @@ export function pmixHandlers({ rm, clients, log }: PmixHandlerOptions): UpcallHa
       });
     },
 
-    async spawn() {
-      throw new PmixError(
-        Status.ERR_NOT_SUPPORTED,
-        'dask-pmix does not start processes: MPI_Comm_spawn is not supported',
-      );
+    async spawn(a) {
+      const spawner = sp();
+      if (!spawner) throw new PmixError(Status.ERR_NOT_SUPPORTED, 'MPI_Comm_spawn is not served by this sidecar');
+      return answer(() => spawner.spawn(a));
     },
 
     // Reached only when a participant is not a local client; with one server all are.

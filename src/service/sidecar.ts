@@ -18,6 +18,7 @@ import { PmixBackend } from './pmix-backend.js';
 import { PmixClients } from './pmix-clients.js';
 import { pmixHandlers } from './pmix-handlers.js';
 import { PmixPool } from './pmix-pool.js';
+import { PmixSpawner, type SpawnLimits } from './pmix-spawn.js';
 
 export interface SidecarOptions {
   /** REST bind address (default 127.0.0.1) and port (default 8790; 0 picks one). */
@@ -50,6 +51,8 @@ export interface SidecarOptions {
   pmixDrainTimeoutMs?: number;
   /** TCP keepalive on PMIx clients' and PMI members' connections (default KEEPALIVE), or false for none. */
   keepAlive?: KeepAlive | false;
+  /** Bounds on the processes MPI_Comm_spawn starts (DEFAULT_SPAWN_LIMITS: 64 per spawn, 64 alive per job). */
+  spawnLimits?: Partial<SpawnLimits>;
   /** Replaces the OMPI_MCA_* settings every Open MPI member gets. */
   ompiEnv?: Record<string, string>;
   /**
@@ -86,6 +89,8 @@ export class Sidecar {
     readonly api: Api,
     readonly url: string,
     readonly log: pino.Logger,
+    /** Starts and ends the processes of Open MPI ranks' MPI_Comm_spawn. */
+    readonly spawner: PmixSpawner,
     private readonly closeStore?: () => void,
   ) {}
 
@@ -136,9 +141,15 @@ export class Sidecar {
     // operator sets the window.
     process.env.PMIX_MCA_pmix_event_caching_window ??= '0';
     const clients = new PmixClients();
+    let spawner: PmixSpawner | undefined;
     const pmix = await PmixServer.start({
       tmpdir: opts.tmpdir,
-      handlers: pmixHandlers({ rm, clients, log: (level, msg, fields) => log[level](fields ?? {}, msg) }),
+      handlers: pmixHandlers({
+        rm,
+        clients,
+        spawner: () => spawner,
+        log: (level, msg, fields) => log[level](fields ?? {}, msg),
+      }),
       // A rank of a job that has ended is refused before libpmix sees it (it would otherwise be
       // accepted and then have to be refused from the connected upcall); so is a pool rank that
       // no worker is joining with (retired, or already connected).
@@ -185,6 +196,15 @@ export class Sidecar {
         ...(opts.pmixDrainTimeoutMs !== undefined ? { drainTimeoutMs: opts.pmixDrainTimeoutMs } : {}),
       });
       rm.addBackend(backend);
+      spawner = new PmixSpawner({
+        server: pmix,
+        rm,
+        clients,
+        tmpdir: opts.tmpdir,
+        ompiEnv,
+        ...(opts.spawnLimits ? { limits: opts.spawnLimits } : {}),
+        log: (level, msg, fields) => log[level](fields ?? {}, msg),
+      });
       metrics.watchGate(
         () => pmix.gateStats,
         () => backend.lingering.length,
@@ -246,10 +266,11 @@ export class Sidecar {
         },
         'dask-pmix sidecar listening',
       );
-      return new Sidecar(rm, pmix, clients, api, url, log, persisted?.stop);
+      return new Sidecar(rm, pmix, clients, api, url, log, spawner, persisted?.stop);
     } catch (err) {
       // e.g. the REST port is taken: close what was opened, so the process can exit.
       await rm.shutdown('the sidecar failed to start').catch(() => undefined);
+      await spawner?.close();
       persisted?.stop();
       await pmix.stop();
       throw err;
@@ -269,6 +290,8 @@ export class Sidecar {
       const within = <T>(p: Promise<T>) => bounded(p, Math.max(0, deadline - Date.now()));
       const drained = await within(this.rm.shutdown(reason));
       this.log.debug({ drained: drained !== TIMED_OUT }, 'jobs released');
+      // Spawned processes end before libpmix does (their jobs' end has already signalled them).
+      await within(this.spawner.close(Math.max(1000, deadline - Date.now() - 2000)));
       this.closeStore?.();
       this.api.closeStreams();
       await within(this.api.app.close());
