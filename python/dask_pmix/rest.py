@@ -96,8 +96,13 @@ class _Routes:
     def register_worker(self, worker: dict):
         return self._call("POST", "/v1/workers", worker)
 
-    def remove_worker(self, worker_id: str):
-        return self._call("DELETE", f"/v1/workers/{quote(worker_id)}")
+    def remove_worker(self, worker_id: str, reason: str | None = None, returning: bool = False):
+        """The worker left the cluster; `returning`: it is expected back (its nanny restarts it, or
+        dask-pmix replaces it), so that a job request short of workers meanwhile waits for it."""
+        query = [f"reason={quote(reason[:1024])}"] if reason else []
+        if returning:
+            query.append("returning=true")
+        return self._call("DELETE", f"/v1/workers/{quote(worker_id)}" + ("?" + "&".join(query) if query else ""))
 
     def workers(self):
         return self._call("GET", "/v1/workers", post=_items("workers"))

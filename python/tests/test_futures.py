@@ -141,6 +141,13 @@ def test_a_rank_that_cannot_start_is_bounded_by_the_timeout(dask_cluster):
     # The member's only... every thread of one member is busy with a long task, so its rank
     # cannot start: run_mpi must give up at its timeout, not wait for the wiring timeout (60 s).
     _, client, sidecar = dask_cluster
+    # Named members: once a worker the last test's stuck member had replaced is back (a worker
+    # being replaced comes back under another address, and a job naming the old one fails).
+    wait_until(
+        lambda: workers_of(client) == sorted(w["id"] for w in sidecar.workers() if w["state"] == "available"),
+        60,
+        "the cluster's workers all registered and available",
+    )
     members = workers_of(client)[:2]
     nthreads = client.run_on_scheduler(lambda dask_scheduler, w=members[1]: dask_scheduler.workers[w].nthreads)
     busy = [client.submit(time.sleep, 30, workers=[members[1]], pure=False) for _ in range(nthreads)]

@@ -8,6 +8,19 @@ import { RmError } from './errors.js';
 /** The request could start later: its members are busy, or every job slot is taken. */
 export const isBusy = (e: unknown): e is RmError => e instanceof RmError && e.kind === 'conflict';
 
+/**
+ * A busy answer that knows what to say if the wait ends at its deadline still so (instead of the
+ * busy reason and how long it waited): the request waits for something with its own account.
+ */
+export class BusyUntil extends RmError {
+  constructor(
+    message: string,
+    readonly atDeadline: () => RmError,
+  ) {
+    super('conflict', message);
+  }
+}
+
 interface Waiter {
   attempt: () => Promise<unknown>;
   resolve: (v: unknown) => void;
@@ -59,7 +72,12 @@ export class Admission {
           timer: this.clock.setTimer(waitMs, () => {
             this.remove(w);
             const s = ((this.clock.now() - started) / 1000).toFixed(1);
-            reject(new RmError('conflict', `${w.lastError.message} (still, after waiting ${s} s)`));
+            const last = w.lastError;
+            reject(
+              last instanceof BusyUntil
+                ? last.atDeadline()
+                : new RmError('conflict', `${last.message} (still, after waiting ${s} s)`),
+            );
           }),
         };
         this.line.push(w);

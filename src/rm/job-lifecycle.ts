@@ -24,7 +24,7 @@
 // Plain TypeScript without I/O. The workers and psets it freezes belong to the facade
 // (ResourceManager), which hands them in.
 import { randomBytes } from 'node:crypto';
-import { Admission } from './admission.js';
+import { Admission, BusyUntil } from './admission.js';
 import type { JobBackend } from './backend.js';
 import { type Clock, isoTime, type TimerHandle } from './clock.js';
 import {
@@ -44,6 +44,7 @@ import type { NameService } from './name-service.js';
 import type { Policy } from './policy.js';
 import type { Pool, PoolBackend, PoolPlan } from './pool.js';
 import type { ProcessSets } from './process-sets.js';
+import type { Returning } from './returning.js';
 import {
   type Impl,
   isActive,
@@ -83,6 +84,27 @@ export interface JobLifecycleOptions {
   pool: () => { pool: Pool; backend: PoolBackend } | undefined;
   /** The in-process worlds of MPICH / Intel MPI workers, if the sidecar has them. */
   worlds?: () => Worlds | undefined;
+  /** Workers that left the cluster and are expected back (a request short of workers waits for them). */
+  returning?: Returning;
+}
+
+/** One job request, across its tries while it waits in the admission line. */
+interface JobRequest {
+  started: number;
+  /** In-process: members still joining the pool are waited for until then (0: not at all). */
+  poolUntil: number;
+  /** Workers that left within this long (the job's wiring timeout) and are expected back count. */
+  windowMs: number;
+  /** They are waited for until then (0: not at all), */
+  backUntil: number;
+  /** ... which is the end of this bound. */
+  backBound: string;
+  /** The most workers expected back that it waited for. */
+  waitedFor: number;
+  /** Members it named that it waited for under their ids. */
+  waitedForIds: Set<string>;
+  /** Wakes the line at backUntil, so that the wait ends then with its reason. */
+  timer?: TimerHandle;
 }
 
 /** What the core holds for each job beyond its record. */
@@ -180,9 +202,23 @@ export class JobLifecycle {
    * the namespace known. Fails without side effects.
    */
   create(spec: JobSpec, waitMs = 0): Promise<Readonly<Job>> {
-    // A request that may wait also waits (within that) for members still joining the pool.
-    const poolUntil = waitMs > 0 && spec.poolJoinMs ? this.o.clock.now() + Math.min(waitMs, spec.poolJoinMs) : 0;
-    return this.admission.run(() => this.createNow(spec, poolUntil), waitMs);
+    const now = this.o.clock.now();
+    // A request that may wait also waits (within that) for members still joining the pool, and
+    // for workers that left the cluster and are expected back (within its wiring timeout).
+    const poolUntil = waitMs > 0 && spec.poolJoinMs ? now + Math.min(waitMs, spec.poolJoinMs) : 0;
+    const wiringMs = (spec.wiringTimeoutSeconds ?? this.o.wiringTimeoutSeconds) * 1000;
+    const windowMs = Number.isNaN(wiringMs) ? 0 : Math.max(wiringMs, 0);
+    const backMs = waitMs > 0 ? Math.min(waitMs, windowMs) : 0;
+    const req: JobRequest = {
+      started: now,
+      poolUntil,
+      windowMs,
+      backUntil: backMs > 0 ? now + backMs : 0,
+      backBound: windowMs <= waitMs ? "the job's wiring timeout" : "the request's wait",
+      waitedFor: 0,
+      waitedForIds: new Set(),
+    };
+    return this.admission.run(() => this.createNow(spec, req), waitMs).finally(() => req.timer?.cancel());
   }
 
   /** Requests waiting for members or a job slot. */
@@ -190,7 +226,7 @@ export class JobLifecycle {
     return this.admission.waiting;
   }
 
-  private async createNow(spec: JobSpec, poolUntil = 0): Promise<Readonly<Job>> {
+  private async createNow(spec: JobSpec, req: JobRequest): Promise<Readonly<Job>> {
     if (this.stopping !== undefined) throw new RmError('unavailable', `the sidecar is stopping: ${this.stopping}`);
     const backend = this.o.backendFor(spec.impl);
     if (!backend) {
@@ -202,7 +238,7 @@ export class JobLifecycle {
     const wiring = spec.wiringTimeoutSeconds ?? this.o.wiringTimeoutSeconds;
     if (!(wiring > 0)) throw new RmError('bad_request', 'wiringTimeoutSeconds must be positive');
     if ((spec.timeoutSeconds ?? 0) < 0) throw new RmError('bad_request', 'timeoutSeconds must not be negative');
-    const { workers, pset } = this.chooseMembers(spec);
+    const { workers, pset } = this.chooseMembers(spec, req);
     this.o.policy.admit({ activeJobs: this.active().length + this.creating, size: workers.length });
 
     let id = this.o.newJobId?.() ?? `j${this.idPrefix}-${++this.jobCounter}`;
@@ -210,7 +246,7 @@ export class JobLifecycle {
     while (!this.o.newJobId && this.jobs.has(id)) id = `j${this.idPrefix}-${++this.jobCounter}`;
     if (this.jobs.has(id)) throw new RmError('conflict', `job id '${id}' is taken`);
     const plan = spec.mode === 'inprocess' ? this.planInprocess(workers, spec.impl) : undefined;
-    if (plan && 'reason' in plan) this.cannotRunInprocess(spec, plan, poolUntil);
+    if (plan && 'reason' in plan) this.cannotRunInprocess(spec, plan, req.poolUntil);
     const inprocess = plan !== undefined && !('reason' in plan);
     const worlds = inprocess && spec.impl !== 'openmpi';
     // A fork job's namespace carries 128 random bits: a PMIx rank is admitted by its namespace and
@@ -296,14 +332,29 @@ export class JobLifecycle {
     return job;
   }
 
-  private chooseMembers(spec: JobSpec): { workers: Worker[]; pset?: ProcessSet } {
+  private chooseMembers(spec: JobSpec, req: JobRequest): { workers: Worker[]; pset?: ProcessSet } {
     const given = (spec.pset ? 1 : 0) + (spec.members?.length ? 1 : 0) + (spec.selector ? 1 : 0);
     if (given !== 1)
       throw new RmError('bad_request', 'a job needs exactly one of pset, members (a non-empty list) or selector');
     const take = (ids: string[], what: string): Worker[] =>
       ids.map((id) => {
         const w = this.o.workers.get(id);
-        if (!w) throw new RmError('unprocessable', `${what} '${id}' is not a registered worker`);
+        if (!w) {
+          // A worker named by its id comes back under it only when its address is fixed.
+          if (this.o.returning?.has(id, req.windowMs)) {
+            req.waitedForIds.add(id);
+            this.waitForReturning(req, new RmError('unprocessable', `${what} '${id}' is not a registered worker`), 1);
+          }
+          // What ended the wait for it: a worker of its host registered under another address.
+          const e = req.waitedForIds.has(id)
+            ? new RmError(
+                'unprocessable',
+                `${what} '${id}' left the cluster and came back under another address, as a restarted worker ` +
+                  'usually does: name the workers there are now, or ask for a number of members',
+              )
+            : new RmError('unprocessable', `${what} '${id}' is not a registered worker`);
+          throw this.afterWaiting(req, e);
+        }
         if (w.state !== 'available') throw new RmError('conflict', `worker '${id}' is already in job ${w.jobId}`);
         return w;
       });
@@ -315,11 +366,13 @@ export class JobLifecycle {
       const p = this.o.psets.get(spec.pset);
       if (!p) throw new RmError('unprocessable', `no pset '${spec.pset}'`);
       if (p.gone?.length) {
-        throw new RmError(
+        const e = new RmError(
           'unprocessable',
           `pset '${p.name}' names worker${p.gone.length > 1 ? 's' : ''} ${p.gone.join(', ')}, which left the ` +
             `cluster: redefine it (PUT /v1/psets/${p.name}) with the workers there are now`,
         );
+        if (p.gone.every((id) => this.o.returning?.has(id, req.windowMs))) this.waitForReturning(req, e, p.gone.length);
+        throw this.afterWaiting(req, e);
       }
       if (p.jobId) throw new RmError('conflict', `pset '${spec.pset}' is used by active job ${p.jobId}`);
       return { workers: take(p.members, `member of pset '${p.name}'`), pset: p };
@@ -343,12 +396,64 @@ export class JobLifecycle {
     try {
       return { workers: this.o.policy.select(spec.selector!, available) };
     } catch (e) {
+      if (!(e instanceof RmError && e.kind === 'unprocessable')) throw e;
       // Enough matching workers exist, only some are in jobs now: the request may wait for them.
-      if (e instanceof RmError && e.kind === 'unprocessable' && this.couldSelectLater(spec.selector!)) {
+      if (this.couldSelectLater(spec.selector!))
         throw new RmError('conflict', `${e.message}; the others it could use are in jobs now`);
-      }
-      throw e;
+      // Enough would, with workers that left recently and are coming back: it may wait for those.
+      const back = (this.o.returning?.within(req.windowMs) ?? [])
+        .map((d) => d.worker)
+        .filter((w) => this.couldSelectLater({ ...spec.selector!, count: 1 }, [w], false));
+      if (back.length && this.couldSelectLater(spec.selector!, back)) this.waitForReturning(req, e, back.length);
+      throw this.afterWaiting(req, e);
     }
+  }
+
+  /**
+   * The request is short of workers by no more than `back` that left the cluster recently and are
+   * expected back (returning.ts): while it may wait (until req.backUntil) it waits for them, woken
+   * as workers join; after that, or if it may not wait at all, it fails saying so.
+   */
+  private waitForReturning(req: JobRequest, e: RmError, back: number): never {
+    const now = this.o.clock.now();
+    req.waitedFor = Math.max(req.waitedFor, back);
+    const them = back === 1 ? '1 worker that left the cluster is' : `${back} workers that left the cluster are`;
+    const why = `expected back (${back === 1 ? 'its nanny restarts it' : 'their nannies restart them'}, or dask-pmix replaces ${back === 1 ? 'it' : 'them'})`;
+    if (now < req.backUntil) {
+      req.timer ??= this.o.clock.setTimer(req.backUntil - now, () => this.admission.wake());
+      const bound = ((req.backUntil - req.started) / 1000).toFixed(1);
+      throw new BusyUntil(
+        `${e.message}; ${them} ${why}: the job waits for them, for up to ${bound} s (${req.backBound})`,
+        () => this.backTimedOut(req, e, back),
+      );
+    }
+    if (!req.backUntil)
+      throw new RmError(
+        'unprocessable',
+        `${e.message}; ${them} ${why}, but this request may not wait (POST /v1/jobs?wait=<s>)`,
+      );
+    throw this.backTimedOut(req, e, back);
+  }
+
+  private backTimedOut(req: JobRequest, e: RmError, missing: number): RmError {
+    const s = ((this.o.clock.now() - req.started) / 1000).toFixed(1);
+    const n = req.waitedFor;
+    return new RmError(
+      'unprocessable',
+      `${e.message}; waited ${s} s (${req.backBound}) for ${n} worker${n === 1 ? '' : 's'} expected back ` +
+        `(restarted by ${n === 1 ? 'its nanny' : 'their nannies'} or replaced by dask-pmix), and ${missing} did not return`,
+    );
+  }
+
+  /** The request's final error: it names the wait for workers expected back, if it waited. */
+  private afterWaiting(req: JobRequest, e: RmError): RmError {
+    if (!req.waitedFor) return e;
+    const s = ((this.o.clock.now() - req.started) / 1000).toFixed(1);
+    const n = req.waitedFor;
+    return new RmError(
+      e.kind,
+      `${e.message} (after waiting ${s} s for ${n} worker${n === 1 ? '' : 's'} expected back)`,
+    );
   }
 
   /**
@@ -383,12 +488,17 @@ export class JobLifecycle {
     return worlds.plan(workers, impl);
   }
 
-  private couldSelectLater(sel: JobSpec['selector'] & object): boolean {
+  /** Whether the selector could pick from every registered worker (as if free) and `more`. */
+  private couldSelectLater(
+    sel: JobSpec['selector'] & object,
+    more: readonly Worker[] = [],
+    registered = true,
+  ): boolean {
     try {
-      this.o.policy.select(
-        sel,
-        this.o.workers.list().map((w) => ({ ...w, state: 'available' as const })),
-      );
+      this.o.policy.select(sel, [
+        ...(registered ? this.o.workers.list().map((w) => ({ ...w, state: 'available' as const })) : []),
+        ...more,
+      ]);
       return true;
     } catch {
       return false;

@@ -22,6 +22,7 @@ import { NameService } from './name-service.js';
 import type { Policy } from './policy.js';
 import { type CohortOptions, Pool, type PoolBackend } from './pool.js';
 import { ProcessSets } from './process-sets.js';
+import { Returning } from './returning.js';
 import {
   IMPLS,
   type Impl,
@@ -93,6 +94,8 @@ export class ResourceManager {
   readonly limits: RmLimits;
   readonly contextIds = new ContextIds();
   private readonly workers = new WorkerPool();
+  /** Workers that left and are expected back (their nanny restarts them, or dask-pmix replaces them). */
+  private readonly returning: Returning;
   private readonly psets = new ProcessSets();
   private readonly backends = new Map<Impl, JobBackend>();
   private readonly jobs: JobLifecycle;
@@ -108,6 +111,7 @@ export class ResourceManager {
     this.events = new EventLog(() => this.clock.now());
     this.limits = { ...RM_LIMITS, ...opts.limits };
     this.names = new NameService(this.clock, undefined, this.limits.names);
+    this.returning = new Returning(this.clock, this.limits.workers);
     this.jobs = new JobLifecycle({
       clock: this.clock,
       policy: this.policy,
@@ -128,6 +132,7 @@ export class ResourceManager {
       ...(opts.maxWaitingJobs !== undefined ? { maxWaiting: opts.maxWaitingJobs } : {}),
       pool: () => this.poolState,
       worlds: () => this.worldsState,
+      returning: this.returning,
     });
     for (const b of opts.backends ?? []) this.addBackend(b);
     if (opts.pool) this.installPool(opts.pool.size, opts.pool.backend, opts.pool.cohort);
@@ -212,6 +217,7 @@ export class ResourceManager {
       throw new RmError('limit', `at most ${this.limits.workers} workers may be registered`);
     }
     const w = this.workers.add(spec, this.now());
+    this.returning.joined(w);
     this.pool?.seat(w);
     this.events.emit({ kind: 'workerJoined', worker: structuredClone(w) });
     for (const p of this.psets.memberBack(w.id)) this.events.emit({ kind: 'psetDefined', pset: structuredClone(p) });
@@ -228,10 +234,13 @@ export class ResourceManager {
 
   /**
    * The worker left the cluster (retired, crashed, removed over REST). If it was a member of an
-   * active job, that member is lost, which fails the job under the default policy.
+   * active job, that member is lost, which fails the job under the default policy. `returning`:
+   * it is expected back (its nanny restarts it, or dask-pmix replaces it), so that a job request
+   * short of workers meanwhile waits for it (within its wiring timeout) instead of failing.
    */
-  removeWorker(id: string, reason = 'removed'): Readonly<Worker> {
+  removeWorker(id: string, reason = 'removed', opts: { returning?: boolean } = {}): Readonly<Worker> {
     const w = this.workers.remove(id);
+    if (opts.returning) this.returning.left(w);
     if (w.jobId) this.jobs.memberGone(w.jobId, id, `its worker left (${reason})`);
     this.worlds?.retire(w, `its worker left (${reason})`);
     this.pool?.retire(w, `its worker left (${reason})`);
@@ -446,6 +455,11 @@ export class ResourceManager {
    */
   createJob(spec: JobSpec, opts: { waitMs?: number } = {}): Promise<Readonly<Job>> {
     return this.jobs.create(spec, opts.waitMs ?? 0);
+  }
+
+  /** Workers that left the cluster and are expected back (returning.ts). */
+  get workersExpectedBack(): number {
+    return this.returning.size;
   }
 
   /** Job requests waiting for members or a job slot. */

@@ -77,4 +77,25 @@ describe('admission', () => {
     );
     expect(ok).toBe(40);
   });
+
+  it('a selector short of a worker removed with returning=true waits for it to register again', async () => {
+    expect((await fx.call('DELETE', '/v1/workers/d?returning=true&reason=its%20process%20died')).status).toBe(200);
+    // Without wait, at once, saying why; with wait, it starts once a worker registers.
+    const now = await fx.call('POST', '/v1/jobs', { impl: 'openmpi', selector: { count: 4 } });
+    expect(now.status).toBe(422);
+    expect(now.body.message).toMatch(/1 worker that left the cluster is expected back/);
+    const waiting = fx.call('POST', '/v1/jobs?wait=20', { impl: 'openmpi', selector: { count: 4 } });
+    await new Promise((r) => setTimeout(r, 300));
+    expect(fx.rm.waitingJobs).toBe(1);
+    expect((await fx.call('POST', '/v1/workers', worker('d2'))).status).toBe(201);
+    const r = await waiting;
+    expect(r.status, JSON.stringify(r.body)).toBe(201);
+    expect(r.body.members.map((m: any) => m.workerId).sort()).toEqual(['a', 'b', 'c', 'd2']);
+    await fx.call('DELETE', `/v1/jobs/${r.body.id}`);
+    // Removed without it (retired): no waiting.
+    expect((await fx.call('DELETE', '/v1/workers/d2')).status).toBe(200);
+    const never = await fx.call('POST', '/v1/jobs?wait=20', { impl: 'openmpi', selector: { count: 4 } });
+    expect(never.status).toBe(422);
+    expect(never.body.message).toBe('the selector needs 4 available workers, but only 3 match');
+  });
 });

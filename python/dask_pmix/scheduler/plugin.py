@@ -34,6 +34,7 @@ from .jobs import Entry, JobMirror
 from .join_barrier import JoinBarriers
 from .joining import CohortJoining
 from .replace import Replacer
+from .returning import Returning, comes_back
 from .serve_args import sidecar_argv
 from .sidecar import EmbeddedSidecar
 
@@ -82,6 +83,9 @@ class SidecarPlugin(SchedulerPlugin):
         self.replacer: Replacer | None = None
         self._listening: set[str] = set()  # workers whose plugin handles Stream.JOB
         self._registrations: dict[str, asyncio.Future] = {}
+        self._removals: dict[str, asyncio.Future] = {}  # workers the sidecar is being told are gone
+        self._known: dict[str, tuple[str, bool]] = {}  # worker -> (its host, whether it has a nanny)
+        self.returning = Returning()  # workers that left and are expected back (scheduler.returning)
         self._waiting: list[dict] = []  # job requests in the sidecar's admission line
         self._psets: dict[str, list[str]] = {}  # the sidecar's process sets: name -> members
         self.joining = CohortJoining(bound=30.0)  # its bound is timeouts.pool-join, read in start()
@@ -407,6 +411,9 @@ class SidecarPlugin(SchedulerPlugin):
     def add_worker(self, scheduler, worker: str) -> None:
         if self.replacer is not None:
             self.replacer.added(worker)
+        ws = scheduler.workers.get(worker)
+        if ws is not None:
+            self.returning.joined(worker, ws.host)
         self._register_soon(worker)
 
     def remove_worker(self, scheduler, worker: str, *, stimulus_id: str | None = None, **kwargs) -> None:
@@ -416,19 +423,33 @@ class SidecarPlugin(SchedulerPlugin):
         self._listening.discard(worker)
         self.joining.gone(worker)
         pending = self._registrations.pop(worker, None)
+        host, nanny = self._known.pop(worker, ("", False))
+        replacing = self.replacer is not None and self.replacer.replacing(worker)
+        returning = bool(host) and comes_back(nanny, stimulus_id, replacing)
+        if returning:
+            self.returning.left(worker, host)
         if self._closed or self.rest is None:
             return
+        if replacing:
+            reason = "dask-pmix replaces it"
+        elif returning:
+            reason = "removed by Dask; its nanny restarts it"
+        elif (stimulus_id or "").startswith("retire-workers"):
+            reason = "retired by Dask"
+        else:
+            reason = "removed by Dask"
 
         async def remove() -> None:
             if pending is not None:
                 await asyncio.wait([pending])
             try:
-                await self.sidecar.remove_worker(worker)
+                await self.sidecar.remove_worker(worker, reason=reason, returning=returning)
             except SidecarError as e:
                 if e.status != 404:
                     logger.warning("dask-pmix: could not remove worker %s: %s", worker, e)
 
-        self._soon(remove())
+        task = self._removals[worker] = self._soon(remove())
+        task.add_done_callback(lambda t: self._removals.pop(worker, None) if self._removals.get(worker) is t else None)
 
     def _register_soon(self, address: str) -> None:
         if self._closed or self.rest is None:  # start() registers the workers there are
@@ -436,6 +457,7 @@ class SidecarPlugin(SchedulerPlugin):
         ws = self.scheduler.workers.get(address)
         if ws is None:
             return
+        self._known[address] = (ws.host, bool(ws.nanny))
         body = {
             "id": address,
             "address": address,
@@ -590,13 +612,21 @@ class SidecarPlugin(SchedulerPlugin):
         mode: str | None = None,
         strict: bool = False,
     ) -> dict:
-        unusable = _membership_mistake(self.scheduler, workers, n)
+        # Workers that left within the job's wiring timeout and are expected back: the job waits
+        # for them in the sidecar (within that timeout); more than those and the cluster fails now.
+        window = float(wiring_timeout or config.seconds("timeouts.wiring") or 60.0)
+        unusable = _membership_mistake(self.scheduler, workers, n, self.returning, window)
         if unusable:
             return {"error": unusable, "status": 422}
         if self._restarting is not None and not self._restarting.done():
             # The embedded sidecar died and a new one is starting: the job waits for it.
             await asyncio.wait([self._restarting], timeout=config.seconds("timeouts.start") or 120.0)
         await self._registered(workers)
+        leaving = list(self._removals.values()) + (self.replacer.taking_out() if self.replacer else [])
+        if leaving:
+            # The sidecar hears of every worker that Dask removed, or that dask-pmix replaces, before
+            # it chooses this job's members.
+            await asyncio.wait(leaving)
         request: dict[str, Any] = {"impl": impl}
         if mode:
             request["mode"] = mode
@@ -758,15 +788,24 @@ class SidecarPlugin(SchedulerPlugin):
         return self.replacer.replace(worker, reason)
 
 
-def _membership_mistake(scheduler, workers: list[str] | None, n: int | None) -> str | None:
-    """What is wrong with the members asked for, said so that the caller knows what to do."""
+def _membership_mistake(
+    scheduler, workers: list[str] | None, n: int | None, returning: Returning | None = None, window: float = 0.0
+) -> str | None:
+    """What is wrong with the members asked for, said so that the caller knows what to do. Workers
+    expected back (`returning`, that left at most `window` s ago) count: the sidecar waits for them."""
     have = len(scheduler.workers)
-    if n is not None and n > have:
+    back = returning.count(window) if returning is not None else 0
+    if n is not None and n > have + back:
+        coming = f" (and {back} expected back)" if back else ""
         return (
-            f"the job asks for {n} members but the cluster has {have} worker{'s' * (have != 1)}: ask for at most "
-            f"{have}, or add workers first (cluster.scale(...), or start more `dask worker`s)"
+            f"the job asks for {n} members but the cluster has {have} worker{'s' * (have != 1)}{coming}: ask for at "
+            f"most {have + back}, or add workers first (cluster.scale(...), or start more `dask worker`s)"
         )
-    unknown = [w for w in workers or [] if w not in scheduler.workers]
+    unknown = [
+        w
+        for w in workers or []
+        if w not in scheduler.workers and not (returning is not None and returning.has(w, window))
+    ]
     if unknown:
         return (
             f"{', '.join(unknown)} {'is not a worker' if len(unknown) == 1 else 'are not workers'} of this "

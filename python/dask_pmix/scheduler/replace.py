@@ -6,7 +6,9 @@ Dask can move its data: it is taken out of the sidecar (no job picks it meanwhil
 the pool (the dashboard shows why), retired gracefully (retire_workers moves every key only it
 holds to other workers), and only then restarted through its nanny. A worker whose data cannot
 be moved (no other worker can take it) is not restarted: it keeps serving Dask outside the pool.
-One replacement at a time.
+One replacement at a time; each worker is taken out of the sidecar as soon as it is asked for
+(a job request meanwhile waits for that, and then for the worker to be back: it leaves the
+sidecar as a worker expected back, dask_pmix.scheduler.returning).
 
 A worker is not restarted while its name is still within ``distributed.deploy.lost-worker-timeout``
 of its last removal: a SpecCluster (LocalCluster, dask-jobqueue) checks that long after every
@@ -54,6 +56,7 @@ class Replacer:
         self.register = register
         self._lock = asyncio.Lock()
         self._pending: set[str] = set()
+        self._taking_out: dict[str, asyncio.Future] = {}  # workers being taken out of the sidecar
         self._tasks: set[asyncio.Task] = set()
         self.replaced: list[dict] = []  # what was done, newest last (bounded)
         self._names: dict[str, str] = {}  # worker address -> its name (a restart keeps the name)
@@ -86,10 +89,34 @@ class Replacer:
             return {"error": f"{worker} is not a worker of this cluster", "status": 404}
         if worker not in self._pending:
             self._pending.add(worker)
-            task = asyncio.ensure_future(self._replace(worker, reason))
-            self._tasks.add(task)
+            taken_out = self._taking_out[worker] = asyncio.ensure_future(self._take_out(worker, reason))
+            taken_out.add_done_callback(lambda _: self._taking_out.pop(worker, None))
+            task = asyncio.ensure_future(self._replace(worker, reason, taken_out))
+            self._tasks.update((task, taken_out))
             task.add_done_callback(self._tasks.discard)
+            taken_out.add_done_callback(self._tasks.discard)
         return {"replacing": worker}
+
+    def replacing(self, worker: str) -> bool:
+        """Whether `worker` is being replaced (it will be back, restarted by its nanny)."""
+        return worker in self._pending
+
+    def taking_out(self) -> list[asyncio.Future]:
+        """Done once the workers asked for so far are out of the sidecar."""
+        return list(self._taking_out.values())
+
+    async def _take_out(self, worker: str, reason: str) -> None:
+        rest = self.rest()
+        if rest is None:
+            return
+        why = f"replaced by dask-pmix: {reason}"
+        # Expected back: a job request short of workers meanwhile waits for it.
+        for step in (lambda: rest.leave_pool(worker, why), lambda: rest.remove_worker(worker, why, returning=True)):
+            try:
+                await step()
+            except SidecarError as e:
+                if e.status != 404:
+                    logger.warning("dask-pmix: could not take %s out of the sidecar: %s", worker, e)
 
     async def close(self) -> None:
         for task in list(self._tasks):
@@ -103,20 +130,13 @@ class Replacer:
             "dask-pmix", {"action": "replace-worker", "worker": worker, "reason": reason, "outcome": outcome}
         )
 
-    async def _replace(self, worker: str, reason: str) -> None:
+    async def _replace(self, worker: str, reason: str, taken_out: asyncio.Future) -> None:
         try:
+            await taken_out
             async with self._lock:
                 if worker not in self.scheduler.workers:
                     return
                 logger.warning("dask-pmix: replacing worker %s: %s", worker, reason)
-                rest = self.rest()
-                if rest is not None:
-                    try:
-                        await rest.leave_pool(worker, f"replaced by dask-pmix: {reason}")
-                        await rest.remove_worker(worker)
-                    except SidecarError as e:
-                        if e.status != 404:
-                            logger.warning("dask-pmix: could not take %s out of the sidecar: %s", worker, e)
                 stimulus = f"dask-pmix-replace-{time.time()}"
                 try:
                     retired = await asyncio.wait_for(

@@ -54,24 +54,29 @@ export const workerRoutes: FastifyPluginAsync<RouteOptions> = async (app, { rm, 
     async (req) => toJson.worker(rm.getWorker(req.params.id)),
   );
 
-  app.delete<Params<{ id: string }> & { Querystring: { reason?: string } }>(
+  app.delete<Params<{ id: string }> & { Querystring: { reason?: string; returning?: boolean } }>(
     '/workers/:id',
     {
       ...write,
       schema: {
         security: auth.security.write,
-        summary: 'Remove a worker (it left the cluster); its job, if any, fails',
+        summary:
+          'Remove a worker (it left the cluster); its job, if any, fails. With returning=true it is expected back ' +
+          '(its nanny restarts it): a job request short of workers meanwhile waits for it, within its wiring timeout',
         tags: ['workers'],
         params: params('id'),
         querystring: {
           type: 'object',
-          properties: { reason: { type: 'string', maxLength: 1024 } },
+          properties: { reason: { type: 'string', maxLength: 1024 }, returning: { type: 'boolean' } },
           additionalProperties: false,
         },
         response: { 200: responses.worker, ...errors(401, 404) },
       },
     },
-    async (req) => toJson.worker(rm.removeWorker(req.params.id, req.query.reason || 'removed over REST')),
+    async (req) =>
+      toJson.worker(
+        rm.removeWorker(req.params.id, req.query.reason || 'removed over REST', { returning: !!req.query.returning }),
+      ),
   );
 
   // ---- the in-process pool -------------------------------------------------------------------
