@@ -105,8 +105,10 @@ def ensure_testdir(version: str | None = None) -> Path:
             "-m",
             "pip",
             "download",
+            # Only mpi4py from source: ':all:' would build its build dependencies (Cython) from
+            # source too, several minutes on 2 cores, to read the sdist's metadata.
             "--no-binary",
-            ":all:",
+            "mpi4py",
             "--no-deps",
             f"mpi4py=={version}",
             "-d",
