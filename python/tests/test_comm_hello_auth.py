@@ -225,3 +225,43 @@ def test_a_member_builds_no_pair_with_a_listener_outside_the_pool(pair):
     assert seen and seen[0].get("mpi") is False and seen[0].get("why") == "unauthenticated", seen
     assert client.run(_commitments, ranks[a], workers=[b])[b] == NOTHING
     _real_transfer_goes_over_mpi(client, a, b)
+
+
+def _record_handler_errors(dask_worker=None):
+    """Keeps, in the worker, what its loop and tornado log as errors from here on."""
+    import logging
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            kept.append(f"{record.name}: {record.getMessage()}")
+
+    kept: list[str] = []
+    handler = Keep(logging.ERROR)
+    for name in ("tornado.application", "tornado.general", "asyncio", "distributed"):
+        logging.getLogger(name).addHandler(handler)
+    dask_worker._test_kept_errors = kept
+
+
+def _handler_errors(dask_worker=None):
+    return list(dask_worker._test_kept_errors)
+
+
+def test_a_hello_with_fields_of_the_wrong_type_is_dropped_quietly(pair):
+    """A hello that claims the listener's epoch with fields of the wrong type (local peers as a
+    number, a rank as a list) is a broken negotiation: the listener drops the connection without
+    an uncaught exception in its loop, and its pair with the real member is untouched."""
+    client, a, b, ranks = pair
+    desc = client.run(_description, workers=[b])[b]
+    client.run(_record_handler_errors, workers=[a])
+    for hello in ({**desc, "local": 5}, {**desc, "rank": [ranks[b]], "local": 5}, {**desc, "epoch": [1]}):
+        with socket.create_connection(_hostport(a), timeout=30) as sock:
+            _send(sock, hello)
+            sock.settimeout(30)
+            try:
+                answer = _recv(sock)
+            except (EOFError, ConnectionResetError):
+                answer = None
+            assert answer is None or answer.get("mpi") is False, (hello, answer)
+    assert client.run(_handler_errors, workers=[a])[a] == []
+    assert client.run(_commitments, ranks[b], workers=[a])[a] == NOTHING
+    _real_transfer_goes_over_mpi(client, a, b)

@@ -91,6 +91,11 @@ class HelloError(ConnectionError):
     """The peer does not speak this negotiation (not a tcp+mpi end), or broke it off."""
 
 
+# What reading a peer's message with fields of the wrong type raises (a rank that is a list, local
+# peers that are a number, ...): the connection is dropped as for any broken negotiation.
+MALFORMED = (ValueError, TypeError, KeyError, AttributeError)
+
+
 REVISIT_AFTER = 2.0  # seconds before asking a listener that was joining its pool again
 PAIR_WAIT = 2.0  # seconds a connection waits for its pair communicator before it goes TCP
 

@@ -329,7 +329,7 @@ class TCPMPIConnector(TCPConnector):
         except StreamClosedError as e:
             comm.abort()
             convert_stream_closed_error(self, e)
-        except (hello.HelloError, asyncio.TimeoutError, struct.error) as e:
+        except (hello.HelloError, asyncio.TimeoutError, struct.error, *hello.MALFORMED) as e:
             comm.abort()
             raise OSError(f"tcp+mpi negotiation with {address} failed: {e}") from e
         except BaseException:
@@ -350,7 +350,14 @@ class TCPMPIListener(TCPListener):
     async def _prepare_stream(self, stream, address):
         try:
             route = await hello.answer(stream, _connect_timeout(), config.get("chunk"))
-        except (StreamClosedError, hello.HelloError, asyncio.TimeoutError, OSError, struct.error, ValueError) as e:
+        except (
+            StreamClosedError,
+            hello.HelloError,
+            asyncio.TimeoutError,
+            OSError,
+            struct.error,
+            *hello.MALFORMED,
+        ) as e:
             logger.info("tcp+mpi: connection from %s dropped during the transport negotiation: %s", address, e)
             stream.close()
             return None
