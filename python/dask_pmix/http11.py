@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -80,11 +81,19 @@ class Http11Pool:
         reader, writer = await asyncio.open_connection(self.host, self.port)
         return _Connection(reader, writer)
 
-    async def request(self, method: str, path: str, body: Any = None) -> Response:
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        headers: list[tuple[str, str]] | None = None,
+        on_interim: Callable[[int], None] | None = None,
+    ) -> Response:
         """One request and its whole response; raises OSError or h11.ProtocolError when the
-        connection fails. Cancelling it (a timeout) closes its connection."""
+        connection fails. Cancelling it (a timeout) closes its connection. `on_interim` hears of
+        each 1xx answer before the response (its status)."""
         data = b"" if body is None else json.dumps(body).encode()
-        headers = [*self.headers, ("Content-Length", str(len(data)))]
+        headers = [*self.headers, *(headers or ()), ("Content-Length", str(len(data)))]
         if body is not None:
             headers.append(("Content-Type", "application/json"))
         c = await self._connection()
@@ -100,6 +109,9 @@ class Http11Pool:
                 if event is h11.NEED_DATA:
                     # b"" at the end of the stream: h11 then raises if the response is cut short.
                     c.h11.receive_data(await c.reader.read(65536))
+                elif isinstance(event, h11.InformationalResponse):
+                    if on_interim is not None:
+                        on_interim(event.status_code)
                 elif isinstance(event, h11.Response):
                     status = event.status_code
                 elif isinstance(event, h11.Data):

@@ -46,6 +46,17 @@ class Scheduler:
     REPLACE_WORKER = "dask_pmix_replace_worker"
 
 
+# -- a job submitted before it is admitted (submit_mpi) ---------------------------------------------
+#: The annotation on each rank task of a job that waits for admission: {"ticket", "rank", "ranks",
+#: "request"}. The scheduler plugin holds those tasks (restricted to HOLD, a worker that does not
+#: exist) until the sidecar admits the job, then pins each to its member and puts ADMISSION's place
+#: in its arguments; or errs them with the sidecar's answer.
+QUEUED_ANNOTATION = "dask_pmix_queued"
+HOLD = "dask-pmix-waits-for-admission"
+#: What a held rank task has for its first argument until it is admitted.
+NOT_ADMITTED = {"dask-pmix": "not admitted"}
+
+
 # -- operations on Dask's batched streams -------------------------------------------------------------
 class Stream:
     # scheduler -> worker: a job that has members on this worker changed ({"job": job})

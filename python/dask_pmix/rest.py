@@ -22,6 +22,9 @@ from httpx_sse import EventSource, aconnect_sse, connect_sse
 from .errors import SidecarError
 from .http11 import Http11Pool, Response
 
+# Asks POST /v1/jobs?wait= for an interim 102 once the request waits in line (src/api/routes/jobs.ts).
+QUEUED_HEADER = "x-dask-pmix-queued"
+
 # The sidecar writes a heartbeat on every event stream this often (src/api/routes/events.ts).
 HEARTBEAT = 2.0
 
@@ -290,6 +293,40 @@ class AsyncSidecarClient(_Routes):
                 0, f"cannot reach the sidecar at {self.url}: {e or type(e).__name__}", method, path
             ) from None
         return self._result(fast, method, path, post)
+
+    async def create_job_in_line(self, request: dict, wait: float, on_queued: Callable[[], None]):
+        """create_job(request, wait) that calls `on_queued()` once the request waits in the sidecar's
+        admission line (an interim 102), or with the answer when it never waited (it may be called more
+        than once: make it idempotent). Cancelling it
+        takes the request out of the line (its connection closes). Over httpx (a sidecar that is
+        not plain http://) the 102 is not seen: `on_queued()` comes with the answer."""
+        path = f"/v1/jobs?wait={wait:g}"
+        try:
+            if self._fast is None:
+                return await self._call("POST", path, request, timeout=wait + self.timeout)
+            seconds = wait + self.timeout
+            try:
+                fast = await asyncio.wait_for(
+                    self._fast.request(
+                        "POST",
+                        path,
+                        request,
+                        headers=[(QUEUED_HEADER, "notify")],
+                        on_interim=lambda status: on_queued() if status == 102 else None,
+                    ),
+                    seconds,
+                )
+            except asyncio.TimeoutError:
+                raise SidecarError(
+                    0, f"the sidecar at {self.url} did not answer within {seconds:.0f} s (timed out)", "POST", path
+                ) from None
+            except (OSError, h11.ProtocolError) as e:
+                raise SidecarError(
+                    0, f"cannot reach the sidecar at {self.url}: {e or type(e).__name__}", "POST", path
+                ) from None
+            return self._result(fast, "POST", path, None)
+        finally:
+            on_queued()
 
     async def token_accepted(self) -> bool:
         try:

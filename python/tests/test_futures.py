@@ -74,6 +74,10 @@ def test_asynchronous_client(dask_cluster):
     wait_until(lambda: {w["state"] for w in sidecar.workers()} == {"available"}, 10, "members released")
 
 
+def job_of(sidecar, ticket: str) -> dict | None:
+    return next((j for j in sidecar.jobs() if (j.get("labels") or {}).get("dask-pmix.request") == ticket), None)
+
+
 def forever(comm):
     while True:  # until the job ends
         comm.Barrier()
@@ -101,7 +105,10 @@ def test_cancelling_the_futures_ends_the_job_and_releases_its_members(dask_clust
     _, client, sidecar = dask_cluster
     for _ in range(3):
         futures = submit_mpi(client, forever, n=3, impl=IMPL)
-        job_id = futures[0].key.split("dask-pmix-", 1)[1].rsplit("-rank-", 1)[0]
+        # The rank keys name the request's ticket (they are made before the job is admitted).
+        ticket = futures[0].key.split("dask-pmix-", 1)[1].rsplit("-rank-", 1)[0]
+        wait_until(lambda: job_of(sidecar, ticket) is not None, 30, "the job admitted")
+        job_id = job_of(sidecar, ticket)["id"]
         wait_until(lambda: sidecar.job(job_id)["state"] == "running", 30, "the job running")
         job = sidecar.job(job_id)
         t0 = time.monotonic()

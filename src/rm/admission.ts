@@ -21,6 +21,15 @@ export class BusyUntil extends RmError {
   }
 }
 
+export interface WaitOptions {
+  /** Called once the request waits in the line. */
+  onQueued?: () => void;
+  /** Aborted: the request leaves the line (rejected 'aborted'). */
+  signal?: AbortSignal;
+}
+
+const withdrawn = () => new RmError('aborted', 'the job request was withdrawn while it waited in the admission line');
+
 interface Waiter {
   attempt: () => Promise<unknown>;
   resolve: (v: unknown) => void;
@@ -30,6 +39,7 @@ interface Waiter {
   trying: boolean;
   /** The wake-up count when its last try began: a wake-up during the try means try again. */
   wakesSeen: number;
+  signal?: AbortSignal;
 }
 
 export class Admission {
@@ -47,13 +57,20 @@ export class Admission {
     return this.line.length;
   }
 
-  /** Runs `attempt`; while it fails busy, tries again as resources are freed, for up to `waitMs`. */
-  async run<T>(attempt: () => Promise<T>, waitMs: number): Promise<T> {
+  /**
+   * Runs `attempt`; while it fails busy, tries again as resources are freed, for up to `waitMs`.
+   * `onQueued` is called once the request is in the line (its place among the others is then
+   * fixed: a caller that sends requests one after another in order waits for it before sending
+   * the next); `signal` withdraws it from the line (its requester went away).
+   */
+  async run<T>(attempt: () => Promise<T>, waitMs: number, opts: WaitOptions = {}): Promise<T> {
     const wakesSeen = this.wakes;
+    if (opts.signal?.aborted) throw withdrawn();
     try {
       return await attempt();
     } catch (e) {
       if (!(waitMs > 0) || !isBusy(e)) throw e;
+      if (opts.signal?.aborted) throw withdrawn();
       if (this.line.length >= this.maxWaiting) {
         throw new RmError(
           'limit',
@@ -69,6 +86,7 @@ export class Admission {
           lastError: e,
           trying: false,
           wakesSeen,
+          signal: opts.signal,
           timer: this.clock.setTimer(waitMs, () => {
             this.remove(w);
             const s = ((this.clock.now() - started) / 1000).toFixed(1);
@@ -81,7 +99,20 @@ export class Admission {
           }),
         };
         this.line.push(w);
+        opts.signal?.addEventListener(
+          'abort',
+          () => {
+            // A try under way may still create the job: it settles the request (and the caller,
+            // whose requester is gone, ends a job made meanwhile).
+            if (!this.line.includes(w) || w.trying) return;
+            this.remove(w);
+            w.timer.cancel();
+            reject(withdrawn());
+          },
+          { once: true },
+        );
         if (this.wakes !== wakesSeen) this.schedule();
+        opts.onQueued?.();
       });
     }
   }
@@ -123,6 +154,12 @@ export class Admission {
       (e: unknown) => {
         w.trying = false;
         if (!this.line.includes(w)) return; // timed out meanwhile
+        if (w.signal?.aborted) {
+          this.remove(w);
+          w.timer.cancel();
+          w.reject(withdrawn());
+          return;
+        }
         if (!isBusy(e)) {
           this.remove(w);
           w.timer.cancel();

@@ -24,7 +24,7 @@
 // Plain TypeScript without I/O. The workers and psets it freezes belong to the facade
 // (ResourceManager), which hands them in.
 import { randomBytes } from 'node:crypto';
-import { Admission, BusyUntil } from './admission.js';
+import { Admission, BusyUntil, type WaitOptions } from './admission.js';
 import type { JobBackend } from './backend.js';
 import { type Clock, isoTime, type TimerHandle } from './clock.js';
 import {
@@ -201,7 +201,7 @@ export class JobLifecycle {
    * Creates a job: picks and freezes its members, lays out its ranks, and has its backend make
    * the namespace known. Fails without side effects.
    */
-  create(spec: JobSpec, waitMs = 0): Promise<Readonly<Job>> {
+  create(spec: JobSpec, waitMs = 0, wait: WaitOptions = {}): Promise<Readonly<Job>> {
     const now = this.o.clock.now();
     // A request that may wait also waits (within that) for members still joining the pool, and
     // for workers that left the cluster and are expected back (within its wiring timeout).
@@ -218,7 +218,7 @@ export class JobLifecycle {
       waitedFor: 0,
       waitedForIds: new Set(),
     };
-    return this.admission.run(() => this.createNow(spec, req), waitMs).finally(() => req.timer?.cancel());
+    return this.admission.run(() => this.createNow(spec, req), waitMs, wait).finally(() => req.timer?.cancel());
   }
 
   /** Requests waiting for members or a job slot. */

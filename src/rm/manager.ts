@@ -4,6 +4,7 @@
 //
 // Plain TypeScript without I/O: the protocol backends (JobBackend) do the protocol's side of
 // creating and releasing a job, and the policy (a port, policy.ts) is injected.
+import type { WaitOptions } from './admission.js';
 import type { JobBackend } from './backend.js';
 import { type Clock, isoTime, realClock } from './clock.js';
 import type {
@@ -453,8 +454,8 @@ export class ResourceManager {
    * Creates a job: picks and freezes its members, lays out its ranks, and has its backend make
    * the namespace known. Fails without side effects.
    */
-  createJob(spec: JobSpec, opts: { waitMs?: number } = {}): Promise<Readonly<Job>> {
-    return this.jobs.create(spec, opts.waitMs ?? 0);
+  createJob(spec: JobSpec, opts: { waitMs?: number } & WaitOptions = {}): Promise<Readonly<Job>> {
+    return this.jobs.create(spec, opts.waitMs ?? 0, { onQueued: opts.onQueued, signal: opts.signal });
   }
 
   /** Workers that left the cluster and are expected back (returning.ts). */

@@ -1,8 +1,9 @@
 // Job requests that find their workers busy wait in line (POST /v1/jobs?wait=<s>) instead of
 // failing at once: they start as workers are freed, oldest first; the line is bounded (429) and
 // every wait ends at its deadline with the reason (409).
+import { request as httpRequest } from 'node:http';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { type ApiFixture, apiFixture, worker } from './fixture.js';
+import { type ApiFixture, apiFixture, TOKEN, worker } from './fixture.js';
 
 let fx: ApiFixture;
 beforeAll(async () => {
@@ -61,6 +62,37 @@ describe('admission', () => {
       }),
     );
     expect(new Set(done).size).toBe(8);
+  });
+
+  it('a request that asks is told (102) once it waits in line; its connection closing withdraws it', async () => {
+    const held = (await fx.call('POST', '/v1/jobs', { impl: 'openmpi', members: ['a', 'b'] })).body;
+    const body = JSON.stringify({ impl: 'openmpi', members: ['a'] });
+    const req = httpRequest(`${fx.url}/v1/jobs?wait=20`, {
+      method: 'POST',
+      headers: {
+        authorization: `Bearer ${TOKEN}`,
+        'content-type': 'application/json',
+        'content-length': Buffer.byteLength(body),
+        'x-dask-pmix-queued': 'notify',
+      },
+    });
+    req.on('error', () => {}); // destroyed below
+    const interim = new Promise<number>((resolve) => req.on('information', (info) => resolve(info.statusCode)));
+    req.end(body);
+    expect(await interim).toBe(102);
+    expect(fx.rm.waitingJobs).toBe(1);
+    req.destroy();
+    for (let i = 0; i < 50 && fx.rm.waitingJobs > 0; i++) await new Promise((r) => setTimeout(r, 20));
+    expect(fx.rm.waitingJobs).toBe(0);
+    // Withdrawn, it never takes the worker once it is freed: the next request gets it at once.
+    expect((await fx.call('DELETE', `/v1/jobs/${held.id}`)).status).toBe(200);
+    const next = await fx.call('POST', '/v1/jobs', { impl: 'openmpi', members: ['a'] });
+    expect(next.status, JSON.stringify(next.body)).toBe(201);
+    await fx.call('DELETE', `/v1/jobs/${next.body.id}`);
+    // Without the header, no interim answer: the request's only answer is its job.
+    const plain = await fx.call('POST', '/v1/jobs?wait=5', { impl: 'openmpi', members: ['a'] });
+    expect(plain.status).toBe(201);
+    await fx.call('DELETE', `/v1/jobs/${plain.body.id}`);
   });
 
   it('many clients at once over few workers all get their jobs', async () => {

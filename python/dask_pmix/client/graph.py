@@ -54,6 +54,39 @@ def submit_ranks(client, ranks: list[tuple[str, str, Callable, tuple]]) -> list:
     return [futures[key] for key in keys]
 
 
+def submit_held_ranks(client, ranks: list[tuple[str, Callable, tuple, dict]]) -> list:
+    """Futures in rank order of (key, function, arguments, mark): the ranks of a job that is not
+    admitted yet, as one graph. Each task carries its mark (protocol.QUEUED_ANNOTATION: the
+    ticket, the rank and the job's request), from which the scheduler plugin asks the sidecar for
+    the job and holds the task until it is admitted; its worker restriction (HOLD, no worker)
+    keeps it from running anywhere, even where the plugin is missing."""
+    from dask._expr import HLGExpr
+    from dask._task_spec import Task, parse_input
+    from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
+    from distributed.spans import SpanMetadata
+
+    from ..protocol import HOLD, QUEUED_ANNOTATION
+
+    layers = {
+        key: MaterializedLayer(
+            {key: Task(key, func, *(parse_input(a) for a in args))},
+            annotations={"workers": [HOLD], QUEUED_ANNOTATION: mark},
+        )
+        for key, func, args, mark in ranks
+    }
+    keys = [key for key, *_ in ranks]
+    graph = HighLevelGraph(layers, {key: set() for key in keys})
+    futures = client._graph_to_futures(
+        HLGExpr(dsk=graph),
+        keys,
+        span_metadata=SpanMetadata(collections=[{"type": "Future"}]),
+        internal_priority={key: 0 for key in keys},
+        user_priority=RANK_PRIORITY,
+        fifo_timeout="100 ms",
+    )
+    return [futures[key] for key in keys]
+
+
 def pickled_function(fn: Callable) -> bytes:
     """The job's function, pickled once for all its ranks (by value where it must be: a lambda,
     or a function of __main__); the ranks' tasks carry these bytes (dask_pmix.member.task)."""

@@ -13,6 +13,7 @@ import asyncio
 import logging
 import math
 import numbers
+import uuid
 import warnings
 import weakref
 from collections.abc import Callable, Iterable
@@ -20,9 +21,9 @@ from typing import Any
 
 from .. import config
 from ..errors import MPIFallbackWarning, MPIJobError
-from ..protocol import FAILED_STATES, Call, Scheduler, rank_key
+from ..protocol import FAILED_STATES, NOT_ADMITTED, Call, Scheduler, rank_key
 from .events import job_ends
-from .graph import pickled_function, submit_ranks, unpicklable
+from .graph import pickled_function, submit_held_ranks, submit_ranks, unpicklable
 from .plugin_check import PLUGIN_MISSING
 
 logger = logging.getLogger("dask_pmix")
@@ -304,8 +305,19 @@ def submit_mpi(
     one Dask future per rank, in rank order. Each result stays on its rank's worker, so later
     tasks that take a future as input run where it is (``client.submit(g, futures[r])``).
     Cancelling the futures (``client.cancel(futures)``, or dropping them before they finish) ends
-    the job and gives its members back. With an asynchronous client, ``await`` it."""
-    _check_request(n, workers, mode, impl, timeout, wiring_timeout)
+    the job and gives its members back. With an asynchronous client, ``await`` it.
+
+    A job whose members are busy waits for them as its futures do, not in this call: the ranks'
+    tasks are submitted at once and held by the scheduler until the sidecar admits the job (jobs
+    submitted one after another are admitted in that order), then run on the members it froze.
+    A job that cannot be admitted within its ``timeout`` (or dask-pmix.timeouts.admission), or
+    that the sidecar refuses, makes its futures raise MPIJobError with the sidecar's reason;
+    cancelling them while the job waits takes it out of the line. With ``pset`` or ``local`` the
+    call still waits for the job's admission (the number of ranks, or where their data is, is
+    known only then)."""
+    checked = _check_request(n, workers, mode, impl, timeout, wiring_timeout)
+    if pset is None and local is None:
+        return _sync(client, [], lambda: _submit_held(client, fn, args, kwargs, n, workers, mode, *checked))
     fallbacks: list = []
 
     async def submit() -> list:
@@ -327,6 +339,74 @@ def submit_mpi(
         return job.futures
 
     return _sync(client, fallbacks, submit)
+
+
+async def _submit_held(
+    client,
+    fn: Callable,
+    args: tuple,
+    kwargs: dict,
+    n: int | None,
+    workers: list[str] | None,
+    mode: str | None,
+    impl: str,
+    timeout: float | None,
+    wiring_timeout: float | None,
+) -> list:
+    """submit_mpi's ranks, submitted before their job is admitted (graph.submit_held_ranks): the
+    scheduler plugin asks the sidecar for the job and lets them run once it is admitted."""
+    await _check_plugin(client)
+    job_ends(client)  # the scheduler pushes the job's end to this client: someone must listen
+    asked = mode or config.get("job.mode")
+    if workers is not None:
+        workers = list(workers)
+        count = len(workers)
+    elif n is not None:
+        count = int(n)
+    else:  # every worker there is now, as create_job would count them
+        count = len(await client.scheduler.ncores())
+        n = count
+        if not count:
+            raise MPIJobError("the cluster has no workers: add workers first (cluster.scale(...))")
+    # The request waits in the sidecar's line for at most the job's timeout: a job that cannot even
+    # start within it fails then, as run_mpi's would.
+    admission = config.seconds("timeouts.admission")
+    wait = min(admission, timeout) if timeout and admission else (timeout or admission)
+    request = {
+        "workers": workers,
+        "n": None if workers is not None else n,
+        "impl": impl,
+        "timeout": timeout,
+        "wiring_timeout": wiring_timeout,
+        "mode": asked or "inprocess",
+        "strict": asked == "inprocess",
+        "wait": wait or 0.0,
+    }
+    ticket = f"q{uuid.uuid4().hex}"
+    request["labels"] = {"dask-pmix.request": ticket}
+    try:
+        function = pickled_function(fn)
+    except Exception as e:
+        raise TypeError(unpicklable(fn, (), {}) or f"the MPI job's function cannot be pickled: {e!r}") from e
+    build_timeout = config.seconds("timeouts.communicator")
+    kwargs = dict(kwargs or {})
+    mark = {"ticket": ticket, "ranks": count, "request": request}
+    ranks: list[tuple[str, Callable[..., Any], tuple[Any, ...], dict]] = [
+        (
+            rank_key(ticket, r),
+            Call("dask_pmix.member.task:admitted_rank"),
+            (NOT_ADMITTED, r, function, args, kwargs, build_timeout, impl, timeout),
+            {**mark, "rank": r},
+        )
+        for r in range(count)
+    ]
+    try:
+        return submit_held_ranks(client, ranks)
+    except Exception as e:
+        why = unpicklable(fn, args, kwargs)
+        if why:
+            raise TypeError(why) from e
+        raise
 
 
 def run_mpi(

@@ -99,6 +99,32 @@ def inprocess_rank(
     )
 
 
+def admitted_rank(
+    admission: dict,
+    rank: int,
+    fn: bytes | Callable,
+    args: tuple,
+    kwargs: dict,
+    build_timeout: float | None,
+    impl: str,
+    timeout: float | None,
+) -> Any:
+    """A rank of a job submitted before it was admitted (submit_mpi): the scheduler plugin put the
+    admitted job, this rank's worker and (fork mode) its environment in `admission` when it pinned
+    the task to its member; the mode is the one the sidecar chose."""
+    job = admission.get("job")
+    if not job:
+        from ..errors import MPIJobError
+
+        raise MPIJobError("the rank's task ran before its job was admitted (is the dask-pmix scheduler plugin there?)")
+    worker_id = admission["worker"]
+    if job.get("mode") == "inprocess":
+        return inprocess_rank(job, rank, worker_id, fn, args, kwargs, None, build_timeout)
+    return fork_rank(
+        job["id"], rank, worker_id, admission["env"], impl, fn, args, kwargs, timeout, None, job.get("modeReason") or ""
+    )
+
+
 def fork_rank(
     job_id: str,
     rank: int,

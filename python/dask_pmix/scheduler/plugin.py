@@ -14,23 +14,25 @@ unreachable or silent for longer than `dask-pmix.timeouts.sidecar-gone`."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import secrets
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .. import config
-from ..errors import SidecarError
-from ..protocol import RANK_KEY, SCHEDULER_PLUGIN, WORKER_PLUGIN, Remote, Scheduler, Stream, Topic
+from ..errors import MPIJobError, SidecarError
+from ..protocol import QUEUED_ANNOTATION, RANK_KEY, SCHEDULER_PLUGIN, WORKER_PLUGIN, Remote, Scheduler, Stream, Topic
 from ..rest import AsyncSidecarClient
-from . import dashboard
+from . import dashboard, queued
 from .events import EventStream
-from .jobs import Entry, JobMirror
+from .jobs import ENDED_KEPT, Entry, JobMirror
 from .join_barrier import JoinBarriers
 from .joining import CohortJoining
 from .replace import Replacer
@@ -87,6 +89,12 @@ class SidecarPlugin(SchedulerPlugin):
         self._known: dict[str, tuple[str, bool]] = {}  # worker -> (its host, whether it has a nanny)
         self.returning = Returning()  # workers that left and are expected back (scheduler.returning)
         self._waiting: list[dict] = []  # job requests in the sidecar's admission line
+        # Jobs whose rank tasks came before their admission (submit_mpi), by ticket, in the order
+        # they came; the last one's request (its place in the sidecar's line), and what became
+        # of admitted tickets (their rank keys name the ticket, not the job id).
+        self._queued: dict[str, queued.Queued] = {}
+        self._last_in_line: asyncio.Future | None = None
+        self._admitted: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._psets: dict[str, list[str]] = {}  # the sidecar's process sets: name -> members
         self.joining = CohortJoining(bound=30.0)  # its bound is timeouts.pool-join, read in start()
         self._settling: dict[str, asyncio.TimerHandle | None] = {}  # jobs whose every rank returned
@@ -216,6 +224,9 @@ class SidecarPlugin(SchedulerPlugin):
             await self.stream.stop()
         if self.replacer is not None:
             await self.replacer.close()
+        for q in self._queued.values():
+            if q.task is not None:
+                q.task.cancel()
         if self._background:
             await asyncio.wait(list(self._background), timeout=5)
         if self.embedded is not None:
@@ -484,6 +495,80 @@ class SidecarPlugin(SchedulerPlugin):
         if pending:
             await asyncio.wait(pending)
 
+    # -- jobs submitted before they are admitted (submit_mpi) ------------------------------------
+    def update_graph(self, scheduler, *, client: str, annotations: dict, stimulus_id: str, **kwargs) -> None:
+        """A graph with the rank tasks of jobs not yet admitted: their tasks are held (queued.hold,
+        before Dask places them) and their requests go to the sidecar one after another, in the
+        order they came, each once the one before waits in the admission line."""
+        if QUEUED_ANNOTATION not in annotations:
+            return
+        for ticket, (keys, request, wrong) in queued.queued_jobs(annotations).items():
+            if ticket in self._queued or ticket in self._admitted:
+                continue
+            queued.hold(scheduler, keys)
+            q = self._queued[ticket] = queued.Queued(ticket, client, request, keys)
+            if wrong or self._closed:
+                # After update_graph's own transitions, which put the tasks in no-worker.
+                asyncio.get_running_loop().call_soon(self._refused, q, wrong or "the scheduler is closing")
+                continue
+            before, self._last_in_line = self._last_in_line, q.in_line
+            q.task = self._soon(self._admit(q, before))
+
+    async def _admit(self, q: queued.Queued, before: asyncio.Future | None) -> None:
+        try:
+            if before is not None:
+                await before
+            if q.withdrawn:
+                return
+            request = dict(q.request)
+            wait = request.pop("wait", None)
+            answer = await self.create_job(**request, owner=q.client, wait=wait, on_queued=lambda: _done(q.in_line))
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a fault here must not leave the futures waiting forever
+            logger.exception("dask-pmix: job request %s failed", q.ticket)
+            answer = {"error": f"the scheduler plugin could not ask the sidecar ({type(e).__name__}: {e})"}
+        finally:
+            _done(q.in_line)
+        if self._queued.get(q.ticket) is not q:  # withdrawn while its answer came
+            if "job" in answer:
+                await self._end(answer["job"]["id"], "its rank tasks were cancelled while it waited for admission")
+            return
+        if "error" in answer:
+            self._refused(q, answer["error"])
+            return
+        job = answer["job"]
+        del self._queued[q.ticket]
+        self._admitted[q.ticket] = job["id"]
+        while len(self._admitted) > ENDED_KEPT:
+            self._admitted.popitem(last=False)
+        gone = queued.held(self.scheduler, q.keys)
+        if gone:
+            # A rank's task left while the job was being admitted (its transition came before the
+            # ticket was mapped to the job): the others err, and the members go back.
+            why = "a rank's task was cancelled as the job was admitted"
+            queued.fail(self.scheduler, q.keys, MPIJobError(why, job_id=job["id"]), f"dask-pmix-cancelled-{q.ticket}")
+            await self._end(job["id"], why)
+            return
+        queued.release(self.scheduler, q.keys, job, answer.get("envs") or {}, f"dask-pmix-admitted-{job['id']}")
+
+    def _refused(self, q: queued.Queued, error: str) -> None:
+        if self._queued.get(q.ticket) is q:
+            del self._queued[q.ticket]
+        queued.fail(self.scheduler, q.keys, MPIJobError(error), f"dask-pmix-refused-{q.ticket}")
+
+    def _withdraw(self, q: queued.Queued) -> None:
+        """A held rank task was released (its future cancelled or dropped): the request leaves the
+        sidecar's line (its connection closes) and the job's other rank tasks err."""
+        self._queued.pop(q.ticket, None)
+        q.withdrawn = True
+        if q.task is not None:
+            q.task.cancel()
+        why = MPIJobError("a rank's task was cancelled while the job waited for admission; the job was withdrawn")
+        # Not from within Dask's transition: after it.
+        stimulus = f"dask-pmix-withdrawn-{q.ticket}"
+        asyncio.get_running_loop().call_soon(queued.fail, self.scheduler, q.keys, why, stimulus)
+
     def transition(self, key, start: str, finish: str, *args, **kwargs) -> None:
         """A rank's task: once every rank's has finished, the job is over (an in-process job's members
         are told to leave here, all at once: the scheduler sees their tasks finish; a fork job's ranks
@@ -493,7 +578,12 @@ class SidecarPlugin(SchedulerPlugin):
         match = RANK_KEY.match(key) if isinstance(key, str) else None
         if match is None or self._closed or self.rest is None:
             return
-        entry = self.jobs.get(match.group(1))
+        waiting = self._queued.get(match.group(1))
+        if waiting is not None:
+            if finish in ("released", "forgotten") and start == "no-worker":
+                self._withdraw(waiting)
+            return
+        entry = self.jobs.get(self._admitted.get(match.group(1), match.group(1)))
         if entry is None or not entry.active:
             return
         if finish == "memory":
@@ -611,7 +701,14 @@ class SidecarPlugin(SchedulerPlugin):
         placement: str | None = None,
         mode: str | None = None,
         strict: bool = False,
+        *,
+        wait: float | None = None,
+        on_queued: Callable[[], None] | None = None,
     ) -> dict:
+        """The job, once the sidecar admitted it (the request waits in the admission line for up to
+        `wait` s, by default dask-pmix.timeouts.admission), with its fork members' environments;
+        or {"error", "status"}. `on_queued` (the plugin's own, for jobs submitted before they are
+        admitted) is called once the request waits in line, or with its answer."""
         # Workers that left within the job's wiring timeout and are expected back: the job waits
         # for them in the sidecar (within that timeout); more than those and the cluster fails now.
         window = float(wiring_timeout or config.seconds("timeouts.wiring") or 60.0)
@@ -651,10 +748,12 @@ class SidecarPlugin(SchedulerPlugin):
         if labels:
             request["labels"] = {str(k): str(v) for k, v in labels.items()}
         self._waiting.append(request)
+        wait = config.seconds("timeouts.admission") if wait is None else wait
         try:
-            job = await self._while_reachable(
-                lambda: self.sidecar.create_job(request, wait=config.seconds("timeouts.admission"))
-            )
+            if on_queued is not None and wait:
+                job = await self._while_reachable(lambda: self.sidecar.create_job_in_line(request, wait, on_queued))
+            else:
+                job = await self._while_reachable(lambda: self.sidecar.create_job(request, wait=wait))
         except SidecarError as e:
             return {"error": str(e), "status": e.status}
         finally:
@@ -786,6 +885,11 @@ class SidecarPlugin(SchedulerPlugin):
         if self.replacer is None:
             return {"error": "the dask-pmix plugin has not started", "status": 503}
         return self.replacer.replace(worker, reason)
+
+
+def _done(f: asyncio.Future) -> None:
+    if not f.done():
+        f.set_result(None)
 
 
 def _membership_mistake(

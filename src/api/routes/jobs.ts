@@ -5,6 +5,9 @@ import { type JsonSchema, requests, responses } from '../schemas.js';
 import { jobSpec, toJson, withoutNamespace } from '../wire.js';
 import { type Body, errors, type Params, params, type RouteOptions } from './context.js';
 
+/** The request header that asks POST /jobs?wait= for a 102 once the request waits in line. */
+export const QUEUED_HEADER = 'x-dask-pmix-queued';
+
 export const jobRoutes: FastifyPluginAsync<RouteOptions> = async (app, { rm, auth }) => {
   const write = { onRequest: auth.write };
   const read = { onRequest: auth.read };
@@ -30,8 +33,34 @@ export const jobRoutes: FastifyPluginAsync<RouteOptions> = async (app, { rm, aut
         response: { 201: responses.job, ...errors(400, 401, 409, 422, 429, 503) },
       },
     },
-    async (req, reply) =>
-      reply.code(201).send(toJson.job(await rm.createJob(jobSpec(req.body), { waitMs: (req.query.wait ?? 0) * 1000 }))),
+    async (req, reply) => {
+      // A requester that sends its requests one after another, in their order (the scheduler
+      // plugin, for its clients' queued jobs), asks for an interim 102 once this one waits in
+      // line: its place is fixed then, and the next may go.
+      const notify = req.headers[QUEUED_HEADER] === 'notify';
+      // A requester that goes away (closes the connection) takes its request out of the line.
+      const gone = new AbortController();
+      const onClose = () => {
+        if (!reply.raw.writableEnded) gone.abort();
+      };
+      reply.raw.on('close', onClose);
+      let job: Awaited<ReturnType<typeof rm.createJob>>;
+      try {
+        job = await rm.createJob(jobSpec(req.body), {
+          waitMs: (req.query.wait ?? 0) * 1000,
+          signal: gone.signal,
+          onQueued: notify ? () => reply.raw.writeProcessing() : undefined,
+        });
+      } finally {
+        reply.raw.off('close', onClose);
+      }
+      if (gone.signal.aborted) {
+        // Admitted as its requester left: nobody runs it, so its members go back now (not at
+        // the wiring timeout).
+        await rm.deleteJob(job.id, 'its request was withdrawn as it was admitted');
+      }
+      return reply.code(201).send(toJson.job(job));
+    },
   );
 
   app.get<{ Querystring: { state?: string } }>(
