@@ -229,6 +229,53 @@ def test_partitioned_point_to_point_raises_in_process_and_says_what_to_use(clust
     assert run_mpi(client, partitioned, n=3, impl=IMPL, timeout=30) == [True, True, True]
 
 
+def create_from_groups(comm):
+    from mpi4py import MPI
+
+    out: dict = {}
+    group = comm.Get_group()
+    alone = group.Incl([comm.rank])
+    low, high = group.Range_incl([(0, 0, 1)]), group.Range_incl([(1, comm.size - 1, 1)])
+    local, remote = (low, high) if comm.rank == 0 else (high, low)
+    try:
+        for name, call in (
+            ("intra", lambda: MPI.Intracomm.Create_from_group(group)),
+            ("inter", lambda: MPI.Intercomm.Create_from_groups(local, 0, remote, 0)),
+            ("graph", lambda: comm.Create_dist_graph([comm.rank], [1], [(comm.rank + 1) % comm.size])),
+        ):
+            try:
+                call().Free()
+                out[name] = "returned"
+            except NotImplementedError as e:
+                out[name] = "mode='fork'" in str(e)
+        # A group of the worker alone is within its world: MPICH serves it.
+        mine = MPI.Intracomm.Create_from_group(alone, "dask-pmix.alone")
+        out["alone"] = mine.Get_size()
+        mine.Free()
+        adjacent = comm.Create_dist_graph_adjacent([(comm.rank - 1) % comm.size], [(comm.rank + 1) % comm.size])
+        out["adjacent"] = adjacent.Get_dist_neighbors_count()
+        adjacent.Free()
+    finally:
+        for g in (group, alone, low, high):
+            g.Free()
+    out["after"] = comm.allreduce(1)
+    return out
+
+
+@pytest.mark.skipif(OPENMPI, reason="MPICH's worlds of one: these constructors need a world of the job")
+def test_communicators_mpich_cannot_build_across_worlds_raise_in_process(cluster):
+    """MPICH builds the from-group ones over its MPI_COMM_WORLD, a world of the worker alone:
+    mpi4py's test_comm_inter.testCreateFromGroups ended all three workers (an MPIR_Assert in
+    allreduce_group.c); Create_dist_graph waited for good (test_comm_topo). The adjacent graph
+    and a group of the worker alone work."""
+    client, x = cluster
+    pids = client.run(os.getpid)
+    results = run_mpi(client, create_from_groups, n=3, impl=IMPL, timeout=60)
+    expected = {"intra": True, "inter": True, "graph": True, "alone": 1, "adjacent": (1, 1, False), "after": 3}
+    assert results == [expected] * 3
+    _unharmed(client, x, pids)
+
+
 def c_library(comm, path):
     import ctypes
 
@@ -264,6 +311,14 @@ def test_a_c_library_sees_the_jobs_communicator_through_handle_conversion(cluste
 def rma_patterns(comm):
     from mpi4py import MPI
 
+    refused = None
+    if not OPENMPI:
+        # MPICH's worlds of one: a window over other workers raises (world_model); COMM_SELF's works.
+        try:
+            MPI.Win.Allocate(8, disp_unit=8, comm=comm).Free()
+        except NotImplementedError as e:
+            refused = "mode='fork'" in str(e)
+        comm = MPI.COMM_SELF
     # A counter on rank 0, bumped by everyone under passive-target exclusive locks.
     win = MPI.Win.Allocate(8, disp_unit=8, comm=comm)
     if comm.rank == 0:
@@ -292,14 +347,19 @@ def rma_patterns(comm):
     shared.Free()
     node_size = node.size
     node.Free()
-    return {"counter": int(got[0]), "node_size": node_size, "seen": seen}
+    return {"counter": int(got[0]), "node_size": node_size, "seen": seen, "refused": refused}
 
 
 def test_rma_passive_target_locks_and_a_shared_memory_window(cluster):
+    """MPICH: windows over other workers raise (in mpi4py's test_rma they aborted the worker or
+    waited for good); the same patterns on COMM_SELF work."""
     client, x = cluster
+    pids = client.run(os.getpid)
     for r in run_mpi(client, rma_patterns, n=3, impl=IMPL, timeout=60):
-        assert r["counter"] == 15, r
+        assert r["counter"] == (15 if OPENMPI else 5), r
         assert r["seen"] == [10 + i for i in range(r["node_size"])], r
+        assert r["refused"] is (None if OPENMPI else True), r
+    _unharmed(client, x, pids)
 
 
 def mpi_io(comm, path):

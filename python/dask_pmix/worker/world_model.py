@@ -27,7 +27,10 @@ them never started), so it is never shown to user code:
 
 An MPICH / Intel MPI world of one (the opt-in in-process pool) is initialised with MPI_Init
 already; it gets the same guards and the same ``COMM_WORLD`` during a job, and keeps its own
-world of one outside jobs.
+world of one outside jobs. The calls MPICH cannot serve across such worlds, which abort or
+wedge the worker, raise NotImplementedError there: ``Create_from_group``, ``Create_from_groups``,
+``Create_dist_graph`` and windows (``Win.Create``, ``Win.Allocate``, ``Win.Create_dynamic``) over
+processes of other workers.
 """
 
 from __future__ import annotations
@@ -74,6 +77,8 @@ def initialise(MPI, *, pool_world: bool) -> None:
             set_type_attribute(MPI.Comm, name, _intercomm_shrink(MPI, MPI.Comm.__dict__[name]))
         _outside = MPI._handleof(MPI.COMM_NULL)
         _set_world(MPI, _outside)
+    else:
+        _guard_across_worlds(MPI)
 
 
 def finalize(MPI) -> None:
@@ -208,6 +213,107 @@ def _intercomm_shrink(MPI, shrink):
         return shrink(self, *args, **kwargs)
 
     return _in_place_of(shrink, call)
+
+
+def _guard_across_worlds(MPI) -> None:
+    """An MPICH pool worker is a world of its own, and a job's communicator a merge of such worlds
+    (dask_pmix.member.merge_tree). MPICH 5.0.2 cannot serve some calls on processes of other
+    worlds, and those end or wedge the worker; they raise NotImplementedError instead, naming
+    what works. Calls within the worker's own world (COMM_SELF, a group of the worker alone) are
+    MPICH's own.
+
+    - ``Intracomm.Create_from_group`` and ``Intercomm.Create_from_groups``: MPICH builds them over
+      its MPI_COMM_WORLD (mpi/comm/comm_impl.c), the worker alone, and translating the group's
+      ranks to it fails an MPIR_Assert (allreduce_group.c:111): MPICH aborts the process (mpi4py's
+      test_comm_inter.testCreateFromGroups ended all three workers).
+    - ``Intracomm.Create_dist_graph``: the edges are exchanged with a blocking MPI_ANY_SOURCE
+      probe and receive (mpi/topo), and all members stay in it (test_comm_topo). A blocking
+      MPI_Recv from MPI_ANY_SOURCE of another world's message waits for good here too (measured;
+      MPI_Iprobe and MPI_Mprobe from MPI_ANY_SOURCE match it).
+    - Windows over other workers (``Win.Create``, ``Win.Allocate``, ``Win.Create_dynamic``): in
+      mpi4py's test_rma and test_rma_nb a get-accumulate's reply failed an MPIR_Assert
+      (mpidig_rma_callbacks.c:812, actual_pack_bytes == result_data_sz) and MPICH aborted the
+      worker, and with the accumulate calls refused the members waited for good in
+      testGetAccumulate, testAccumulate or testPutGet, a different one from run to run. Windows
+      on COMM_SELF are the worker's own and work."""
+    own = MPI.COMM_WORLD.Get_group()  # before any job: the world of one
+
+    def outside(*groups) -> bool:
+        for group in groups:
+            if isinstance(group, MPI.Group) and group != MPI.GROUP_NULL and group.Get_size():
+                ranks = MPI.Group.Translate_ranks(group, list(range(group.Get_size())), own)
+                if MPI.UNDEFINED in ranks:
+                    return True
+        return False
+
+    def of(obj) -> bool:
+        group = obj.Get_group()
+        try:
+            return outside(group)
+        finally:
+            group.Free()
+
+    def refuse(name: str, instead: str):
+        raise NotImplementedError(
+            f"{name} over processes of other workers cannot run in an in-process MPICH job: MPICH 5.0 would "
+            f"abort or wedge the worker (each worker is an MPI world of its own). {instead}, or run the job "
+            "with mode='fork'"
+        )
+
+    def arg(args: tuple, kwargs: dict, i: int, name: str) -> Any:
+        return args[i] if len(args) > i else kwargs.get(name)
+
+    intra = MPI.Intracomm.__dict__["Create_from_group"].__func__
+    inter = MPI.Intercomm.__dict__["Create_from_groups"].__func__
+
+    def create_from_group(cls, *args: Any, **kwargs: Any):
+        if outside(arg(args, kwargs, 0, "group")):
+            refuse("MPI_Comm_create_from_group", "Use Create_group (MPI_Comm_create_group) on the job's communicator")
+        return intra(cls, *args, **kwargs)
+
+    def create_from_groups(cls, *args: Any, **kwargs: Any):
+        if outside(arg(args, kwargs, 0, "local_group"), arg(args, kwargs, 2, "remote_group")):
+            refuse(
+                "MPI_Intercomm_create_from_groups",
+                "Use Create_group and then Create_intercomm (MPI_Intercomm_create) on the job's communicator",
+            )
+        return inter(cls, *args, **kwargs)
+
+    set_type_attribute(MPI.Intracomm, "Create_from_group", classmethod(_in_place_of(intra, create_from_group)))
+    set_type_attribute(MPI.Intercomm, "Create_from_groups", classmethod(_in_place_of(inter, create_from_groups)))
+
+    def on_spanning(cls: type, name: str, call: str, instead: str) -> None:
+        method = cls.__dict__[name]
+
+        def guarded(self, *args: Any, **kwargs: Any):
+            if of(self):
+                refuse(call, instead)
+            return method(self, *args, **kwargs)
+
+        set_type_attribute(cls, name, _in_place_of(method, guarded))
+
+    on_spanning(
+        MPI.Intracomm,
+        "Create_dist_graph",
+        "MPI_Dist_graph_create",
+        "Use Create_dist_graph_adjacent, each process naming its own neighbours",
+    )
+    # Windows: (memory, disp_unit, info, comm) for Create and Allocate, (info, comm) for
+    # Create_dynamic; the default communicator is COMM_SELF. Allocate_shared over other workers
+    # is refused by MPICH itself with an MPI error (no shared memory domain).
+    for name, at in (("Create", 3), ("Allocate", 3), ("Create_dynamic", 1)):
+        make = MPI.Win.__dict__[name].__func__
+
+        def window(cls, *args: Any, _make=make, _at=at, _name=name, **kwargs: Any):
+            comm = arg(args, kwargs, _at, "comm")
+            if isinstance(comm, MPI.Comm) and comm != MPI.COMM_NULL and of(comm):
+                refuse(
+                    f"MPI_Win_{_name.lower()}",
+                    "Windows on COMM_SELF work; move data with the job's communicator (point-to-point, collectives)",
+                )
+            return _make(cls, *args, **kwargs)
+
+        set_type_attribute(MPI.Win, name, classmethod(_in_place_of(make, window)))
 
 
 def job_threads() -> set[int]:
