@@ -132,3 +132,14 @@ step native "$(hash_tree native) $(hash_of "$PMIX_DIR/SOURCE" "$STAMPS/venv-open
 ts_build() { cd "$ROOT" && npm run -s build:ts; }
 [ -d "$ROOT/dist" ] && [ -f "$ROOT/src/proto/dask_pmix.js" ] && [ -f "$ROOT/python/dask_pmix/dashboard/index.html" ] || rm -f "$STAMPS/ts"
 step ts "$(hash_tree src proto compat-matrix bench tsconfig.json package-lock.json)" ts_build
+
+# --- 7. The binder on each environment's PATH -------------------------------------------------
+# `dask-pmix-exec PROGRAM`, the command the docs give for a plain MPICH / Intel MPI program, is
+# the native binder itself, here as in the wheel (python/setup.py installs it into bin/): each
+# rank starts without Python in front of it, which `dask-pmix exec` through the environment's
+# console script would put there (0.46-0.83 s for 8 ranks against hydra's 0.16-0.18 s).
+for v in .venv .venv-mpich .venv-impi; do
+  if [ -d "$ROOT/$v/bin" ]; then
+    ln -sfn ../../native/build/Release/dask-pmix-exec "$ROOT/$v/bin/dask-pmix-exec"
+  fi
+done

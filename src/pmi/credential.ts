@@ -25,7 +25,7 @@ export function checkPmiId(id: string | undefined): string {
   if (!PATTERN.test(id)) {
     throw new PmiError(
       `PMI_ID ${clip(id, 12)} is not a dask-pmix credential (32 hex digits): MPI clients send PMI_ID as an int, ` +
-        'so start the rank through `dask-pmix exec PROGRAM` (or dask_pmix.pmi_connect in Python), which authenticates and hands MPI the connection as PMI_FD',
+        'so start the rank through `dask-pmix-exec PROGRAM` (or dask_pmix.pmi_connect in Python), which authenticates and hands MPI the connection as PMI_FD',
     );
   }
   return id;
