@@ -183,3 +183,8 @@ def job(comm, testdir: str, module: str, progress_dir: str | None = None, exclud
 def probe(comm) -> int:
     """A trivial job: the run's check that the cluster is back before the next module."""
     return comm.allreduce(1)
+
+
+def where(comm) -> int:
+    """The process a rank runs in: the run's check that in-process ranks are the workers."""
+    return os.getpid()

@@ -12,7 +12,9 @@ once with pip into .deps/mpi4py-sdist/. Each module runs, unchanged, in three co
 - mpiexec: `mpiexec -n 3 python ref_rank.py ...` (Open MPI's mpirun / MPICH's hydra of the same
   environment), the reference;
 - inprocess: one `run_mpi(client, collect.job, ..., n=3, mode="inprocess")` job over a LocalCluster
-  of 3 worker processes (2 threads each) with dask_pmix.SidecarPlugin;
+  of 3 worker processes (2 threads each) with dask_pmix.SidecarPlugin; for MPICH with
+  dask-pmix.pool.mpich: true, the opt-in pool (the results say so in "dask_config" and in the
+  configuration's description), and the run checks first that in-process ranks are the workers;
 - fork: the same job with mode="fork".
 
 Every module is a fresh job (or launch) with a bounded timeout. Around each job the workers' pids
@@ -211,6 +213,11 @@ def _record(status: str, seconds: float, ranks: list[dict], **extra) -> dict:
 # --- the reference: mpiexec -n 3 --------------------------------------------------------------
 
 
+def dask_config(impl: str) -> dict:
+    """The Dask configuration of the run's cluster: MPICH's in-process pool is opt-in."""
+    return {"dask-pmix.pool.mpich": True} if impl == "mpich" else {}
+
+
 def member_env(impl: str) -> dict[str, str]:
     """The settings dask-pmix gives its members by default (src/service/default-env.ts, as built),
     so that the reference ranks run the same transports as the jobs."""
@@ -299,8 +306,7 @@ class DaskSide:
 
         # The job's function and its result type travel by value: workers need not import them.
         cloudpickle.register_pickle_by_value(collect)
-        if self.impl == "mpich":
-            self._stack.enter_context(dask.config.set({"dask-pmix.pool.mpich": True}))
+        self._stack.enter_context(dask.config.set(dask_config(self.impl)))
         cluster = self._stack.enter_context(
             LocalCluster(
                 n_workers=self.workers,
@@ -317,6 +323,11 @@ class DaskSide:
         for mode in self.modes:
             self.settle(mode)
         self.pids = self.snapshot()
+        if "inprocess" in self.modes:
+            # An in-process rank is the worker process itself (for MPICH: the opt-in pool is on).
+            ranks = dask_pmix.run_mpi(self.client, collect.where, n=self.workers, mode="inprocess", impl=self.impl)
+            if sorted(ranks) != sorted(self.pids.values()):
+                raise RuntimeError(f"in-process ranks ran in processes {ranks}, not the workers {self.pids}")
         return self
 
     def __exit__(self, *exc):
@@ -489,9 +500,15 @@ def run_suite(
         "configs": {
             "mpiexec": " ".join(Path(a).name if i == 0 else a for i, a in enumerate(launcher(impl)))
             + " python ref_rank.py MODULE",
-            "inprocess": f"run_mpi(n={NP}, mode='inprocess'): LocalCluster of {NP} worker processes, 2 threads each",
+            "inprocess": f"run_mpi(n={NP}, mode='inprocess'): LocalCluster of {NP} worker processes, 2 threads each"
+            + (
+                ", dask-pmix.pool.mpich: true (each worker a size-1 MPICH world, merged per job)"
+                if impl == "mpich"
+                else ""
+            ),
             "fork": f"run_mpi(n={NP}, mode='fork'): the same cluster",
         },
+        "dask_config": dask_config(impl),
         "git": git_commit(),
         "machine_start": machine(),
         "generatedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

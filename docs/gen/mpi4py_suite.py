@@ -144,6 +144,15 @@ def impl_section(impl: str, doc: dict) -> list[str]:
         + " | | | |"
     )
     lines.append("")
+    if "mpiexec" in totals and totals["mpiexec"][0]:
+        ref = totals["mpiexec"][0]
+        parts = [
+            f"{LABEL[c]} {totals[c][0]} ({100 * totals[c][0] / ref:.1f}%), "
+            + (f"{totals[c][1]} worker deaths" if totals[c][1] else "no worker died")
+            for c in configs
+            if c != "mpiexec"
+        ]
+        lines += [f"Passing tests against mpiexec's {ref} in the same run: " + "; ".join(parts) + ".", ""]
     lines += differences_table(impl, doc, notes)
     if unexplained:
         lines += [f"{unexplained} differences have no entry in `compat-matrix/mpi4py_suite/known.json` yet.", ""]
