@@ -4,7 +4,8 @@ and in fork mode too, is scripts/mpi4py-suite.sh; its table is in docs/compatibi
 The modules of compat-matrix/mpi4py_suite/run.py's QUICK subset run unchanged, each as one
 in-process job of 3 ranks, and under the library's own `mpiexec -n 3` in the same run. The guard
 asserts that no worker died and that the in-process jobs pass at least 99% of the tests that pass
-under mpiexec. It stops at the first module that kills a worker or times out (that fails it
+under mpiexec; a test that known.json explains as flaky for a reason other than MPI and that failed
+in process is left out of both counts. It stops at the first module that kills a worker or times out (that fails it
 anyway). It is skipped only when mpi4py's sdist cannot be had (pip's index unreachable and no
 copy in .deps/mpi4py-sdist/), and for MPICH unless DASK_PMIX_TEST_MPICH_SUITE=1: the MPICH
 in-process pool is opt-in (dask-pmix.pool.mpich)."""
@@ -42,6 +43,18 @@ def _passed(rec: dict) -> int:
     return rec["counts"].get("pass", 0) + rec["counts"].get("xfail", 0)
 
 
+def _flaky(impl: str) -> list[str]:
+    """Test ids (fnmatch patterns) that known.json explains as flaky for reasons other than MPI
+    (the suite's DLPack helper asserts exact reference counts, which a Dask worker's other threads
+    can disturb): a miss among them is not a conformance difference, so the guard does not count
+    them on either side."""
+    import json
+
+    known = json.loads((ROOT / "compat-matrix" / "mpi4py_suite" / "known.json").read_text())
+    entries = {**known.get("all", {}), **known.get(impl, {})}
+    return [pattern for pattern, why in entries.items() if why.startswith("Flaky, not MPI")]
+
+
 def test_mpi4py_suite_subset_in_process():
     suite = _suite()
     try:
@@ -61,6 +74,9 @@ def test_mpi4py_suite_subset_in_process():
         stop_on=stop,
         testdir=testdir,
     )
+    from fnmatch import fnmatchcase
+
+    flaky = _flaky(IMPL)
     ref = inproc = deaths = 0
     lines = []
     for module, mod in doc["modules"].items():
@@ -71,6 +87,12 @@ def test_mpi4py_suite_subset_in_process():
         if m_in is None:
             continue
         inproc += _passed(m_in)
+        # A flaky test that failed in process leaves both counts (it passed under mpiexec).
+        ref -= sum(
+            1
+            for t, x in m_in["not_passed"].items()
+            if x["outcome"] == "fail" and any(fnmatchcase(t, p) for p in flaky) and t not in m_ref["not_passed"]
+        )
         deaths += m_in.get("worker_deaths", 0)
         if _passed(m_in) < _passed(m_ref) or m_in.get("worker_deaths") or m_in["status"] != "ok":
             failing = [f"{t} ({x['outcome']}: {x.get('message', '')[:120]})" for t, x in m_in["not_passed"].items()]
