@@ -71,6 +71,9 @@ class Stream:
 # -- Dask events (scheduler -> the client that owns a job) -------------------------------------------
 class Topic:
     JOB = "dask-pmix-job"
+    # A job submitted before its admission (submit_mpi) that the sidecar runs in fork mode though
+    # it was not asked to: {"id", "modeReason"}, for the client's MPIFallbackWarning.
+    FALLBACK = "dask-pmix-fallback"
 
 
 def job_view(job: dict) -> dict:

@@ -137,3 +137,25 @@ def test_cancelling_a_waiting_job_takes_it_out_of_the_line(dask_cluster, busy):
     # Never admitted: the sidecar made no job for it, and its members went to the next job at once.
     assert jobs_of(sidecar, withdrawn) == []
     assert {f.status for f in withdrawn} == {"cancelled"}
+
+
+def test_a_fallback_to_fork_mode_is_warned_about(dask_cluster):
+    # The mode is known only once the job is admitted: the scheduler tells the client then.
+    import warnings
+
+    from dask_pmix import MPIFallbackWarning
+
+    _, client, sidecar = dask_cluster
+    client.wait_for_workers(4, timeout=60)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        futures = submit_mpi(client, probe, 0, n=2, impl=IMPL)
+        assert [r["sum"] for r in client.gather(futures)] == [1, 1]
+        time.sleep(0.2)
+    job = jobs_of(sidecar, futures)[0]
+    fell_back = job["mode"] == "fork" and bool(job.get("modeReason"))
+    warned = [w for w in caught if issubclass(w.category, MPIFallbackWarning)]
+    print(f"mode {job['mode']} ({job.get('modeReason') or 'asked'}): {len(warned)} warning(s)")
+    assert len(warned) == fell_back
+    if fell_back:
+        assert job["modeReason"] in str(warned[0].message)

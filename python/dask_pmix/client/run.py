@@ -21,7 +21,7 @@ from typing import Any
 
 from .. import config
 from ..errors import MPIFallbackWarning, MPIJobError
-from ..protocol import FAILED_STATES, NOT_ADMITTED, Call, Scheduler, rank_key
+from ..protocol import FAILED_STATES, NOT_ADMITTED, Call, Scheduler, Topic, rank_key
 from .events import job_ends
 from .graph import pickled_function, submit_held_ranks, submit_ranks, unpicklable
 from .plugin_check import PLUGIN_MISSING
@@ -317,7 +317,15 @@ def submit_mpi(
     known only then)."""
     checked = _check_request(n, workers, mode, impl, timeout, wiring_timeout)
     if pset is None and local is None:
-        return _sync(client, [], lambda: _submit_held(client, fn, args, kwargs, n, workers, mode, *checked))
+        if client.asynchronous:
+            # Awaited by the caller, as client.sync's coroutine is.
+            return _submit_held(client, fn, args, kwargs, n, workers, mode, *checked)  # type: ignore[return-value]
+        if n is None and workers is None or _plugin_seen.get(client) != client.scheduler.address:
+            # Once per client (whether the scheduler has the plugin), or to count the workers.
+            n = client.sync(_held_count, client, n, workers)
+        # The graph goes from this thread, as Client.submit sends its own: no wait for the
+        # client's event loop, which may be busy (with the scheduler itself, in a LocalCluster).
+        return _held_ranks(client, fn, args, kwargs, n, workers, mode, *checked)
     fallbacks: list = []
 
     async def submit() -> list:
@@ -341,7 +349,51 @@ def submit_mpi(
     return _sync(client, fallbacks, submit)
 
 
-async def _submit_held(
+_fallback_heard: weakref.WeakSet = weakref.WeakSet()
+
+
+def _warn_on_fallback(client) -> None:
+    """A job submitted before its admission learns its mode only then: the scheduler pushes a
+    fallback to fork mode (Topic.FALLBACK), and it is warned about here, as start_job warns (in
+    the client's event-loop thread, so once per reason rather than once per call site)."""
+    if client in _fallback_heard:
+        return
+    _fallback_heard.add(client)
+
+    def heard(event) -> None:
+        _, job = event
+        reason = job.get("modeReason") if isinstance(job, dict) else None
+        if reason:
+            warnings.warn(
+                MPIFallbackWarning(
+                    "dask-pmix: MPI jobs run in fork mode (each rank a child process of its worker, "
+                    f"not the worker itself): {reason}"
+                ),
+                stacklevel=1,
+            )
+
+    client.subscribe_topic(Topic.FALLBACK, heard)
+
+
+async def _held_count(client, n: int | None, workers: list[str] | None) -> int | None:
+    """`n` for a job submitted before its admission, once the scheduler is known to have the
+    plugin: as given, or (neither n nor workers) every worker there is now, as create_job counts."""
+    await _check_plugin(client)
+    if n is not None or workers is not None:
+        return n
+    count = len(await client.scheduler.ncores())
+    if not count:
+        raise MPIJobError("the cluster has no workers: add workers first (cluster.scale(...))")
+    return count
+
+
+async def _submit_held(client, fn: Callable, args: tuple, kwargs: dict, n, workers, mode, *checked) -> list:
+    """submit_mpi with an asynchronous client."""
+    n = await _held_count(client, n, workers)
+    return _held_ranks(client, fn, args, kwargs, n, workers, mode, *checked)
+
+
+def _held_ranks(
     client,
     fn: Callable,
     args: tuple,
@@ -355,19 +407,14 @@ async def _submit_held(
 ) -> list:
     """submit_mpi's ranks, submitted before their job is admitted (graph.submit_held_ranks): the
     scheduler plugin asks the sidecar for the job and lets them run once it is admitted."""
-    await _check_plugin(client)
     job_ends(client)  # the scheduler pushes the job's end to this client: someone must listen
+    _warn_on_fallback(client)
     asked = mode or config.get("job.mode")
     if workers is not None:
         workers = list(workers)
         count = len(workers)
-    elif n is not None:
-        count = int(n)
-    else:  # every worker there is now, as create_job would count them
-        count = len(await client.scheduler.ncores())
-        n = count
-        if not count:
-            raise MPIJobError("the cluster has no workers: add workers first (cluster.scale(...))")
+    else:
+        count = int(n or 0)
     # The request waits in the sidecar's line for at most the job's timeout: a job that cannot even
     # start within it fails then, as run_mpi's would.
     admission = config.seconds("timeouts.admission")

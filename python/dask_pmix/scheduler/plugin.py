@@ -551,6 +551,11 @@ class SidecarPlugin(SchedulerPlugin):
             await self._end(job["id"], why)
             return
         queued.release(self.scheduler, q.keys, job, answer.get("envs") or {}, f"dask-pmix-admitted-{job['id']}")
+        if job.get("mode") == "fork" and job.get("modeReason") and q.request.get("mode") != "fork":
+            fallback = {"id": job["id"], "modeReason": job["modeReason"]}
+            self.scheduler.report(
+                {"op": "event", "topic": Topic.FALLBACK, "event": (time.time(), fallback)}, client=q.client
+            )
 
     def _refused(self, q: queued.Queued, error: str) -> None:
         if self._queued.get(q.ticket) is q:
