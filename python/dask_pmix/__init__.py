@@ -20,6 +20,11 @@ __version__ = (Path(__file__).resolve().parent / "VERSION").read_text().strip()
 _LAZY: dict[str, tuple[str, str | None]] = {
     "run_mpi": ("dask_pmix.client.run", "run_mpi"),
     "submit_mpi": ("dask_pmix.client.run", "submit_mpi"),
+    "map_blocks_mpi": ("dask_pmix.client.collections", "map_blocks_mpi"),
+    "Blocks": ("dask_pmix.blocks", "Blocks"),
+    "Block": ("dask_pmix.blocks", "Block"),
+    "Layout": ("dask_pmix.blocks", "Layout"),
+    "Slab": ("dask_pmix.blocks", "Slab"),
     "wait_for_plugin": ("dask_pmix.client.plugin_check", "wait_for_plugin"),
     "SidecarPlugin": ("dask_pmix.scheduler.plugin", "SidecarPlugin"),
     "dask_setup": ("dask_pmix.scheduler.plugin", "dask_setup"),
@@ -52,6 +57,11 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:
     from . import comm as comm
     from . import pool as pool
+    from .blocks import Block as Block
+    from .blocks import Blocks as Blocks
+    from .blocks import Layout as Layout
+    from .blocks import Slab as Slab
+    from .client.collections import map_blocks_mpi as map_blocks_mpi
     from .client.plugin_check import wait_for_plugin as wait_for_plugin
     from .client.run import run_mpi as run_mpi
     from .client.run import submit_mpi as submit_mpi

@@ -19,7 +19,7 @@ from pathlib import Path
 import dask_pmix
 
 PKG = Path(dask_pmix.__file__).resolve().parent
-SHARED = {"protocol", "rest", "http11", "config", "errors", "launcher", "pmi_connect", "pool"}
+SHARED = {"protocol", "rest", "http11", "config", "errors", "launcher", "pmi_connect", "pool", "blocks"}
 ENTRY = {"cli", "demo", "__main__"}
 # Which groups each group may import (besides itself and the shared modules).
 ALLOWED = {

@@ -11,8 +11,9 @@ from typing import Any
 RANK_PRIORITY = 1_000_000
 
 
-def submit_ranks(client, ranks: list[tuple[str, str, Callable, tuple]]) -> list:
-    """Futures in rank order of (key, worker, function, arguments). All go to the scheduler as one
+def submit_ranks(client, ranks: list[tuple[Any, str, Callable, tuple]]) -> list:
+    """Futures in rank order of (key, worker, function, arguments); map_blocks_mpi's output blocks
+    too, whose keys are the array's (tuples). All go to the scheduler as one
     graph: one update-graph message instead of one per rank (with Client.submit, the last rank's
     task started tens of ms after the first's at 8 ranks on a busy scheduler)."""
     try:

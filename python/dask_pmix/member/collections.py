@@ -1,0 +1,111 @@
+"""The member's half of map_blocks_mpi (dask_pmix.client.collections): hands ``fn`` this rank's
+blocks of each input, with their indices, offsets and the layout, and checks the output blocks
+it returns before they are left on this worker. Runs where the rank runs: the worker's task
+thread in process, the child in fork mode."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ..blocks import Block, Blocks, Layout, block_starts, show
+
+
+def rank_blocks(fn: Callable, spec: dict, comm: Any, *args: Any, local: dict, **kwargs: Any) -> dict:
+    """Runs ``fn(comm, *blocks, *args, **kwargs)`` with one Blocks per input; returns its output
+    blocks, checked, as {block index: array}."""
+    rank = comm.rank
+    layout: Layout = local["layout"]
+    if rank != local["rank"]:  # the layout was made for the rank order the job was created with
+        raise RuntimeError(f"this member is rank {rank} of the job, but its blocks were given to rank {local['rank']}")
+    inputs = []
+    for k, (meta, values) in enumerate(zip(spec["inputs"], local["data"])):
+        starts = block_starts(meta["chunks"])
+        indices = layout.blocks(rank, k)
+        blocks = [
+            Block(index, tuple(int(starts[a][i]) for a, i in enumerate(index)), value)
+            for index, value in zip(indices, values)
+        ]
+        inputs.append(
+            Blocks(
+                blocks,
+                name=meta["name"],
+                shape=meta["shape"],
+                chunks=meta["chunks"],
+                dtype=meta["dtype"],
+                input=k,
+                rank=rank,
+                layout=layout,
+            )
+        )
+    return check_output(fn(comm, *inputs, *args, **kwargs), spec["out"], rank, layout)
+
+
+def _index(key: Any, ndim: int) -> tuple[int, ...] | None:
+    if isinstance(key, int) and not isinstance(key, bool):
+        key = (key,)
+    if isinstance(key, tuple) and len(key) == ndim and all(isinstance(i, int) and not isinstance(i, bool) for i in key):
+        return tuple(int(i) for i in key)
+    return None
+
+
+def check_output(value: Any, out: dict, rank: int, layout: Layout) -> dict:
+    """The blocks a rank returned, as {index: array}, or ValueError/TypeError naming the block
+    that is not what the output's chunks and dtype say (what this rank alone can tell; the client
+    checks that every block came from exactly one rank)."""
+    import numpy as np
+
+    if value is None:
+        value = {}
+    if not isinstance(value, Mapping):
+        raise TypeError(
+            f"rank {rank}'s function returned a {type(value).__name__}; map_blocks_mpi's function returns "
+            "its output blocks as a dict {block index: array}"
+        )
+    chunks = out["chunks"]
+    ndim = len(chunks)
+    dtype = None if out["dtype"] is None else np.dtype(out["dtype"])
+    blocks: dict[tuple[int, ...], Any] = {}
+    for key, data in value.items():
+        index = _index(key, ndim)
+        if index is None or not all(0 <= i < len(c) for i, c in zip(index, chunks)):
+            grid = tuple(len(c) for c in chunks)
+            raise ValueError(
+                f"rank {rank} returned output block {key!r}, which is not a block index of the output's {grid} blocks"
+            )
+        if not (hasattr(data, "shape") and hasattr(data, "dtype")):
+            data = np.asarray(data)
+        want = tuple(c[i] for c, i in zip(chunks, index))
+        shape = tuple(data.shape)
+        if len(shape) != ndim or any(math.isfinite(w) and w != s for w, s in zip(want, shape)):
+            said = tuple("nan" if not math.isfinite(w) else int(w) for w in want)
+            raise ValueError(
+                f"rank {rank} returned output block {show(index)} of shape {shape}, not {said} as the "
+                "output's chunks say"
+            )
+        if dtype is not None and np.dtype(data.dtype) != dtype:
+            raise ValueError(f"rank {rank} returned output block {show(index)} of dtype {data.dtype}, not {dtype}")
+        blocks[index] = data
+    if out["follow"]:
+        # The output's blocks are the first input's: each rank returns those it holds.
+        expected = set(layout.blocks(rank, 0))
+        missing = sorted(expected - set(blocks))
+        if missing:
+            raise ValueError(
+                f"rank {rank} did not return output block {show(missing[0])}"
+                + (f" (nor {len(missing) - 1} more)" if len(missing) > 1 else "")
+                + ": the output follows the first input, and this rank holds that block of it"
+            )
+        extra = sorted(set(blocks) - expected)
+        if extra:
+            raise ValueError(
+                f"rank {rank} returned output block {show(extra[0])}, which rank {layout.rank_of(extra[0])} "
+                "holds of the first input (the output follows it: give chunks= for another layout)"
+            )
+    return blocks
+
+
+def output_meta(blocks: dict) -> dict:
+    """{index: (shape, dtype)} of a rank's output blocks: what the client needs to build the array."""
+    return {index: (tuple(data.shape), data.dtype) for index, data in blocks.items()}
