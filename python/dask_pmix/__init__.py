@@ -21,6 +21,9 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "run_mpi": ("dask_pmix.client.run", "run_mpi"),
     "submit_mpi": ("dask_pmix.client.run", "submit_mpi"),
     "map_blocks_mpi": ("dask_pmix.client.collections", "map_blocks_mpi"),
+    "map_partitions_mpi": ("dask_pmix.client.collections", "map_partitions_mpi"),
+    "Partitions": ("dask_pmix.blocks", "Partitions"),
+    "Partition": ("dask_pmix.blocks", "Partition"),
     "Blocks": ("dask_pmix.blocks", "Blocks"),
     "Block": ("dask_pmix.blocks", "Block"),
     "Layout": ("dask_pmix.blocks", "Layout"),
@@ -60,8 +63,11 @@ if TYPE_CHECKING:
     from .blocks import Block as Block
     from .blocks import Blocks as Blocks
     from .blocks import Layout as Layout
+    from .blocks import Partition as Partition
+    from .blocks import Partitions as Partitions
     from .blocks import Slab as Slab
     from .client.collections import map_blocks_mpi as map_blocks_mpi
+    from .client.collections import map_partitions_mpi as map_partitions_mpi
     from .client.plugin_check import wait_for_plugin as wait_for_plugin
     from .client.run import run_mpi as run_mpi
     from .client.run import submit_mpi as submit_mpi

@@ -215,3 +215,74 @@ class Blocks(Sequence[Block]):
             return [nest((*prefix, i)) for i in range(lo[k], hi[k] + 1)]
 
         return Slab(np.block(nest(())), self._by_index[lo].offset)
+
+
+@dataclass(frozen=True)
+class Partition:
+    """One partition of a dask dataframe or series on this rank: its number (from its key), its
+    division ``(lo, hi)`` (``(None, None)`` when the frame's divisions are unknown), its data."""
+
+    number: int
+    division: tuple[Any, Any]
+    data: Any
+
+
+class Partitions(Sequence[Partition]):
+    """One input frame's partitions on this rank, in partition order, with the frame's
+    ``npartitions``, ``divisions``, ``known_divisions``, ``meta`` (an empty frame of its columns
+    and dtypes), ``name``, ``input``, ``rank`` and ``layout`` (partition ``i`` is block ``(i,)``
+    there). ``parts.get(i)`` is partition ``i``, or None when another rank holds it."""
+
+    def __init__(
+        self,
+        parts: Sequence[Partition],
+        *,
+        name: str,
+        npartitions: int,
+        divisions: tuple,
+        meta: Any,
+        input: int,
+        rank: int,
+        layout: Layout,
+    ):
+        self._parts = tuple(sorted(parts, key=lambda p: p.number))
+        self._by_number = {p.number: p for p in self._parts}
+        self.name = name
+        self.npartitions = npartitions
+        self.divisions = tuple(divisions)
+        self.meta = meta
+        self.input = input
+        self.rank = rank
+        self.layout = layout
+
+    @property
+    def known_divisions(self) -> bool:
+        return len(self.divisions) > 0 and self.divisions[0] is not None
+
+    @property
+    def numbers(self) -> tuple[int, ...]:
+        return tuple(p.number for p in self._parts)
+
+    def __len__(self) -> int:
+        return len(self._parts)
+
+    def __iter__(self) -> Iterator[Partition]:
+        return iter(self._parts)
+
+    def __getitem__(self, i):
+        return self._parts[i]
+
+    def get(self, number: int) -> Partition | None:
+        return self._by_number.get(number)
+
+    def concat(self) -> Any:
+        """This rank's partitions as one frame, in partition order (``meta`` when it has none)."""
+        import pandas as pd
+
+        return pd.concat([p.data for p in self._parts]) if self._parts else self.meta
+
+    def __repr__(self) -> str:
+        return (
+            f"Partitions(input {self.input} {self.name!r}, rank {self.rank}: {list(self.numbers)} of "
+            f"{self.npartitions}, divisions {'known' if self.known_divisions else 'unknown'})"
+        )

@@ -168,7 +168,7 @@ def test_members_without_blocks(cluster3, impl, empty, size):
         return {b.index: np.array([comm.size]) for b in x}
 
     if size is None:
-        with pytest.raises(ValueError, match=r"^worker tcp://\S+ holds no blocks of the inputs \(empty='error'\), nor do 1 more$"):
+        with pytest.raises(ValueError, match=r"^worker tcp://\S+ holds nothing of the inputs \(empty='error'\), nor do 1 more$"):
             map_blocks_mpi(sizes, x, chunks=(1,), workers=w, empty=empty, impl=impl)
         return
     out = map_blocks_mpi(sizes, x, chunks=(1,), workers=w, empty=empty, impl=impl)
@@ -292,6 +292,84 @@ def test_bad_arguments_are_refused_before_the_cluster_is_asked(cluster3):
         map_blocks_mpi(lambda comm, x: {}, x[x > 0])
 
 
+def tag_partitions(comm, df, *, known):
+    """Each partition against its number and division; then tagged with the rank that had it."""
+    import pandas as pd
+
+    whole = pd.DataFrame({"v": np.arange(40.0)}, index=np.arange(40) * 10)
+    for p in df:
+        assert df.layout.rank_of(p.number) == comm.rank
+        if known:
+            lo, hi = p.division
+            assert lo == p.data.index.min() and (p.data.index.max() < hi or p.number == df.npartitions - 1)
+            pd.testing.assert_frame_equal(p.data, whole.loc[lo:hi].iloc[: len(p.data)])
+        else:
+            assert p.division == (None, None) and not df.known_divisions
+    rows = comm.allreduce(sum(len(p.data) for p in df))
+    return {p.number: p.data.assign(rank=comm.rank, rows=rows) for p in df}
+
+
+@pytest.mark.parametrize("known", [True, False], ids=["known-divisions", "unknown-divisions"])
+def test_dataframe_partitions_arrive_with_number_and_division_and_stay(cluster3, impl, known):
+    pd = pytest.importorskip("pandas")  # not in every test environment (the MPICH one)
+    import dask.dataframe as dd
+
+    from dask_pmix import map_partitions_mpi
+
+    _, client, _ = cluster3
+    pdf = pd.DataFrame({"v": np.arange(40.0)}, index=np.arange(40) * 10)
+    df = dd.from_pandas(pdf, npartitions=4, sort=True)
+    if not known:
+        df = df.clear_divisions()
+    df = df.persist()
+    wait(df)
+    before = transfers(client)
+    out = map_partitions_mpi(tag_partitions, df, impl=impl, known=known)
+    wait(out)
+    assert transfers(client) == before
+    assert out.npartitions == 4 and tuple(out.divisions) == tuple(df.divisions)
+    got = out.compute()
+    assert (got["rows"] == 40).all()
+    pd.testing.assert_frame_equal(got[["v"]], pdf)
+    # Each partition's rank is the one holding it: its worker is where the output partition is.
+    out_where = client.who_has(futures_of(out))
+    in_where = client.who_has(futures_of(df))
+    for (_, i), holders in in_where.items():
+        assert set(out_where[next(k for k in out_where if k[1] == i)]) <= set(holders)
+
+
+def test_a_wrong_output_partition_names_the_rank_and_the_partition(cluster3, impl):
+    pd = pytest.importorskip("pandas")
+    import dask.dataframe as dd
+
+    from dask_pmix import map_partitions_mpi
+
+    _, client, _ = cluster3
+    w = workers_of(client)
+    df = client.persist(dd.from_pandas(pd.DataFrame({"v": np.arange(12.0)}), npartitions=3), workers=[w[0]])
+    wait(df)
+
+    def renames_one(comm, df):
+        return {p.number: p.data.rename(columns={"v": "w"}) if p.number == 2 else p.data for p in df}
+
+    with pytest.raises(MPIJobError, match=r"rank 0 returned output partition 2 with other columns or dtypes than partition 0"):
+        map_partitions_mpi(renames_one, df, impl=impl)
+
+    def drops_one(comm, df):
+        return {p.number: p.data for p in df if p.number != 1}
+
+    with pytest.raises(MPIJobError, match=r"rank 0 did not return output partition 1"):
+        map_partitions_mpi(drops_one, df, impl=impl)
+    # Divisions given: any rank may return any partition, but each exactly once.
+    def all_on_rank_0(comm, df):
+        return {0: df.concat()} if comm.rank == 0 else {}
+
+    one = map_partitions_mpi(all_on_rank_0, df, divisions=(0, 11), impl=impl)
+    assert one.npartitions == 1 and one.compute()["v"].tolist() == list(np.arange(12.0))
+    unknown = map_partitions_mpi(lambda comm, df: {p.number: p.data * 2 for p in df}, df, divisions=None, impl=impl)
+    assert not unknown.known_divisions and unknown.compute()["v"].sum() == 132.0
+
+
 # Tests that lose workers come last, on a cluster of their own.
 
 
@@ -322,7 +400,7 @@ def test_a_holder_gone_before_the_job_starts_is_named_and_a_member_lost_mid_job_
             whole = comm.allreduce(float(sum(b.data.sum() for b in x)))  # once on every rank
             return {b.index: np.full(1, whole) for b in x}
 
-        with pytest.raises(MPIJobError, match=rf"^MPI job .*failed \(worker {victim}\): worker {victim}, which held blocks? \(\d,\).* of input 0, left the cluster before the job started[^;]*; the inputs are still in the cluster \(Dask keeps or recomputes what it held\): call again$"):
+        with pytest.raises(MPIJobError, match=rf"^MPI job .*failed \(worker {victim}\): worker {victim}, which held block \(\d,\).* of input 0, left the cluster before the job started[^;]*; the inputs are still in the cluster \(Dask keeps or recomputes what it held\): call again$"):
             map_blocks_mpi(total, x, chunks=(1,), impl=impl)
         monkeypatch.setattr(collections, "_holders", lookup)
         assert map_blocks_mpi(total, x, chunks=(1,), impl=impl).compute().tolist() == [435.0] * 6

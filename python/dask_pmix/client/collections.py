@@ -101,6 +101,8 @@ def map_blocks_mpi(
         raise ValueError(f"empty must be 'include', 'exclude' or 'error', not {empty!r}")
     if align not in ALIGN:
         raise ValueError(f"align must be 'error', 'move' or 'none', not {align!r}")
+    if align != "none":
+        _check_chunks(arrays)
     out = output_spec(arrays[0], chunks, dtype)
     _check_request(n, workers, mode, impl, timeout, wiring_timeout)
     client = client or default_client()
@@ -109,63 +111,62 @@ def map_blocks_mpi(
     out_name = name or f"{funcname(fn)}-mpi-{uuid.uuid4().hex}"
     held = _persisted(client, arrays)
     fallbacks: list = []
+    options = {"impl": impl, "mode": mode, "timeout": timeout, "wiring_timeout": wiring_timeout}
 
     async def run():
-        members, blocks_of = await _place(client, arrays, held, align, empty, workers, n)
+        members, blocks_of = await _place(client, min(a.ndim for a in arrays), held, align, empty, workers, n)
         spec = {
             "inputs": [{"name": a.name, "shape": a.shape, "chunks": a.chunks, "dtype": a.dtype} for a in arrays],
             "out": out,
         }
-        layouts: list[Layout] = []
-
-        def local_for(ranked: list[dict]) -> dict[str, Any]:
-            order = [m["workerId"] for m in ranked]
-            layout = Layout([blocks_of[w] for w in order], order)
-            layouts.append(layout)
-            return {
-                w: {
-                    "rank": r,
-                    "layout": layout,
-                    "data": [[held[k][ix] for ix in layout.blocks(r, k)] for k in range(len(arrays))],
-                }
-                for r, w in enumerate(order)
-            }
-
-        wrapper = functools.partial(Call(f"{MEMBER}:rank_blocks"), fn, spec)
-        # A holder that left since the look-up would be waited for as a member (the sidecar waits
-        # for workers that are coming back): said at once instead.
-        gone = await _gone(client, members)
-        if gone:
-            raise _holder_gone(gone[0], blocks_of)
-        try:
-            job = await _start_job(
-                client,
-                wrapper,
-                (),
-                kwargs,
-                workers=members,
-                impl=impl,
-                mode=mode,
-                timeout=timeout,
-                wiring_timeout=wiring_timeout,
-                local_for=local_for,
-            )
-        except MPIJobError as e:
-            gone = await _gone(client, members)
-            if gone:
-                raise _holder_gone(gone[0], blocks_of, f" (the sidecar said: {e.reason})", e.job_id) from e
-            raise
-        _warn_soon(fallbacks, job)
-        try:
-            futures = await _gather(client, job, job.job.get("timeoutSeconds") or None, fetch=False)
-        except BaseException:
-            await job._release()
-            raise
-        finally:
-            job_ends(client).forget(job.id)
+        job, futures = await _run_job(
+            client, f"{MEMBER}:rank_blocks", fn, spec, kwargs, held, members, blocks_of, fallbacks, options, _block
+        )
         return await _output(client, job, futures, out, out_name)
 
     return _sync(client, fallbacks, run)
+
+
+async def _run_job(
+    client, target: str, fn, spec, kwargs, held, members, blocks_of, fallbacks, options, piece
+) -> tuple[Any, list]:
+    """The job over ``members``, each rank given its pieces of every input (``local=``) and the
+    layout once the rank order is known; returns it with its ranks' futures, all finished."""
+
+    def local_for(ranked: list[dict]) -> dict[str, Any]:
+        order = [m["workerId"] for m in ranked]
+        layout = Layout([blocks_of[w] for w in order], order)
+        return {
+            w: {
+                "rank": r,
+                "layout": layout,
+                "data": [[held[k][ix] for ix in layout.blocks(r, k)] for k in range(len(held))],
+            }
+            for r, w in enumerate(order)
+        }
+
+    wrapper = functools.partial(Call(target), fn, spec)
+    # A holder that left since the look-up would be waited for as a member (the sidecar waits
+    # for workers that are coming back): said at once instead.
+    gone = await _gone(client, members)
+    if gone:
+        raise _holder_gone(gone[0], blocks_of, piece=piece)
+    try:
+        job = await _start_job(client, wrapper, (), kwargs, workers=members, local_for=local_for, **options)
+    except MPIJobError as e:
+        gone = await _gone(client, members)
+        if gone:
+            raise _holder_gone(gone[0], blocks_of, f" (the sidecar said: {e.reason})", e.job_id, piece) from e
+        raise
+    _warn_soon(fallbacks, job)
+    try:
+        futures = await _gather(client, job, job.job.get("timeoutSeconds") or None, fetch=False)
+    except BaseException:
+        await job._release()
+        raise
+    finally:
+        job_ends(client).forget(job.id)
+    return job, futures
 
 
 def output_spec(first, chunks, dtype) -> dict:
@@ -212,6 +213,14 @@ def _persisted(client, arrays) -> list[dict[Index, Any]]:
     from distributed import futures_of
 
     def futures(a) -> dict | None:
+        if not hasattr(a, "chunks"):
+            # A persisted dask-expr frame's keys are aliases (FromGraph) of its futures', which
+            # are (name, i) for partition i.
+            fs = {f.key: f for f in futures_of(a)}
+            if not all(isinstance(k, tuple) and len(k) == 2 for k in fs):
+                return None
+            whole = len({k[0] for k in fs}) == 1 and sorted(k[1] for k in fs) == list(range(a.npartitions))
+            return fs if whole else None
         keys = set(flatten(a.__dask_keys__()))
         fs = {f.key: f for f in futures_of(a) if f.key in keys}
         return fs if len(fs) == len(keys) else None
@@ -248,26 +257,40 @@ async def _holders(client, held: list[dict[Index, Any]]) -> dict[Any, list[str]]
     return who_has
 
 
-async def _place(client, arrays, held, align, empty, workers, n) -> tuple[list[str], dict[str, list[list[Index]]]]:
-    """The members, and for each, the block indices of each input it holds."""
+def _check_chunks(arrays) -> None:
+    """Aligned arrays are chunked alike along the axes they have in common."""
+    common = min(a.ndim for a in arrays)
+    for k, a in enumerate(arrays[1:], 1):
+        for axis in range(common):
+            if a.chunks[axis] != arrays[0].chunks[axis]:
+                raise ValueError(
+                    f"inputs 0 and {k} are not chunked alike along axis {axis} ({_few(arrays[0].chunks[axis])} "
+                    f"and {_few(a.chunks[axis])}): rechunk one like the other, or pass align='none' if "
+                    "their blocks are not meant to meet"
+                )
+
+
+def _block(ix: Index) -> str:
+    return f"block {show(ix)}"
+
+
+def _partition(ix: Index) -> str:
+    return f"partition {ix[0]}"
+
+
+async def _place(
+    client, common: int, held, align, empty, workers, n, piece: Callable[[Index], str] = _block
+) -> tuple[list[str], dict[str, list[list[Index]]]]:
+    """The members, and for each, the indices of the pieces (blocks, partitions) of each input it
+    holds; aligned pieces (indices that agree on the first ``common`` axes) on one member."""
     who_has = await _holders(client, held)
     nowhere = [(k, ix) for k, fs in enumerate(held) for ix, f in fs.items() if not who_has.get(f.key)]
     if nowhere:
         k, ix = nowhere[0]
         raise MPIJobError(
-            f"block {show(ix)} of input {k} is on no worker (its worker left and Dask has not computed it "
+            f"{piece(ix)} of input {k} is on no worker (its worker left and Dask has not computed it "
             "again yet): call again"
         )
-    common = min(a.ndim for a in arrays)
-    if align != "none":
-        for k, a in enumerate(arrays[1:], 1):
-            for axis in range(common):
-                if a.chunks[axis] != arrays[0].chunks[axis]:
-                    raise ValueError(
-                        f"inputs 0 and {k} are not chunked alike along axis {axis} ({_few(arrays[0].chunks[axis])} "
-                        f"and {_few(a.chunks[axis])}): rechunk one like the other, or pass align='none' if "
-                        "their blocks are not meant to meet"
-                    )
     groups: dict[Any, list[tuple[int, Index]]] = {}
     for k, fs in enumerate(held):
         for ix in fs:
@@ -287,10 +310,10 @@ async def _place(client, arrays, held, align, empty, workers, n) -> tuple[list[s
             (k, ix) for k, ix in apart[0] if not set(who_has[held[k][ix].key]) & set(who_has[held[k0][ix0].key])
         )
         raise ValueError(
-            f"the inputs are not aligned: block {show(ix0)} of input {k0} is on "
-            f"{', '.join(sorted(who_has[held[k0][ix0].key]))} but block {show(other[1])} of input {other[0]} on "
+            f"the inputs are not aligned: {piece(ix0)} of input {k0} is on "
+            f"{', '.join(sorted(who_has[held[k0][ix0].key]))} but {piece(other[1])} of input {other[0]} on "
             f"{', '.join(sorted(who_has[held[other[0]][other[1]].key]))}"
-            + (f" ({len(apart) - 1} more groups of blocks are split)" if len(apart) > 1 else "")
+            + (f" ({len(apart) - 1} more groups are split)" if len(apart) > 1 else "")
             + "; persist them together, or pass align='move' to have Dask copy them first"
         )
     for group in apart:  # align == "move"
@@ -310,13 +333,13 @@ async def _place(client, arrays, held, align, empty, workers, n) -> tuple[list[s
         if outside:
             w, (k, ix) = outside[0]
             raise ValueError(
-                f"block {show(ix)} of input {k} is on {w}, which is not one of workers= (the members must "
-                "include every worker holding blocks)"
+                f"{piece(ix)} of input {k} is on {w}, which is not one of workers= (the members must "
+                "include every worker holding the inputs)"
             )
         members = list(dict.fromkeys(workers))
     elif n is not None:
         if n < len(holders):
-            raise ValueError(f"n={n} is fewer than the {len(holders)} workers holding the blocks")
+            raise ValueError(f"n={n} is fewer than the {len(holders)} workers holding the inputs")
         everyone = sorted((await client.scheduler.identity())["workers"])
         extra = [w for w in everyone if w not in holders][: n - len(holders)]
         if len(holders) + len(extra) < n:
@@ -327,13 +350,13 @@ async def _place(client, arrays, held, align, empty, workers, n) -> tuple[list[s
     without = [w for w in members if w not in holders]
     if without and empty == "error":
         raise ValueError(
-            f"worker {without[0]} holds no blocks of the inputs (empty='error'), nor do {len(without) - 1} more"
+            f"worker {without[0]} holds nothing of the inputs (empty='error'), nor do {len(without) - 1} more"
             if len(without) > 1
-            else f"worker {without[0]} holds no blocks of the inputs (empty='error')"
+            else f"worker {without[0]} holds nothing of the inputs (empty='error')"
         )
     if empty == "exclude":
         members = [w for w in members if w in holders]
-    blocks_of: dict[str, list[list[Index]]] = {w: [[] for _ in arrays] for w in members}
+    blocks_of: dict[str, list[list[Index]]] = {w: [[] for _ in held] for w in members}
     for (k, ix), w in owner.items():
         blocks_of[w][k].append(ix)
     for per_input in blocks_of.values():
@@ -356,10 +379,11 @@ async def _gone(client, members: list[str]) -> list[str]:
     return [w for w in members if w not in now]
 
 
-def _holder_gone(w: str, blocks_of: dict, said: str = "", job_id: str = "") -> MPIJobError:
-    many = sum(len(ixs) for ixs in blocks_of[w]) > 1
+def _holder_gone(
+    w: str, blocks_of: dict, said: str = "", job_id: str = "", piece: Callable[[Index], str] = _block
+) -> MPIJobError:
     return MPIJobError(
-        f"worker {w}, which held block{'s' if many else ''} {_blocks_said(blocks_of[w])}, left the cluster "
+        f"worker {w}, which held {_blocks_said(blocks_of[w], piece)}, left the cluster "
         f"before the job started{said}; the inputs are still in the cluster (Dask keeps or recomputes what "
         "it held): call again",
         job_id=job_id,
@@ -371,8 +395,12 @@ def _few(sizes: tuple) -> str:
     return str(sizes) if len(sizes) <= 4 else f"({', '.join(map(str, sizes[:3]))}, ... {len(sizes)} blocks)"
 
 
-def _blocks_said(per_input: list[list[Index]]) -> str:
-    return "; ".join(f"{shown(ixs, 3)} of input {k}" for k, ixs in enumerate(per_input) if ixs)
+def _blocks_said(per_input: list[list[Index]], piece: Callable[[Index], str] = _block) -> str:
+    def few(ixs: list[Index]) -> str:
+        more = len(ixs) - 3
+        return ", ".join(piece(ix) for ix in ixs[:3]) + (f" and {more} more" if more > 0 else "")
+
+    return "; ".join(f"{few(ixs)} of input {k}" for k, ixs in enumerate(per_input) if ixs)
 
 
 async def _output(client, job, futures: list, out: dict, out_name: str):
@@ -440,3 +468,165 @@ async def _output(client, job, futures: list, out: dict, out_name: str):
     dsk = {keys[ix]: f for ix, f in zip(sorted(made), blocks)}
     final = tuple(tuple(int(s) for s in axis) for axis in sizes)  # type: ignore[arg-type]
     return da.Array(dsk, out_name, final, dtype=dtype, meta=np.empty((0,) * len(grid), dtype=dtype))
+
+
+def map_partitions_mpi(
+    fn: Callable,
+    *frames,
+    meta: Any = None,
+    divisions: Any = "same",
+    empty: str = "include",
+    align: str = "error",
+    client=None,
+    n: int | None = None,
+    workers: list[str] | None = None,
+    impl: str | None = None,
+    mode: str | None = None,
+    timeout: float | None = None,
+    wiring_timeout: float | None = None,
+    name: str | None = None,
+    **kwargs,
+):
+    """map_blocks_mpi for dask dataframes and series: runs ``fn(comm, *parts, **kwargs)`` as one
+    MPI job over the workers holding the partitions of ``frames``, with one
+    :class:`dask_pmix.blocks.Partitions` per input (``Partition(number, division, data)``, the
+    number from the partition's key, ``division`` its ``(lo, hi)`` or ``(None, None)`` when the
+    divisions are unknown, and the frame's ``npartitions``, ``divisions``, ``meta`` and the
+    ``layout``). ``fn`` returns ``{partition number: frame}``. The output has the first input's
+    partitions (each rank returns those it holds) and divisions (``divisions="same"``), unknown
+    divisions (``None``), or the divisions given (then ``npartitions = len(divisions) - 1`` and
+    every partition comes from exactly one rank). ``meta=None`` takes the first partition's
+    columns and dtypes; every partition must match them. Aligned inputs have the same number of
+    partitions (and the same divisions where both are known); ``empty``, ``align``, members and
+    failures are as in map_blocks_mpi."""
+    import dask.dataframe as dd
+    from distributed import default_client
+
+    if not frames:
+        raise TypeError("map_partitions_mpi needs at least one dask dataframe or series")
+    for k, f in enumerate(frames):
+        if not isinstance(f, (dd.DataFrame, dd.Series)):
+            raise TypeError(
+                f"argument {k + 1} of map_partitions_mpi is a {type(f).__name__}, not a dask dataframe or series "
+                "(pass other arguments by keyword)"
+            )
+    if empty not in EMPTY:
+        raise ValueError(f"empty must be 'include', 'exclude' or 'error', not {empty!r}")
+    if align not in ALIGN:
+        raise ValueError(f"align must be 'error', 'move' or 'none', not {align!r}")
+    first = frames[0]
+    if align != "none":
+        for k, f in enumerate(frames[1:], 1):
+            if f.npartitions != first.npartitions:
+                raise ValueError(
+                    f"inputs 0 and {k} have {first.npartitions} and {f.npartitions} partitions: repartition one "
+                    "like the other, or pass align='none' if their partitions are not meant to meet"
+                )
+            if first.known_divisions and f.known_divisions and tuple(f.divisions) != tuple(first.divisions):
+                raise ValueError(
+                    f"inputs 0 and {k} have different divisions: repartition one like the other "
+                    "(divisions=x.divisions), or pass align='none'"
+                )
+    if isinstance(divisions, str) and divisions == "same":
+        out_divisions = tuple(first.divisions)
+    elif divisions is None:
+        out_divisions = (None,) * (first.npartitions + 1)
+    elif isinstance(divisions, (tuple, list)) and len(divisions) >= 2:
+        out_divisions = tuple(divisions)
+    else:
+        raise ValueError(f"divisions must be 'same', None or a tuple of at least 2 boundaries, not {divisions!r}")
+    if meta is not None:
+        from dask.dataframe.utils import make_meta
+
+        meta = make_meta(meta)
+    nparts = len(out_divisions) - 1
+    out = {"npartitions": nparts, "meta": meta, "follow": nparts == first.npartitions}
+    _check_request(n, workers, mode, impl, timeout, wiring_timeout)
+    client = client or default_client()
+    from dask.utils import funcname
+
+    out_name = name or f"{funcname(fn)}-mpi-{uuid.uuid4().hex}"
+    held = _persisted(client, frames)
+    fallbacks: list = []
+    options = {"impl": impl, "mode": mode, "timeout": timeout, "wiring_timeout": wiring_timeout}
+
+    async def run():
+        members, blocks_of = await _place(client, 1, held, align, empty, workers, n, _partition)
+        spec = {
+            "inputs": [
+                {"name": f._name, "npartitions": f.npartitions, "divisions": tuple(f.divisions), "meta": f._meta}
+                for f in frames
+            ],
+            "out": out,
+        }
+        job, futures = await _run_job(
+            client,
+            f"{MEMBER}:rank_partitions",
+            fn,
+            spec,
+            kwargs,
+            held,
+            members,
+            blocks_of,
+            fallbacks,
+            options,
+            _partition,
+        )
+        return await _frame_output(client, job, futures, out, out_divisions, out_name)
+
+    return _sync(client, fallbacks, run)
+
+
+def _same_kind(a, b) -> bool:
+    """Whether two empty frames have the same type, columns and dtypes (a series: dtype, name)."""
+    if type(a) is not type(b):
+        return False
+    if hasattr(a, "columns"):
+        return list(a.columns) == list(b.columns) and list(a.dtypes) == list(b.dtypes)
+    return a.dtype == b.dtype and a.name == b.name
+
+
+async def _frame_output(client, job, futures: list, out: dict, divisions: tuple, out_name: str):
+    from dask.dataframe.dask_expr import from_graph
+
+    members = job.members
+    metas = await client._gather(
+        submit_ranks(
+            client,
+            [
+                (f"{out_name}-meta-{m['rank']}", m["workerId"], Call(f"{MEMBER}:partition_meta"), (f,))
+                for m, f in zip(members, futures)
+            ],
+        )
+    )
+
+    def fail(text: str, rank: int | None = None) -> MPIJobError:
+        return MPIJobError(text, job_id=job.id, rank=rank, worker=None if rank is None else members[rank]["workerId"])
+
+    made: dict[int, int] = {}
+    for r, meta in enumerate(metas):
+        for i in meta:
+            if i in made:
+                raise fail(f"ranks {made[i]} and {r} both returned output partition {i}", r)
+            made[i] = r
+    missing = [i for i in range(out["npartitions"]) if i not in made]
+    if missing:
+        raise fail(
+            f"no rank returned output partition{'s' if len(missing) > 1 else ''} "
+            f"{', '.join(map(str, missing[:4]))}{' and more' if len(missing) > 4 else ''} of {out['npartitions']}"
+        )
+    meta = out["meta"] if out["meta"] is not None else metas[made[0]][0][1]
+    for i, r in sorted(made.items()):
+        if not _same_kind(metas[r][i][1], meta):
+            raise fail(
+                f"rank {r} returned output partition {i} with other columns or dtypes than "
+                f"{'meta' if out['meta'] is not None else 'partition 0'}",
+                r,
+            )
+    keys = {i: (out_name, i) for i in made}
+    parts = submit_ranks(
+        client,
+        [(keys[i], members[r]["workerId"], operator.getitem, (futures[r], i)) for i, r in sorted(made.items())],
+    )
+    layer = {keys[i]: f for i, f in zip(sorted(made), parts)}
+    return from_graph(layer, meta, divisions, [keys[i] for i in sorted(made)], out_name)

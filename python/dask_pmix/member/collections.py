@@ -9,7 +9,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..blocks import Block, Blocks, Layout, block_starts, show
+from ..blocks import Block, Blocks, Layout, Partition, Partitions, block_starts, show
 
 
 def rank_blocks(fn: Callable, spec: dict, comm: Any, *args: Any, local: dict, **kwargs: Any) -> dict:
@@ -109,3 +109,73 @@ def check_output(value: Any, out: dict, rank: int, layout: Layout) -> dict:
 def output_meta(blocks: dict) -> dict:
     """{index: (shape, dtype)} of a rank's output blocks: what the client needs to build the array."""
     return {index: (tuple(data.shape), data.dtype) for index, data in blocks.items()}
+
+
+def rank_partitions(fn: Callable, spec: dict, comm: Any, *args: Any, local: dict, **kwargs: Any) -> dict:
+    """map_partitions_mpi's rank: ``fn(comm, *parts, *args, **kwargs)`` with one Partitions per
+    input; returns its output partitions, checked, as {partition number: frame}."""
+    rank = comm.rank
+    layout: Layout = local["layout"]
+    if rank != local["rank"]:
+        raise RuntimeError(
+            f"this member is rank {rank} of the job, but its partitions were given to rank {local['rank']}"
+        )
+    inputs = []
+    for k, (meta, values) in enumerate(zip(spec["inputs"], local["data"])):
+        divisions = meta["divisions"]
+        mine = [
+            Partition(ix[0], (divisions[ix[0]], divisions[ix[0] + 1]), value)
+            for ix, value in zip(layout.blocks(rank, k), values)
+        ]
+        inputs.append(
+            Partitions(
+                mine,
+                name=meta["name"],
+                npartitions=meta["npartitions"],
+                divisions=divisions,
+                meta=meta["meta"],
+                input=k,
+                rank=rank,
+                layout=layout,
+            )
+        )
+    value = fn(comm, *inputs, *args, **kwargs)
+    out = spec["out"]
+    if value is None:
+        value = {}
+    if not isinstance(value, Mapping):
+        raise TypeError(
+            f"rank {rank}'s function returned a {type(value).__name__}; map_partitions_mpi's function returns "
+            "its output partitions as a dict {partition number: frame}"
+        )
+    parts: dict[int, Any] = {}
+    for key, frame in value.items():
+        i = key[0] if isinstance(key, tuple) and len(key) == 1 else key
+        if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < out["npartitions"]:
+            raise ValueError(
+                f"rank {rank} returned output partition {key!r}, which is not a partition number below "
+                f"{out['npartitions']}"
+            )
+        if not hasattr(frame, "iloc"):
+            raise TypeError(f"rank {rank} returned output partition {i} as a {type(frame).__name__}, not a frame")
+        parts[i] = frame
+    if out["follow"]:
+        expected = {ix[0] for ix in layout.blocks(rank, 0)}
+        missing = sorted(expected - set(parts))
+        if missing:
+            raise ValueError(
+                f"rank {rank} did not return output partition {missing[0]}: the output follows the first input, "
+                "and this rank holds that partition of it"
+            )
+        extra = sorted(set(parts) - expected)
+        if extra:
+            raise ValueError(
+                f"rank {rank} returned output partition {extra[0]}, which rank {layout.rank_of(extra[0])} "
+                "holds of the first input (give divisions= for another layout)"
+            )
+    return parts
+
+
+def partition_meta(parts: dict) -> dict:
+    """{number: (rows, empty frame)} of a rank's output partitions."""
+    return {i: (len(frame), frame.iloc[:0]) for i, frame in parts.items()}
