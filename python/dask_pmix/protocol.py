@@ -44,6 +44,9 @@ class Scheduler:
     JOIN_JOB = "dask_pmix_join_job"
     LEAVE_JOB = "dask_pmix_leave_job"
     REPLACE_WORKER = "dask_pmix_replace_worker"
+    # A process set's members (submit_mpi counts a pset job's ranks); its presence also says that
+    # the plugin holds rank tasks submitted before their job's admission.
+    PSET = "dask_pmix_pset"
 
 
 # -- a job submitted before it is admitted (submit_mpi) ---------------------------------------------

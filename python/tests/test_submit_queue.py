@@ -164,6 +164,23 @@ def test_a_fallback_to_fork_mode_is_warned_about(dask_cluster):
         assert job["modeReason"] in str(warned[0].message)
 
 
+def test_a_pset_job_is_submitted_at_once_too(dask_cluster):
+    _, client, sidecar = dask_cluster
+    client.wait_for_workers(3, timeout=60)
+    wait_until(lambda: all(w["state"] == "available" for w in sidecar.workers()), 60, "workers available")
+    members = sorted(w["id"] for w in sidecar.workers())[:2]
+    sidecar.define_pset("queue-pair", members=members)
+    try:
+        futures = submit_mpi(client, probe, 3, pset="queue-pair", impl=IMPL)
+        assert len(futures) == 2
+        assert [(r["rank"], r["size"], r["sum"]) for r in client.gather(futures)] == [(0, 2, 1), (1, 2, 1)]
+        assert jobs_of(sidecar, futures)[0]["members"][0]["workerId"] in members
+        with pytest.raises(MPIJobError, match="no process set named 'no-such-set'"):
+            submit_mpi(client, probe, 0, pset="no-such-set", impl=IMPL)
+    finally:
+        sidecar.delete_pset("queue-pair")
+
+
 def test_a_waiting_job_the_shrunk_cluster_cannot_serve_raises(dask_cluster, busy):
     # The last test here: it leaves the cluster one worker short. A worker retired while the job
     # waits (here: one of the busy job's members, which fails that job) leaves 3 workers for a job

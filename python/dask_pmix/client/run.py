@@ -85,14 +85,22 @@ class MPIJob:
 # Whether the scheduler has the plugin's handlers, asked once per client and scheduler: a call to
 # a handler the scheduler lacks never returns.
 _plugin_seen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# Clients whose scheduler's plugin holds a job's rank tasks until the job is admitted (it has the
+# PSET handler, which came with that): submit_mpi may send them before the admission. An older
+# plugin would leave such tasks waiting for good.
+_plugin_holds: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 async def _check_plugin(client) -> None:
     address = client.scheduler.address
     if _plugin_seen.get(client) == address:
         return
-    if not await client._run_on_scheduler(lambda dask_scheduler, h=Scheduler.INFO: h in dask_scheduler.handlers):
+    found = await client._run_on_scheduler(
+        lambda dask_scheduler, hs=(Scheduler.INFO, Scheduler.PSET): [h in dask_scheduler.handlers for h in hs]
+    )
+    if not found[0]:
         raise RuntimeError(PLUGIN_MISSING)
+    _plugin_holds[client] = found[1]
     _plugin_seen[client] = address
 
 
@@ -155,10 +163,7 @@ async def _start_job(
     timeout: float | None = None,
     wiring_timeout: float | None = None,
     local: Iterable | None = None,
-    local_for: Callable[[list[dict]], dict[str, Any]] | None = None,
 ) -> MPIJob:
-    """``local_for`` (map_blocks_mpi's): given the members in rank order, what each worker's rank
-    gets as ``local=``, with futures in it resolved where they are (in place of ``local``)."""
     impl, timeout, wiring_timeout = _check_request(n, workers, mode, impl, timeout, wiring_timeout)
     asked = mode or config.get("job.mode")
     await _check_plugin(client)
@@ -206,12 +211,6 @@ async def _start_job(
             "dask-pmix: MPI jobs run in fork mode (each rank a child process of its worker, "
             f"not the worker itself): {job['modeReason']}"
         )
-    if local_for is not None:
-        try:
-            local_by_worker = local_for(mpi_job.members)
-        except BaseException:
-            await mpi_job._release()
-            raise
     build_timeout = config.seconds("timeouts.communicator")
     ranks: list[tuple[str, str, Callable[..., Any], tuple[Any, ...]]] = []
     for m in mpi_job.members:
@@ -321,20 +320,21 @@ def submit_mpi(
     submitted one after another are admitted in that order), then run on the members it froze.
     A job that cannot be admitted within its ``timeout`` (or dask-pmix.timeouts.admission), or
     that the sidecar refuses, makes its futures raise MPIJobError with the sidecar's reason;
-    cancelling them while the job waits takes it out of the line. With ``pset`` or ``local`` the
-    call still waits for the job's admission (the number of ranks, or where their data is, is
-    known only then)."""
+    cancelling them while the job waits takes it out of the line. With ``local`` the call still
+    waits for the job's admission (where the data is decides the members and their ranks)."""
     checked = _check_request(n, workers, mode, impl, timeout, wiring_timeout)
-    if pset is None and local is None:
+    if local is None:
         if client.asynchronous:
             # Awaited by the caller, as client.sync's coroutine is.
-            return _submit_held(client, fn, args, kwargs, n, workers, mode, *checked)  # type: ignore[return-value]
-        if n is None and workers is None or _plugin_seen.get(client) != client.scheduler.address:
-            # Once per client (whether the scheduler has the plugin), or to count the workers.
-            n = client.sync(_held_count, client, n, workers)
-        # The graph goes from this thread, as Client.submit sends its own: no wait for the
-        # client's event loop, which may be busy (with the scheduler itself, in a LocalCluster).
-        return _held_ranks(client, fn, args, kwargs, n, workers, mode, *checked)
+            return _submit_held(client, fn, args, kwargs, n, workers, pset, mode, *checked)  # type: ignore[return-value]
+        if _plugin_seen.get(client) != client.scheduler.address:
+            client.sync(_check_plugin, client)  # once per client
+        if _plugin_holds.get(client):
+            if n is None and workers is None:  # how many ranks: the pset's members, or every worker
+                n = client.sync(_held_count, client, n, workers, pset)
+            # The graph goes from this thread, as Client.submit sends its own: no wait for the
+            # client's event loop, which may be busy (with the scheduler itself, in a LocalCluster).
+            return _held_ranks(client, fn, args, kwargs, n, workers, pset, mode, *checked)
     fallbacks: list = []
 
     async def submit() -> list:
@@ -384,22 +384,33 @@ def _warn_on_fallback(client) -> None:
     client.subscribe_topic(Topic.FALLBACK, heard)
 
 
-async def _held_count(client, n: int | None, workers: list[str] | None) -> int | None:
-    """`n` for a job submitted before its admission, once the scheduler is known to have the
-    plugin: as given, or (neither n nor workers) every worker there is now, as create_job counts."""
-    await _check_plugin(client)
+async def _held_count(client, n: int | None, workers: list[str] | None, pset: str | None) -> int | None:
+    """`n` for a job submitted before its admission: as given; with `pset`, its members now; else
+    (neither n nor workers) every worker there is now, as create_job counts them."""
     if n is not None or workers is not None:
         return n
+    if pset is not None:
+        members = (await getattr(client.scheduler, Scheduler.PSET)(name=pset)).get("members")
+        if not members:
+            raise MPIJobError(f"the sidecar has no process set named {pset!r} (or it has no members)")
+        return len(members)
     count = len(await client.scheduler.ncores())
     if not count:
         raise MPIJobError("the cluster has no workers: add workers first (cluster.scale(...))")
     return count
 
 
-async def _submit_held(client, fn: Callable, args: tuple, kwargs: dict, n, workers, mode, *checked) -> list:
+async def _submit_held(client, fn: Callable, args: tuple, kwargs: dict, n, workers, pset, mode, *checked) -> list:
     """submit_mpi with an asynchronous client."""
-    n = await _held_count(client, n, workers)
-    return _held_ranks(client, fn, args, kwargs, n, workers, mode, *checked)
+    await _check_plugin(client)
+    if not _plugin_holds.get(client):
+        job = await _start_job(
+            client, fn, args, kwargs, n=n, workers=workers, pset=pset, mode=mode, impl=checked[0],
+            timeout=checked[1], wiring_timeout=checked[2],
+        )  # fmt: skip
+        return job.futures
+    n = await _held_count(client, n, workers, pset)
+    return _held_ranks(client, fn, args, kwargs, n, workers, pset, mode, *checked)
 
 
 def _held_ranks(
@@ -409,6 +420,7 @@ def _held_ranks(
     kwargs: dict,
     n: int | None,
     workers: list[str] | None,
+    pset: str | None,
     mode: str | None,
     impl: str,
     timeout: float | None,
@@ -430,7 +442,8 @@ def _held_ranks(
     wait = min(admission, timeout) if timeout and admission else (timeout or admission)
     request = {
         "workers": workers,
-        "n": None if workers is not None else n,
+        "n": None if workers is not None or pset is not None else n,
+        "pset": pset,
         "impl": impl,
         "timeout": timeout,
         "wiring_timeout": wiring_timeout,
@@ -560,9 +573,8 @@ async def _settled(futures: list, seconds: float) -> None:
             task.cancel()
 
 
-async def _gather(client, job: MPIJob, timeout: float | None, fetch: bool = True) -> list:
-    """The ranks' results, or the job's error as soon as the job fails (pushed by the scheduler).
-    ``fetch=False``: once every rank has finished, their futures, the results left where they are."""
+async def _gather(client, job: MPIJob, timeout: float | None) -> list:
+    """The ranks' results, or the job's error as soon as the job fails (pushed by the scheduler)."""
     loop = asyncio.get_running_loop()
     deadline = None if not timeout else loop.time() + timeout + TIMEOUT_GRACE
     end = job_ends(client).expect(job.id)
@@ -573,8 +585,6 @@ async def _gather(client, job: MPIJob, timeout: float | None, fetch: bool = True
             done, _ = await asyncio.wait({ranks, end}, timeout=left, return_when=asyncio.FIRST_COMPLETED)
             if ranks in done:
                 if all(f.status == "finished" for f in job.futures):
-                    if not fetch:
-                        return job.futures
                     try:
                         return await client._gather(job.futures)
                     except Exception as e:

@@ -166,6 +166,7 @@ class SidecarPlugin(SchedulerPlugin):
                 Scheduler.JOIN_JOB: self.join_job,
                 Scheduler.LEAVE_JOB: self.leave_job,
                 Scheduler.REPLACE_WORKER: self.replace_worker,
+                Scheduler.PSET: self.pset,
             }
         )
         scheduler.stream_handlers[Stream.HELLO] = self._hello
@@ -542,6 +543,12 @@ class SidecarPlugin(SchedulerPlugin):
         self._admitted[q.ticket] = job["id"]
         while len(self._admitted) > ENDED_KEPT:
             self._admitted.popitem(last=False)
+        if len(job.get("members") or ()) != len(q.keys):
+            # A pset whose members changed between the count and the admission.
+            why = f"the job was admitted with {len(job.get('members') or ())} members for {len(q.keys)} rank tasks"
+            queued.fail(self.scheduler, q.keys, MPIJobError(why, job_id=job["id"]), f"dask-pmix-mismatch-{q.ticket}")
+            await self._end(job["id"], why)
+            return
         gone = queued.held(self.scheduler, q.keys)
         if gone:
             # A rank's task left while the job was being admitted (its transition came before the
@@ -797,6 +804,15 @@ class SidecarPlugin(SchedulerPlugin):
                 else:
                     await asyncio.sleep(pause)
                     pause = min(2 * pause, 1.0)
+
+    async def pset(self, name: str) -> dict:
+        """The process set's members as the sidecar has them ({"members": None}: no such set)."""
+        try:
+            psets = await self.sidecar.psets()
+        except SidecarError as e:
+            return {"members": self._psets.get(name), "error": str(e)}
+        found = next((p for p in psets if p.get("name") == name), None)
+        return {"members": list(found.get("members") or ()) if found else None}
 
     async def job(self, job_id: str) -> dict:
         """The job as the sidecar has it (as this plugin last saw it, when the sidecar is gone)."""
