@@ -163,7 +163,10 @@ async def _start_job(
     timeout: float | None = None,
     wiring_timeout: float | None = None,
     local: Iterable | None = None,
+    local_for: Callable[[list[dict]], dict[str, Any]] | None = None,
 ) -> MPIJob:
+    """``local_for`` (map_blocks_mpi's): given the members in rank order, what each worker's rank
+    gets as ``local=``, with futures in it resolved where they are (in place of ``local``)."""
     impl, timeout, wiring_timeout = _check_request(n, workers, mode, impl, timeout, wiring_timeout)
     asked = mode or config.get("job.mode")
     await _check_plugin(client)
@@ -211,6 +214,12 @@ async def _start_job(
             "dask-pmix: MPI jobs run in fork mode (each rank a child process of its worker, "
             f"not the worker itself): {job['modeReason']}"
         )
+    if local_for is not None:
+        try:
+            local_by_worker = local_for(mpi_job.members)
+        except BaseException:
+            await mpi_job._release()
+            raise
     build_timeout = config.seconds("timeouts.communicator")
     ranks: list[tuple[str, str, Callable[..., Any], tuple[Any, ...]]] = []
     for m in mpi_job.members:
@@ -573,8 +582,9 @@ async def _settled(futures: list, seconds: float) -> None:
             task.cancel()
 
 
-async def _gather(client, job: MPIJob, timeout: float | None) -> list:
-    """The ranks' results, or the job's error as soon as the job fails (pushed by the scheduler)."""
+async def _gather(client, job: MPIJob, timeout: float | None, fetch: bool = True) -> list:
+    """The ranks' results, or the job's error as soon as the job fails (pushed by the scheduler).
+    ``fetch=False``: once every rank has finished, their futures, the results left where they are."""
     loop = asyncio.get_running_loop()
     deadline = None if not timeout else loop.time() + timeout + TIMEOUT_GRACE
     end = job_ends(client).expect(job.id)
@@ -585,6 +595,8 @@ async def _gather(client, job: MPIJob, timeout: float | None) -> list:
             done, _ = await asyncio.wait({ranks, end}, timeout=left, return_when=asyncio.FIRST_COMPLETED)
             if ranks in done:
                 if all(f.status == "finished" for f in job.futures):
+                    if not fetch:
+                        return job.futures
                     try:
                         return await client._gather(job.futures)
                     except Exception as e:
