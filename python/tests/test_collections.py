@@ -255,6 +255,27 @@ def test_a_rank_may_return_blocks_of_unknown_size(cluster3, impl):
     np.testing.assert_array_equal(out.compute(), np.arange(0, 20, 2))
 
 
+def test_an_asynchronous_client_awaits_it(cluster3, impl):
+    import asyncio
+
+    import dask.array as da
+    from distributed import Client
+
+    cluster, _, _ = cluster3
+
+    def times_rank(comm, x):
+        return {b.index: b.data * (comm.rank + 1) for b in x}
+
+    async def use():
+        async with Client(cluster.scheduler_address, asynchronous=True) as client:
+            x = da.ones(20, chunks=5)  # persisted by map_blocks_mpi, not awaited by the caller
+            y = await map_blocks_mpi(times_rank, x, client=client, impl=impl)
+            return y.chunks, float(await client.compute(y.sum())), len(futures_of(y))
+
+    chunks, total, blocks = asyncio.run(use())
+    assert chunks == ((5, 5, 5, 5),) and blocks == 4 and 20.0 <= total <= 20.0 * 3
+
+
 def test_blocks_contiguous_says_why_not():
     a = np.arange(24).reshape(6, 4)
     chunks = ((2, 2, 2), (2, 2))
