@@ -255,6 +255,21 @@ def test_a_rank_may_return_blocks_of_unknown_size(cluster3, impl):
     np.testing.assert_array_equal(out.compute(), np.arange(0, 20, 2))
 
 
+def test_replicated_blocks_spread_over_their_holders(cluster3, impl):
+    import dask.array as da
+
+    _, client, _ = cluster3
+    x = client.persist(da.arange(12, chunks=2), workers=[workers_of(client)[0]])
+    wait(x)
+    client.replicate(futures_of(x), n=3)
+
+    def count(comm, x):
+        return {b.index: np.array([comm.size * 100 + len(x)]) for b in x}
+
+    out = map_blocks_mpi(count, x, chunks=(1,), impl=impl).compute().tolist()
+    assert out == [302] * 6  # 3 ranks of 2 blocks each, not 1 rank of 6
+
+
 def test_an_asynchronous_client_awaits_it(cluster3, impl):
     import asyncio
 

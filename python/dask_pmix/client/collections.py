@@ -296,11 +296,15 @@ async def _place(
         for ix in fs:
             groups.setdefault(ix[:common] if align != "none" else (k, ix), []).append((k, ix))
     owner: dict[tuple[int, Index], str] = {}
+    load: dict[str, int] = {}
     apart: list[list[tuple[int, Index]]] = []
     for group in groups.values():
         on = set.intersection(*(set(who_has[held[k][ix].key]) for k, ix in group))
         if on:
-            w = min(on)
+            # A group held in several places (replicated) goes to the holder with the fewest
+            # groups so far, so that replicas spread the job instead of piling it on one worker.
+            w = min(on, key=lambda h: (load.get(h, 0), h))
+            load[w] = load.get(w, 0) + 1
             owner.update({b: w for b in group})
         else:
             apart.append(group)
