@@ -324,6 +324,8 @@ def test_bad_arguments_are_refused_before_the_cluster_is_asked(cluster3):
         map_blocks_mpi(lambda comm, x: {}, x, 3)
     with pytest.raises(ValueError, match="empty must be"):
         map_blocks_mpi(lambda comm, x: {}, x, empty="skip")
+    with pytest.raises(TypeError, match="no keyword 'local'"):
+        map_blocks_mpi(lambda comm, x, local: {}, x, local=1)
     with pytest.raises(ValueError, match=r"unknown chunk sizes \(NaN\)"):
         map_blocks_mpi(lambda comm, x: {}, x[x > 0])
 

@@ -97,6 +97,8 @@ def map_blocks_mpi(
                 f"input {k} has unknown chunk sizes (NaN), so its blocks have no offsets: "
                 "call x.compute_chunk_sizes() on it first"
             )
+    if "local" in kwargs:  # the rank's pieces travel as local= (run_mpi's)
+        raise TypeError("map_blocks_mpi and map_partitions_mpi pass fn no keyword 'local': rename it")
     if empty not in EMPTY:
         raise ValueError(f"empty must be 'include', 'exclude' or 'error', not {empty!r}")
     if align not in ALIGN:
@@ -514,6 +516,8 @@ def map_partitions_mpi(
                 f"argument {k + 1} of map_partitions_mpi is a {type(f).__name__}, not a dask dataframe or series "
                 "(pass other arguments by keyword)"
             )
+    if "local" in kwargs:  # the rank's pieces travel as local= (run_mpi's)
+        raise TypeError("map_blocks_mpi and map_partitions_mpi pass fn no keyword 'local': rename it")
     if empty not in EMPTY:
         raise ValueError(f"empty must be 'include', 'exclude' or 'error', not {empty!r}")
     if align not in ALIGN:
