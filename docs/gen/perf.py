@@ -288,21 +288,26 @@ def soak_section() -> str:
         *(f"| {k} | {c} | {a} | {n} |" for k, (c, a, n) in sorted(kinds.items())),
     ]
     native = {name: segs[0]["checked"]["native"]["growth_mb_per_1000_jobs"] for name, segs in doc["rss"].items()}
+    by_restart = inv.get("canary_recomputed_by_client_restart")
+    restarted = f", or {by_restart} dropped by client.restart(), which drops every key" if by_restart else ""
     return (
         f"{doc['jobs']:,} `run_mpi` and `submit_mpi` jobs on two real clusters of {doc['workers_per_cluster']} "
-        f"workers (Open MPI in-process and fork, MPICH fork), {sum(k[0] for k in kinds.values())} of them "
+        f"workers (Open MPI in-process and fork, MPICH fork; the forged hellos go to a third of 2 workers on "
+        f"tcp+mpi://), {sum(k[0] for k in kinds.values())} of them "
         f"faults, in {doc['seconds']:.0f} s at load average {doc['load_avg']['start'][0]:.1f} to "
         f"{doc['load_avg']['end'][0]:.1f}. Healthy jobs: {sum(h['ok'] for h in healthy.values())} of "
         f"{sum(h['jobs'] for h in healthy.values())} succeeded. Violations: {len(doc['violations'])}; jobs hung: "
         f"{inv['hung_jobs']}; members left frozen: {inv['members_left_frozen']}; chunks of held data computed "
         f"again: {inv['canary_recomputed']}, of which dask-pmix lost {inv['canary_recomputed_by_dask_pmix']} (the "
-        f"others were on workers the soak killed); leaked namespaces: {inv['leaked_namespaces']}. The sidecar's memory "
+        f"others were on workers the soak killed{restarted}); leaked namespaces: {inv['leaked_namespaces']}. The "
+        "sidecar's memory "
         "outside V8's heap grew "
         + ", ".join(f"{mb} MB ({name})" for name, mb in native.items())
         + " per 1,000 jobs (a fitted line after warm-up). "
         "What each fault is, and what it must do: `bench/soak.py`. Source: `bench/results/soak.json`.\n\n"
         + "\n".join(rows)
         + "\n"
+        + "".join(f"\nViolation: {v}\n" for v in doc["violations"])
     )
 
 
