@@ -123,27 +123,36 @@ def _real_transfer_goes_over_mpi(client, a, b) -> None:
         assert not fallbacks, (w, after[w]["events"])
 
 
-def _capture_hello(client, b) -> bytes:
-    """The bytes of the hello B sends when it dials a tcp+mpi address: what a process that could
-    read B's traffic would replay."""
+def _dialled_by(client, worker, serve) -> None:
+    """`worker` dials a stranger's listener, which handles the connection with serve(conn)."""
     server = socket.create_server(("127.0.0.1", 0))
     server.settimeout(30)
-    got: list[bytes] = []
 
     def accept():
         conn, _ = server.accept()
         with conn:
             conn.settimeout(10)
-            head = _recv_exactly(conn, _HEAD.size)
-            got.append(head + _recv_exactly(conn, _HEAD.unpack(head)[1]))
+            serve(conn)
 
     t = threading.Thread(target=accept, daemon=True)
     t.start()
     try:
-        client.run(_dial, f"tcp+mpi://127.0.0.1:{server.getsockname()[1]}", workers=[b])
+        client.run(_dial, f"tcp+mpi://127.0.0.1:{server.getsockname()[1]}", workers=[worker])
         t.join(30)
     finally:
         server.close()
+
+
+def _capture_hello(client, b) -> bytes:
+    """The bytes of the hello B sends when it dials a tcp+mpi address: what a process that could
+    read B's traffic would replay."""
+    got: list[bytes] = []
+
+    def keep(conn):
+        head = _recv_exactly(conn, _HEAD.size)
+        got.append(head + _recv_exactly(conn, _HEAD.unpack(head)[1]))
+
+    _dialled_by(client, b, keep)
     assert got, "B sent no hello"
     return got[0]
 
@@ -199,29 +208,18 @@ def test_a_member_builds_no_pair_with_a_listener_outside_the_pool(pair):
     does not start a construction for it (it would wait for A, which never calls it)."""
     client, a, b, ranks = pair
     desc = client.run(_description, workers=[a])[a]
-    server = socket.create_server(("127.0.0.1", 0))
-    server.settimeout(30)
     seen: list[dict] = []
 
-    def listen():
-        conn, _ = server.accept()
-        with conn:
-            conn.settimeout(10)
-            _recv(conn)
-            _send(conn, {"mpi": True, "path": "sm", **desc, "pairs": [], "tag": 1, "can_build": True,
-                         "nonce": os.urandom(16), "mac": os.urandom(32)})
-            try:
-                seen.append(_recv(conn))
-            except EOFError:
-                pass
+    def answer_as_a(conn):
+        _recv(conn)
+        _send(conn, {"mpi": True, "path": "sm", **desc, "pairs": [], "tag": 1, "can_build": True,
+                     "nonce": os.urandom(16), "mac": os.urandom(32)})
+        try:
+            seen.append(_recv(conn))
+        except EOFError:
+            pass
 
-    t = threading.Thread(target=listen, daemon=True)
-    t.start()
-    try:
-        client.run(_dial, f"tcp+mpi://127.0.0.1:{server.getsockname()[1]}", workers=[b])
-        t.join(30)
-    finally:
-        server.close()
+    _dialled_by(client, b, answer_as_a)
     assert seen and seen[0].get("mpi") is False and seen[0].get("why") == "unauthenticated", seen
     assert client.run(_commitments, ranks[a], workers=[b])[b] == NOTHING
     _real_transfer_goes_over_mpi(client, a, b)

@@ -17,11 +17,8 @@ def submit_ranks(client, ranks: list[tuple[Any, str, Callable, tuple]]) -> list:
     graph: one update-graph message instead of one per rank (with Client.submit, the last rank's
     task started tens of ms after the first's at 8 ranks on a busy scheduler)."""
     try:
-        from dask._expr import HLGExpr
         from dask._task_spec import Task, parse_input
-        from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
-        from distributed.spans import SpanMetadata
-    except ImportError:  # a Dask without these: one submit per rank
+    except ImportError:  # a Dask without its task spec: one submit per rank
         return [
             client.submit(
                 func,
@@ -36,23 +33,13 @@ def submit_ranks(client, ranks: list[tuple[Any, str, Callable, tuple]]) -> list:
             for key, worker, func, args in ranks
         ]
     # One layer per rank: annotations (here, the worker) are per layer.
-    layers = {
-        key: MaterializedLayer(
-            {key: Task(key, func, *(parse_input(a) for a in args))}, annotations={"workers": [worker]}
-        )
-        for key, worker, func, args in ranks
-    }
-    keys = [key for key, *_ in ranks]
-    graph = HighLevelGraph(layers, {key: set() for key in keys})
-    futures = client._graph_to_futures(
-        HLGExpr(dsk=graph),
-        keys,
-        span_metadata=SpanMetadata(collections=[{"type": "Future"}]),
-        internal_priority={key: 0 for key in keys},
-        user_priority=RANK_PRIORITY,
-        fifo_timeout="100 ms",
+    return _submit_layers(
+        client,
+        [
+            (key, Task(key, func, *(parse_input(a) for a in args)), {"workers": [worker]})
+            for key, worker, func, args in ranks
+        ],
     )
-    return [futures[key] for key in keys]
 
 
 def submit_held_ranks(client, ranks: list[tuple[str, Callable, tuple, dict]]) -> list:
@@ -61,21 +48,28 @@ def submit_held_ranks(client, ranks: list[tuple[str, Callable, tuple, dict]]) ->
     ticket, the rank and the job's request), from which the scheduler plugin asks the sidecar for
     the job and holds the task until it is admitted; its worker restriction (HOLD, no worker)
     keeps it from running anywhere, even where the plugin is missing."""
-    from dask._expr import HLGExpr
     from dask._task_spec import Task, parse_input
-    from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
-    from distributed.spans import SpanMetadata
 
     from ..protocol import HOLD, QUEUED_ANNOTATION
 
-    layers = {
-        key: MaterializedLayer(
-            {key: Task(key, func, *(parse_input(a) for a in args))},
-            annotations={"workers": [HOLD], QUEUED_ANNOTATION: mark},
-        )
-        for key, func, args, mark in ranks
-    }
-    keys = [key for key, *_ in ranks]
+    return _submit_layers(
+        client,
+        [
+            (key, Task(key, func, *(parse_input(a) for a in args)), {"workers": [HOLD], QUEUED_ANNOTATION: mark})
+            for key, func, args, mark in ranks
+        ],
+    )
+
+
+def _submit_layers(client, tasks: list[tuple[Any, Any, dict]]) -> list:
+    """Futures in order of (key, task, annotations): one graph, one layer per task (annotations
+    are per layer), ahead of the tasks queued on the workers."""
+    from dask._expr import HLGExpr
+    from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
+    from distributed.spans import SpanMetadata
+
+    layers = {key: MaterializedLayer({key: task}, annotations=annotations) for key, task, annotations in tasks}
+    keys = [key for key, *_ in tasks]
     graph = HighLevelGraph(layers, {key: set() for key in keys})
     futures = client._graph_to_futures(
         HLGExpr(dsk=graph),
