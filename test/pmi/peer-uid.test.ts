@@ -9,7 +9,7 @@
 // The second uid: as root (the CI here), strangers and rightful ranks run as other users (spawn's
 // uid); otherwise the member's worker is registered with a uid that is not ours, and our own
 // connections are the stranger. Either way the uid comes from the kernel.
-import { spawn, spawnSync } from 'node:child_process';
+import { spawnSync } from 'node:child_process';
 import { chmodSync, statSync } from 'node:fs';
 import { connect, createServer, type Server, type Socket } from 'node:net';
 import { networkInterfaces, tmpdir } from 'node:os';
