@@ -273,13 +273,14 @@ import sys
 from distributed import Client, LocalCluster
 from dask_pmix import SidecarPlugin, run_mpi, wait_for_plugin
 
-def total(comm):
+def total(comm, impl):
     import numpy as np
     from mpi4py import MPI
 
     # Normal use beyond the communicator itself: a window (osc/ucx printed an error at each one
-    # where the machine has no UCX device) and COMM_SELF.
-    win = MPI.Win.Create(np.zeros(4), comm=comm)
+    # where the machine has no UCX device) and COMM_SELF. MPICH's in-process pool refuses windows
+    # over other workers (they abort or wedge it): there the window is on COMM_SELF.
+    win = MPI.Win.Create(np.zeros(4), comm=comm if impl == "openmpi" else MPI.COMM_SELF)
     win.Fence()
     win.Free()
     MPI.COMM_SELF.Barrier()
@@ -291,7 +292,7 @@ if __name__ == "__main__":
     client = Client(cluster)
     client.register_plugin(SidecarPlugin(pool=True))
     wait_for_plugin(client)
-    results = [run_mpi(client, total, n=2, impl=impl) for _ in range(3)]
+    results = [run_mpi(client, total, impl, n=2, impl=impl) for _ in range(3)]
     client.close()
     cluster.close()
     print("RESULTS", results)
