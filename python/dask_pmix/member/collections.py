@@ -50,19 +50,24 @@ def _index(key: Any, ndim: int) -> tuple[int, ...] | None:
     return None
 
 
+def _outputs(value: Any, rank: int, call: str, what: str) -> Mapping:
+    """What a rank's function returned, as its outputs by position (None: none), or TypeError."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise TypeError(
+            f"rank {rank}'s function returned a {type(value).__name__}; {call}'s function returns its output {what}"
+        )
+    return value
+
+
 def check_output(value: Any, out: dict, rank: int, layout: Layout) -> dict:
     """The blocks a rank returned, as {index: array}, or ValueError/TypeError naming the block
     that is not what the output's chunks and dtype say (what this rank alone can tell; the client
     checks that every block came from exactly one rank)."""
     import numpy as np
 
-    if value is None:
-        value = {}
-    if not isinstance(value, Mapping):
-        raise TypeError(
-            f"rank {rank}'s function returned a {type(value).__name__}; map_blocks_mpi's function returns "
-            "its output blocks as a dict {block index: array}"
-        )
+    value = _outputs(value, rank, "map_blocks_mpi", "blocks as a dict {block index: array}")
     chunks = out["chunks"]
     ndim = len(chunks)
     dtype = None if out["dtype"] is None else np.dtype(out["dtype"])
@@ -141,13 +146,7 @@ def rank_partitions(fn: Callable, spec: dict, comm: Any, *args: Any, local: dict
         )
     value = fn(comm, *inputs, *args, **kwargs)
     out = spec["out"]
-    if value is None:
-        value = {}
-    if not isinstance(value, Mapping):
-        raise TypeError(
-            f"rank {rank}'s function returned a {type(value).__name__}; map_partitions_mpi's function returns "
-            "its output partitions as a dict {partition number: frame}"
-        )
+    value = _outputs(value, rank, "map_partitions_mpi", "partitions as a dict {partition number: frame}")
     parts: dict[int, Any] = {}
     for key, frame in value.items():
         i = key[0] if isinstance(key, tuple) and len(key) == 1 else key
