@@ -101,11 +101,7 @@ def test_mpi4py_suite_subset_in_process():
             continue
         inproc += _passed(m_in)
         # A flaky test that failed in process leaves both counts (it passed under mpiexec).
-        ref -= sum(
-            1
-            for t, x in m_in["not_passed"].items()
-            if _left_out(t, x, flaky) and t not in m_ref["not_passed"]
-        )
+        ref -= sum(1 for t, x in m_in["not_passed"].items() if _left_out(t, x, flaky) and t not in m_ref["not_passed"])
         deaths += m_in.get("worker_deaths", 0)
         if _passed(m_in) < _passed(m_ref) or m_in.get("worker_deaths") or m_in["status"] != "ok":
             failing = [f"{t} ({x['outcome']}: {x.get('message', '')[:120]})" for t, x in m_in["not_passed"].items()]
