@@ -210,6 +210,54 @@ def dask_floor(client, workers: list[str], repeat: int, secede: bool, one_graph:
     return times[1:] if warm else times
 
 
+def user_floors(client, workers: list[str], repeat: int) -> dict[str, list[float]]:
+    """The two ways a user reaches M workers without dask-pmix, as extra rows: client.run of a
+    trivial function on the M workers (no task at all), and a plain client.map of M trivial tasks
+    that Dask places where it likes (nothing pinned)."""
+    import uuid
+
+    def trivial(i=0):
+        return i
+
+    out: dict[str, list[float]] = {"client_run": [], "client_map": []}
+    for _ in range(repeat + 1):
+        t0 = time.perf_counter()
+        assert len(client.run(trivial, workers=workers)) == len(workers)
+        out["client_run"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        futs = client.map(trivial, range(len(workers)), key=[f"map-{uuid.uuid4().hex}-{i}" for i in range(len(workers))])
+        assert client.gather(futs) == list(range(len(workers)))
+        out["client_map"].append(time.perf_counter() - t0)
+        del futs
+    return {k: v[1:] for k, v in out.items()}
+
+
+def tree_cpu_seconds() -> float:
+    """CPU time (user + system) of this process and every live descendant, from /proc: the client,
+    the scheduler and its plugin (this process), the nannies and workers, and the embedded sidecar.
+    On 2 cores that total, not any one process's share, decides wall time."""
+    tick = os.sysconf("SC_CLK_TCK")
+    children: dict[int, list[int]] = {}
+    stats: dict[int, tuple[int, int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            text = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2 :].split()
+        pid, ppid = int(entry), int(fields[1])
+        children.setdefault(ppid, []).append(pid)
+        stats[pid] = (int(fields[11]), int(fields[12]))
+    total, todo = 0, [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        total += sum(stats.get(pid, (0, 0)))
+        todo += children.get(pid, [])
+    return total / tick
+
+
 def comm_costs(client, sidecar, workers: list[str], repeat: int) -> dict:
     """Over the M members (which have met): Comm_create_from_group, then Dup of that communicator,
     then one Allreduce on the duplicate. The member that arrives last waits least: its time is
@@ -353,14 +401,18 @@ def main() -> int:
         # The headline: jobs as users run them, nothing traced, alternating with Dask's floor so
         # that both meet the same machine; each starts after SETTLE s of quiet, so that neither
         # pays for the other's tail (a job's members and sidecar still finish up after it returns).
-        jobs, floor_graph_secede = [], []
+        jobs, floor_graph_secede, job_cpu, floor_cpu = [], [], [], []
         for _ in range(args.repeat):
             time.sleep(SETTLE)
-            t0 = time.perf_counter()
+            c0, t0 = tree_cpu_seconds(), time.perf_counter()
             run_mpi(client, body, workers=workers)
             jobs.append(time.perf_counter() - t0)
+            job_cpu.append(tree_cpu_seconds() - c0)
             time.sleep(SETTLE)
+            c0 = tree_cpu_seconds()
             floor_graph_secede += dask_floor(client, workers, 1, secede=True, one_graph=True, warm=False)
+            floor_cpu.append(tree_cpu_seconds() - c0)
+        users = user_floors(client, workers, args.repeat)
         timelines = [] if args.quick else traced_jobs(client, workers, body, args.repeat)
         floor, floor_secede, floor_graph = ([], [], []) if args.quick else (
             dask_floor(client, workers, args.repeat, secede=False),
@@ -390,6 +442,13 @@ def main() -> int:
            "median_ms_since_call": summary,
            "dask_floor_ms": {"submit_gather": ms(floor), "submit_secede_gather": ms(floor_secede),
                              "one_graph_gather": ms(floor_graph), "one_graph_secede_gather": ms(floor_graph_secede)},
+           # Extra rows: how far the two ways users reach M workers without dask-pmix are.
+           "user_ms": {"client_run": ms(users["client_run"]), "client_map": ms(users["client_map"])},
+           # CPU (user + system, ms) summed over the client's process and all its descendants
+           # (scheduler, nannies, workers, sidecar) while each job or floor ran; ticks of 10 ms, so
+           # medians of a few ticks are coarse. The ratio is what the 1.5x target reads.
+           "cpu_ms": {"job": ms(job_cpu), "floor": ms(floor_cpu),
+                      "ratio": round(sum(job_cpu) / sum(floor_cpu), 2) if sum(floor_cpu) else None},
            "communicator_ms": costs,
            "examples": timelines[: args.show],
            "guard": {"ratios": {f"m{args.size}.floor_over_job": round(floor_ms / job_ms, 3)} if job_ms else {},
