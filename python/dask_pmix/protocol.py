@@ -47,6 +47,8 @@ class Scheduler:
     # A process set's members (submit_mpi counts a pset job's ranks); its presence also says that
     # the plugin holds rank tasks submitted before their job's admission.
     PSET = "dask_pmix_pset"
+    # Waits until Dask has removed the workers given (a job retried after a member was lost).
+    WORKERS_GONE = "dask_pmix_workers_gone"
 
 
 # -- a job submitted before it is admitted (submit_mpi) ---------------------------------------------
@@ -80,7 +82,8 @@ class Topic:
 
 
 def job_view(job: dict) -> dict:
-    """What members and clients are told of a job: its state, why, its mode and its members."""
+    """What members and clients are told of a job: its state, why, its mode and its members (each
+    with why it left, when it did not finalize: errors.classify reads it)."""
     return {
         "id": job.get("id"),
         "state": job.get("state"),
@@ -92,6 +95,7 @@ def job_view(job: dict) -> dict:
                 "workerId": m.get("workerId"),
                 "rank": m.get("rank"),
                 "state": m.get("state"),
+                "reason": m.get("reason") or "",
                 "endedJob": bool(m.get("endedJob")),
             }
             for m in job.get("members") or ()

@@ -19,11 +19,12 @@ from collections.abc import Callable
 from typing import Any
 
 from ..blocks import Index, Layout, show, shown
-from ..errors import MPIJobError
+from ..errors import Failure, MPIJobError
 from ..protocol import Call
 from .events import job_ends
 from .graph import submit_ranks
-from .run import _check_request, _gather, _start_job, _sync, _warn_soon
+from .retries import check_retries, held_now, with_retries
+from .run import _check_request, _gather, _settler, _start_job, _sync, _warn_soon
 
 MEMBER = "dask_pmix.member.collections"
 EMPTY = ("include", "exclude", "error")
@@ -45,6 +46,7 @@ def map_blocks_mpi(
     timeout: float | None = None,
     wiring_timeout: float | None = None,
     name: str | None = None,
+    retries: int = 0,
     **kwargs,
 ):
     """Runs ``fn(comm, *blocks, **kwargs)`` as one MPI job over the workers that hold the blocks
@@ -76,8 +78,10 @@ def map_blocks_mpi(
     ``"include"`` takes part with no blocks, ``"exclude"`` leaves the job, ``"error"`` fails the
     call. ``impl``, ``mode``, ``timeout`` and ``wiring_timeout`` are run_mpi's. A worker that
     held blocks and left before the job started fails the call naming it (the inputs, persisted,
-    are still in the cluster: Dask recomputes what was lost; call again). With an asynchronous
-    client, ``await`` it.
+    are still in the cluster: Dask recomputes what was lost; call again). ``retries`` (run_mpi's)
+    does that itself: a job that lost a member (or a holder lost before it started) runs again,
+    up to ``retries`` times, over the workers holding the blocks once Dask has computed again or
+    moved what the lost worker held. With an asynchronous client, ``await`` it.
     """
     import dask.array as da
     from distributed import default_client
@@ -107,6 +111,7 @@ def map_blocks_mpi(
         _check_chunks(arrays)
     out = output_spec(arrays[0], chunks, dtype)
     _check_request(n, workers, mode, impl, timeout, wiring_timeout)
+    retries = check_retries(retries)
     client = client or default_client()
     from dask.utils import funcname
 
@@ -115,16 +120,29 @@ def map_blocks_mpi(
     fallbacks: list = []
     options = {"impl": impl, "mode": mode, "timeout": timeout, "wiring_timeout": wiring_timeout}
 
-    async def run():
+    async def attempt(labels: dict | None):
         members, blocks_of = await _place(client, min(a.ndim for a in arrays), held, align, empty, workers, n)
         spec = {
             "inputs": [{"name": a.name, "shape": a.shape, "chunks": a.chunks, "dtype": a.dtype} for a in arrays],
             "out": out,
         }
         job, futures = await _run_job(
-            client, f"{MEMBER}:rank_blocks", fn, spec, kwargs, held, members, blocks_of, fallbacks, options, _block
+            client,
+            f"{MEMBER}:rank_blocks",
+            fn,
+            spec,
+            kwargs,
+            held,
+            members,
+            blocks_of,
+            fallbacks,
+            {**options, "labels": labels},
+            _block,
         )
         return await _output(client, job, futures, out, out_name)
+
+    async def run():
+        return await with_retries(client, retries, attempt, settle_with=_settler(client))
 
     return _sync(client, fallbacks, run)
 
@@ -245,18 +263,14 @@ async def _holders(client, held: list[dict[Index, Any]]) -> dict[Any, list[str]]
     from distributed.client import _wait
 
     every = [f for fs in held for f in fs.values()]
-    for attempt in range(2):
-        await _wait(every)
-        for k, fs in enumerate(held):
-            for ix, f in fs.items():
-                if f.status == "error":
-                    exc = await f._exception()
-                    raise RuntimeError(f"block {show(ix)} of input {k} could not be computed: {exc!r}") from exc
-        who_has = await client.scheduler.who_has(keys=[f.key for f in every])
-        if all(who_has.get(f.key) for f in every) or attempt:
-            return who_has
-        # A holder left between the wait and the look-up: Dask computes its blocks again.
-    return who_has
+    await _wait(every)
+    for k, fs in enumerate(held):
+        for ix, f in fs.items():
+            if f.status == "error":
+                exc = await f._exception()
+                raise RuntimeError(f"block {show(ix)} of input {k} could not be computed: {exc!r}") from exc
+    # A holder that left since is computed again by Dask: looked for until each block is held (bounded).
+    return await held_now(client, every)
 
 
 def _check_chunks(arrays) -> None:
@@ -291,7 +305,8 @@ async def _place(
         k, ix = nowhere[0]
         raise MPIJobError(
             f"{piece(ix)} of input {k} is on no worker (its worker left and Dask has not computed it "
-            "again yet): call again"
+            "again yet): call again",
+            kind=Failure.MEMBER_LOST,
         )
     groups: dict[Any, list[tuple[int, Index]]] = {}
     for k, fs in enumerate(held):
@@ -394,6 +409,8 @@ def _holder_gone(
         "it held): call again",
         job_id=job_id,
         worker=w,
+        kind=Failure.MEMBER_LOST,
+        lost_workers=[w],
     )
 
 
@@ -491,6 +508,7 @@ def map_partitions_mpi(
     timeout: float | None = None,
     wiring_timeout: float | None = None,
     name: str | None = None,
+    retries: int = 0,
     **kwargs,
 ):
     """map_blocks_mpi for dask dataframes and series: runs ``fn(comm, *parts, **kwargs)`` as one
@@ -503,8 +521,8 @@ def map_partitions_mpi(
     divisions (``None``), or the divisions given (then ``npartitions = len(divisions) - 1`` and
     every partition comes from exactly one rank). ``meta=None`` takes the first partition's
     columns and dtypes; every partition must match them. Aligned inputs have the same number of
-    partitions (and the same divisions where both are known); ``empty``, ``align``, members and
-    failures are as in map_blocks_mpi."""
+    partitions (and the same divisions where both are known); ``empty``, ``align``, members,
+    failures and ``retries`` are as in map_blocks_mpi."""
     import dask.dataframe as dd
     from distributed import default_client
 
@@ -550,6 +568,7 @@ def map_partitions_mpi(
     nparts = len(out_divisions) - 1
     out = {"npartitions": nparts, "meta": meta, "follow": nparts == first.npartitions}
     _check_request(n, workers, mode, impl, timeout, wiring_timeout)
+    retries = check_retries(retries)
     client = client or default_client()
     from dask.utils import funcname
 
@@ -558,7 +577,7 @@ def map_partitions_mpi(
     fallbacks: list = []
     options = {"impl": impl, "mode": mode, "timeout": timeout, "wiring_timeout": wiring_timeout}
 
-    async def run():
+    async def attempt(labels: dict | None):
         members, blocks_of = await _place(client, 1, held, align, empty, workers, n, _partition)
         spec = {
             "inputs": [
@@ -577,10 +596,13 @@ def map_partitions_mpi(
             members,
             blocks_of,
             fallbacks,
-            options,
+            {**options, "labels": labels},
             _partition,
         )
         return await _frame_output(client, job, futures, out, out_divisions, out_name)
+
+    async def run():
+        return await with_retries(client, retries, attempt, settle_with=_settler(client))
 
     return _sync(client, fallbacks, run)
 

@@ -20,11 +20,12 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from .. import config
-from ..errors import MPIFallbackWarning, MPIJobError
-from ..protocol import FAILED_STATES, NOT_ADMITTED, Call, Scheduler, Topic, rank_key
+from ..errors import Failure, MPIFallbackWarning, MPIJobError, classify
+from ..protocol import FAILED_STATES, NOT_ADMITTED, Call, Scheduler, Topic, job_view, rank_key
 from .events import job_ends
 from .graph import pickled_function, submit_held_ranks, submit_ranks, unpicklable
 from .plugin_check import PLUGIN_MISSING
+from .retries import check_retries, held_now, labels_of, new_family, settle, with_retries
 
 logger = logging.getLogger("dask_pmix")
 
@@ -89,6 +90,8 @@ _plugin_seen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # PSET handler, which came with that): submit_mpi may send them before the admission. An older
 # plugin would leave such tasks waiting for good.
 _plugin_holds: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# Clients whose scheduler's plugin answers Scheduler.WORKERS_GONE (a retry waits on it).
+_plugin_settles: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 async def _check_plugin(client) -> None:
@@ -96,11 +99,14 @@ async def _check_plugin(client) -> None:
     if _plugin_seen.get(client) == address:
         return
     found = await client._run_on_scheduler(
-        lambda dask_scheduler, hs=(Scheduler.INFO, Scheduler.PSET): [h in dask_scheduler.handlers for h in hs]
+        lambda dask_scheduler, hs=(Scheduler.INFO, Scheduler.PSET, Scheduler.WORKERS_GONE): [
+            h in dask_scheduler.handlers for h in hs
+        ]
     )
     if not found[0]:
         raise RuntimeError(PLUGIN_MISSING)
     _plugin_holds[client] = found[1]
+    _plugin_settles[client] = found[2]
     _plugin_seen[client] = address
 
 
@@ -164,9 +170,11 @@ async def _start_job(
     wiring_timeout: float | None = None,
     local: Iterable | None = None,
     local_for: Callable[[list[dict]], dict[str, Any]] | None = None,
+    labels: dict[str, str] | None = None,
 ) -> MPIJob:
     """``local_for`` (map_blocks_mpi's): given the members in rank order, what each worker's rank
-    gets as ``local=``, with futures in it resolved where they are (in place of ``local``)."""
+    gets as ``local=``, with futures in it resolved where they are (in place of ``local``).
+    ``labels``: the job's labels on the sidecar (an attempt's family and number, with retries)."""
     impl, timeout, wiring_timeout = _check_request(n, workers, mode, impl, timeout, wiring_timeout)
     asked = mode or config.get("job.mode")
     await _check_plugin(client)
@@ -175,10 +183,8 @@ async def _start_job(
     local_by_worker = None
     if local is not None:
         local = list(local)
-        from distributed.client import _wait
-
-        await _wait(local)  # where the data is is known once it exists
-        who_has = await client.scheduler.who_has(keys=[f.key for f in local])
+        # Where the data is is known once it exists (Dask computes again what a lost worker held).
+        who_has = await held_now(client, local)
         local_by_worker = _holders(who_has, local)
         if workers is None and pset is None and n is None:
             workers = sorted(local_by_worker)
@@ -195,10 +201,11 @@ async def _start_job(
         wiring_timeout=wiring_timeout,
         mode=asked or "inprocess",
         strict=asked == "inprocess",
+        **({"labels": labels} if labels else {}),
     )
     if "error" in created:
         pickling.cancel()
-        raise MPIJobError(created["error"])
+        raise MPIJobError(created["error"], kind=Failure.REFUSED)
     job = created["job"]
     mpi_job = MPIJob(client, job, [])
     try:
@@ -316,6 +323,7 @@ def submit_mpi(
     timeout: float | None = None,
     wiring_timeout: float | None = None,
     local: Iterable | None = None,
+    retries: int = 0,
     **kwargs,
 ) -> list:
     """Starts ``fn(comm, *args, **kwargs)`` as one MPI job, like run_mpi, and returns at once with
@@ -330,8 +338,22 @@ def submit_mpi(
     A job that cannot be admitted within its ``timeout`` (or dask-pmix.timeouts.admission), or
     that the sidecar refuses, makes its futures raise MPIJobError with the sidecar's reason;
     cancelling them while the job waits takes it out of the line. With ``local`` the call still
-    waits for the job's admission (where the data is decides the members and their ranks)."""
+    waits for the job's admission (where the data is decides the members and their ranks).
+
+    ``retries``: as run_mpi's. A job that lost a member runs again, up to ``retries`` times,
+    with as many ranks as the futures returned (``n`` defaults to the number of workers when the
+    call is made); the futures are then made by the attempt that succeeded, each left on its
+    rank's worker, or raise the last attempt's error (with ``attempts``). Each attempt waits for
+    its own admission, in the background; with ``local`` the call waits for the first one's, and
+    a retry whose data is now held by a different number of workers fails saying so. Cancelling
+    the futures ends the attempt that runs."""
     checked = _check_request(n, workers, mode, impl, timeout, wiring_timeout)
+    retries = check_retries(retries)
+    if retries:
+        options: dict[str, Any] = {"n": n, "workers": workers, "pset": pset, "impl": impl, "mode": mode}
+        options.update(timeout=timeout, wiring_timeout=wiring_timeout)
+        starting = _submit_retrying(client, fn, args, kwargs, retries, options, local)
+        return starting if client.asynchronous else client.sync(lambda: starting)  # type: ignore[return-value]
     if local is None:
         if client.asynchronous:
             # Awaited by the caller, as client.sync's coroutine is.
@@ -365,6 +387,135 @@ def submit_mpi(
         return job.futures
 
     return _sync(client, fallbacks, submit)
+
+
+# The background attempts of submit_mpi calls with retries (kept from the garbage collector).
+_driving: set = set()
+
+
+def _same(value: Any) -> Any:
+    """An attempt's rank result under the key of the future submit_mpi returned (no copy)."""
+    return value
+
+
+def _raise(error: BaseException) -> Any:
+    """The last attempt's error, raised by the futures submit_mpi returned."""
+    raise error
+
+
+async def _submit_retrying(client, fn, args, kwargs, retries: int, options: dict, local) -> list:
+    """submit_mpi with retries: one future per rank, of a key of the family's own, returned at
+    once; the attempts run in the background (_drive) and the futures are made by the one that
+    succeeds (its results under their keys, where they are) or raise the last attempt's error."""
+    from distributed import Future
+
+    await _check_plugin(client)
+    family = new_family()
+    first: MPIJob | None = None
+    local = list(local) if local is not None else None
+    if local is not None:
+        # Where the data is decides how many ranks there are: the first attempt is started now.
+        first = await _start_job(
+            client, fn, args, kwargs, local=local, labels=labels_of(family, 1, retries + 1), **options
+        )
+        if first.fallback is not None:
+            warnings.warn(first.fallback, stacklevel=4)
+        count = len(first.members)
+    else:
+        counted = await _held_count(client, options["n"], options["workers"], options["pset"])
+        count = len(options["workers"]) if options["workers"] is not None else int(counted or 0)
+        if options["workers"] is None and options["pset"] is None:
+            options = {**options, "n": count}  # the same number of ranks at every attempt
+    futures: list = [Future(f"dask-pmix-{family}-result-{r}", client) for r in range(count)]
+    states = [f._state for f in futures]
+    task = asyncio.ensure_future(
+        _drive(client, family, states, count, fn, args, kwargs, retries, options, local, first)
+    )
+    _driving.add(task)
+    task.add_done_callback(_driving.discard)
+    return futures
+
+
+async def _drive(client, family, states, count, fn, args, kwargs, retries, options, local, first) -> None:
+    """The attempts of a submit_mpi call with retries, until one succeeds, one fails for good, or
+    the caller cancels (or drops) the futures."""
+    stop = asyncio.ensure_future(_any_done(states))
+    pending_first = [first]
+
+    async def attempt(labels: dict | None) -> list:
+        job = pending_first.pop() if pending_first and pending_first[0] is not None else None
+        if job is None:
+            job = await _start_job(client, fn, args, kwargs, local=local, labels=labels, **options)
+            if job.fallback is not None:
+                warnings.warn(job.fallback, stacklevel=1)
+        try:
+            if stop.done():
+                raise asyncio.CancelledError
+            if len(job.members) != count:
+                raise MPIJobError(
+                    f"this attempt's job has {len(job.members)} ranks (the workers holding local= now), but "
+                    f"submit_mpi returned {count} futures: call it again",
+                    job_id=job.id,
+                    kind=Failure.REFUSED,
+                )
+            gathering = asyncio.ensure_future(_gather(client, job, job.job.get("timeoutSeconds") or None, fetch=False))
+            await asyncio.wait({gathering, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if not gathering.done():
+                gathering.cancel()
+                raise asyncio.CancelledError
+            done = gathering.result()
+        except BaseException:
+            await job._release()
+            raise
+        finally:
+            job_ends(client).forget(job.id)
+        return [(m["workerId"], f) for m, f in zip(job.members, done)]
+
+    try:
+        ranks = await with_retries(client, retries, attempt, settle_with=_settler(client), family=family)
+    except asyncio.CancelledError:
+        return  # the futures were cancelled or dropped: nothing to make
+    except Exception as e:  # noqa: BLE001 - the last attempt's error (or anything else) reaches the futures
+        if not stop.done():
+            _made(client, [(s.key, _raise, (e,), None) for s in states])
+        return
+    finally:
+        stop.cancel()
+    if any(s.status == "cancelled" for s in states):
+        return
+    _made(client, [(s.key, _same, (f,), worker) for s, (worker, f) in zip(states, ranks)])
+
+
+def _made(client, tasks: list) -> list:
+    """Tasks (key, function, arguments, worker or None) under the keys of submit_mpi's futures, as
+    one graph; a task with a worker prefers it (its argument is there), and runs elsewhere only
+    once that worker is gone."""
+    from dask._task_spec import Task, parse_input
+
+    from .graph import _submit_layers
+
+    return _submit_layers(
+        client,
+        [
+            (
+                key,
+                Task(key, func, *(parse_input(a) for a in args)),
+                {"workers": [worker], "allow_other_workers": True} if worker else {},
+            )
+            for key, func, args, worker in tasks
+        ],
+    )
+
+
+async def _any_done(states: list) -> None:
+    """Returns once one of the futures' states is done: before _drive makes them, only a cancel
+    (or every future dropped) does that."""
+    waits = [asyncio.ensure_future(s.wait()) for s in states]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
 
 
 _fallback_heard: weakref.WeakSet = weakref.WeakSet()
@@ -499,6 +650,7 @@ def run_mpi(
     timeout: float | None = None,
     wiring_timeout: float | None = None,
     local: Iterable | None = None,
+    retries: int = 0,
     **kwargs,
 ) -> list:
     """Runs ``fn(comm, *args, **kwargs)`` on each chosen worker as one MPI job; results in rank order.
@@ -524,13 +676,25 @@ def run_mpi(
 
     The members are frozen (Dask will not retire them) until the job ends, and released afterwards
     whatever happens. Raises MPIJobError naming the rank, the worker and the reason when the job
-    fails; with ``timeout`` it returns or raises within about that long. With an asynchronous
+    fails (its ``kind`` says why: a :class:`dask_pmix.errors.Failure`); with ``timeout`` it
+    returns or raises within about that long (each attempt, with retries). With an asynchronous
     client, ``await`` it.
+
+    ``retries`` (a whole number, 0 by default): how many times a job that failed because a member
+    was lost (its worker died, was retired or removed by Dask, restarted, or its MPI session
+    ended: ``kind == "member-lost"``) is run again, on the workers there are then: ``n`` workers
+    chosen afresh, or with ``local=`` the workers that hold the data once Dask has computed again
+    what the lost worker held. A rank's own exception, a timeout, a cancel or a refused request
+    is never retried. The error of the last attempt is raised, with ``attempts`` (every
+    attempt's error, in order) and the earlier attempts in its message and its ``__cause__``
+    chain; each attempt is a job of its own on the sidecar, labelled with its family and number.
     """
     _check_request(n, workers, mode, impl, timeout, wiring_timeout)
+    retries = check_retries(retries)
     fallbacks: list = []
+    local = list(local) if local is not None else None
 
-    async def run() -> list:
+    async def attempt(labels: dict | None) -> list:
         job = await _start_job(
             client,
             fn,
@@ -544,6 +708,7 @@ def run_mpi(
             timeout=timeout,
             wiring_timeout=wiring_timeout,
             local=local,
+            labels=labels,
         )
         _warn_soon(fallbacks, job)
         try:
@@ -554,7 +719,19 @@ def run_mpi(
         finally:
             job_ends(client).forget(job.id)
 
+    async def run() -> list:
+        return await with_retries(client, retries, attempt, settle_with=_settler(client))
+
     return _sync(client, fallbacks, run)
+
+
+def _settler(client) -> Callable[[list[str]], Any]:
+    """What a retry waits for: Dask to have removed the lost workers (bounded), where the plugin can say."""
+
+    async def wait(workers: list[str]) -> None:
+        await settle(client, workers, bool(_plugin_settles.get(client)))
+
+    return wait
 
 
 async def _all_or_first_error(futures: list) -> None:
@@ -604,25 +781,29 @@ async def _gather(client, job: MPIJob, timeout: float | None, fetch: bool = True
                 # A rank raised: the job's end names the rank that ended it (the others' errors
                 # may only say that it ended).
                 await asyncio.wait({end}, timeout=OWN_ERROR_WAIT)
-                raise await _job_error(job, end.result() if end.done() else None)
+                raise await _job_error(job, end.result() if end.done() else None, client)
             if end in done:
                 view = end.result()
                 if view.get("state") in FAILED_STATES:
-                    raise await _job_error(job, view)
+                    raise await _job_error(job, view, client)
                 # Ended well: the ranks' results are on their way.
                 await asyncio.wait({ranks}, timeout=ENDED_GRACE)
                 if not ranks.done():
                     f = next(f for f in job.futures if not f.done())
                     m = job.members[job.futures.index(f)]
+                    gone = m["workerId"] in await _gone_workers(client, [m["workerId"]])
                     raise MPIJobError(
                         f"the job {view.get('state')}, but rank {m['rank']}'s task never finished on "
-                        f"its worker (it is still {f.status}; the worker may have gone)",
+                        f"its worker (it is still {f.status}; "
+                        + ("the worker has gone)" if gone else "the worker may have gone)"),
                         job_id=job.id,
                         rank=m["rank"],
                         worker=m["workerId"],
+                        kind=Failure.MEMBER_LOST if gone else Failure.JOB,
+                        lost_workers=[m["workerId"]] if gone else [],
                     )
                 continue
-            raise MPIJobError(f"timed out after {timeout:g} s", job_id=job.id)
+            raise MPIJobError(f"timed out after {timeout:g} s", job_id=job.id, kind=Failure.TIMEOUT)
     finally:
         ranks.cancel()
 
@@ -635,6 +816,7 @@ def _result_error(job: MPIJob, e: Exception) -> Exception:
             f"a rank's result could not be sent back to the client ({type(e).__name__}: {text}); "
             "return a value Dask can serialize, or leave it on the worker with submit_mpi",
             job_id=job.id,
+            kind=Failure.RANK,
         )
     return e
 
@@ -648,7 +830,49 @@ def _own_error(e: BaseException | None) -> MPIJobError | None:
     return e if isinstance(e, MPIJobError) and e.origin == "rank" else None
 
 
-async def _job_error(job: MPIJob, view: dict | None) -> MPIJobError:
+async def _gone_workers(client, workers: list[str]) -> set[str]:
+    """Those of `workers` that Dask no longer has."""
+    if client is None or not workers:
+        return set()
+    try:
+        now = await client.scheduler.ncores()
+    except Exception:  # noqa: BLE001 - no evidence: none gone
+        return set()
+    return {w for w in workers if w not in now}
+
+
+async def _fresh_view(client, job_id: str) -> dict:
+    """The job as the sidecar has it now (members with their reasons), or {}."""
+    try:
+        job = await getattr(client.scheduler, Scheduler.JOB)(job_id=job_id)
+    except Exception:  # noqa: BLE001
+        return {}
+    return job_view(job) if isinstance(job, dict) and job.get("members") else {}
+
+
+async def _job_error(job: MPIJob, view: dict | None, client=None) -> MPIJobError:
+    """The most telling error (_blamed), with why the job failed (its kind: errors.classify) and
+    the workers whose loss failed it."""
+    err = await _blamed(job, view)
+    if err.kind is not None or client is None:
+        return err
+    view = view if view and view.get("members") else await _fresh_view(client, job.id)
+    workers = [m["workerId"] for m in job.members]
+    own = err if err.origin == "rank" else None
+    kind, lost = classify(view, own=own, gone=await _gone_workers(client, workers), mode=job.mode)
+    if kind == Failure.RANK and "MPI error" in err.reason:
+        # An MPI call that failed may have failed because a member went before the sidecar said so.
+        await asyncio.sleep(OWN_ERROR_WAIT)
+        view = await _fresh_view(client, job.id) or view
+        kind, lost = classify(view, own=own, gone=await _gone_workers(client, workers), mode=job.mode)
+    if not view.get("members") and own is not None:
+        kind = Failure.RANK  # nothing heard of the job: a rank said it failed
+    err.kind = kind
+    err.lost_workers = tuple(lost)
+    return err
+
+
+async def _blamed(job: MPIJob, view: dict | None) -> MPIJobError:
     """The most telling error. The sidecar names the rank it lost first; when that rank also
     reported why (its exception, which comes soon if its worker lives), that report wins. A rank
     whose worker died never reports."""

@@ -70,13 +70,15 @@ class JobMirror:
                 self.jobs.pop(self._ended.popleft(), None)
         return entry, before
 
-    def member_changed(self, job_id: str, worker: str, to: str) -> Entry | None:
+    def member_changed(self, job_id: str, worker: str, to: str, reason: str = "") -> Entry | None:
         entry = self.jobs.get(job_id)
         if entry is None:
             return None
         for m in entry.view.get("members") or ():
             if m["workerId"] == worker:
                 m["state"] = to
+                if reason:
+                    m["reason"] = reason
         return entry
 
     def fail_here(self, entry: Entry, reason: str) -> None:

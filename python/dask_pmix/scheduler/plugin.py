@@ -86,6 +86,7 @@ class SidecarPlugin(SchedulerPlugin):
         self._listening: set[str] = set()  # workers whose plugin handles Stream.JOB
         self._registrations: dict[str, asyncio.Future] = {}
         self._removals: dict[str, asyncio.Future] = {}  # workers the sidecar is being told are gone
+        self._gone_waiters: set[asyncio.Event] = set()  # set at each worker removal (workers_gone)
         self._known: dict[str, tuple[str, bool]] = {}  # worker -> (its host, whether it has a nanny)
         self.returning = Returning()  # workers that left and are expected back (scheduler.returning)
         self._waiting: list[dict] = []  # job requests in the sidecar's admission line
@@ -167,6 +168,7 @@ class SidecarPlugin(SchedulerPlugin):
                 Scheduler.LEAVE_JOB: self.leave_job,
                 Scheduler.REPLACE_WORKER: self.replace_worker,
                 Scheduler.PSET: self.pset,
+                Scheduler.WORKERS_GONE: self.workers_gone,
             }
         )
         scheduler.stream_handlers[Stream.HELLO] = self._hello
@@ -307,7 +309,7 @@ class SidecarPlugin(SchedulerPlugin):
         elif kind == "memberStateChanged":
             changed = body.get("memberStateChanged") or {}
             entry = self.jobs.member_changed(
-                changed.get("jobId", ""), changed.get("workerId", ""), changed.get("to", "")
+                changed.get("jobId", ""), changed.get("workerId", ""), changed.get("to", ""), changed.get("reason", "")
             )
             # Members that left a failed job keep MPI progressing until the others have left too.
             if entry is not None and not entry.active:
@@ -434,6 +436,8 @@ class SidecarPlugin(SchedulerPlugin):
             self.replacer.removed(worker)
         self._listening.discard(worker)
         self.joining.gone(worker)
+        for waiter in self._gone_waiters:
+            waiter.set()
         pending = self._registrations.pop(worker, None)
         host, nanny = self._known.pop(worker, ("", False))
         replacing = self.replacer is not None and self.replacer.replacing(worker)
@@ -839,6 +843,30 @@ class SidecarPlugin(SchedulerPlugin):
             return await self.sidecar.member_lost(job_id, worker, reason)
         except SidecarError as e:
             return {"id": job_id, "error": str(e)}
+
+    async def workers_gone(self, workers: list[str], wait: float = 10.0) -> dict:
+        """Answers once Dask has removed every one of `workers` and the sidecar has heard of it, or
+        after `wait` s, with those still there ({"left": [...]}): a job retried after a member was
+        lost is chosen among the workers there are then (run_mpi's retries)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0.0, float(wait))
+        while True:
+            left = [w for w in workers if w in self.scheduler.workers]
+            remaining = deadline - loop.time()
+            if not left or remaining <= 0:
+                break
+            waiter = asyncio.Event()
+            self._gone_waiters.add(waiter)
+            try:
+                await asyncio.wait_for(waiter.wait(), remaining)
+            except asyncio.TimeoutError:
+                pass
+            finally:
+                self._gone_waiters.discard(waiter)
+        removing = [self._removals[w] for w in workers if w in self._removals]
+        if removing:
+            await asyncio.wait(removing, timeout=max(0.1, deadline - loop.time()))
+        return {"left": left}
 
     async def join_job(self, job_id: str, worker: str, wait: float = 10.0, ports: dict | None = None) -> dict:
         """An in-process member is there; answers when every member is (ready), or after at most
