@@ -168,6 +168,11 @@ class _Routes:
         """In-process jobs: every member's function returned; they all leave at once."""
         return self._call("POST", f"/v1/jobs/{quote(job_id)}/complete")
 
+    def job_reused(self, job_id: str, kept: str):
+        """In-process jobs: every member is there and duplicates the communicator kept since job
+        `kept` (the server sees no group construct): the job runs."""
+        return self._call("POST", f"/v1/jobs/{quote(job_id)}/reused?from={quote(kept[:128])}")
+
     def leave_job(self, job_id: str, worker_id: str, ok: bool, reason: str = "", failed_ranks: list[int] | None = None):
         return self._call(
             "POST",

@@ -652,10 +652,15 @@ export class JobLifecycle {
 
   // ---- in-process jobs ------------------------------------------------------------------------
 
-  private inprocessMember(jobId: string, workerId: string): { rt: JobRuntime; m: JobMember } {
+  private inprocessJob(jobId: string): { rt: JobRuntime } {
     const rt = this.require(jobId);
     if (rt.job.mode !== 'inprocess')
       throw new RmError('conflict', `job ${jobId} runs in ${rt.job.mode} mode, not in-process`);
+    return { rt };
+  }
+
+  private inprocessMember(jobId: string, workerId: string): { rt: JobRuntime; m: JobMember } {
+    const { rt } = this.inprocessJob(jobId);
     const m = rt.job.members.find((x) => x.workerId === workerId);
     if (!m) throw new RmError('not_found', `worker '${workerId}' is not a member of job ${jobId}`);
     return { rt, m };
@@ -741,6 +746,23 @@ export class JobLifecycle {
   }
 
   /**
+   * Every member of in-process job `jobId` is there (they met at the scheduler's join barrier)
+   * and duplicates the communicator they kept since job `from`, over the same members
+   * (MPI_Comm_dup, which the server does not see, in place of a group construct): the job runs.
+   */
+  reused(jobId: string, from: string): Readonly<Job> {
+    const { rt } = this.inprocessJob(jobId);
+    if (rt.ports) throw new RmError('conflict', `job ${jobId} is a job of MPI worlds: it runs once its members joined`);
+    if (!isActive(rt.job.state))
+      throw new RmError('aborted', `job ${jobId} is ${rt.job.state}${rt.job.error ? `: ${rt.job.error}` : ''}`);
+    if (rt.job.state === 'running') return rt.job;
+    for (const m of rt.job.members) if (m.state === 'assigned') this.setMember(rt, m, 'connected');
+    rt.joined?.resolve();
+    this.started(rt, `its members duplicate the communicator kept since job ${from}`);
+    return rt.job;
+  }
+
+  /**
    * A member of an in-process job is done: its function returned (ok) or failed (reason). A
    * member whose MPI library saw other members fail (failedRanks) often says so before the
    * server notices their death: the failed ones are blamed, not it.
@@ -771,9 +793,7 @@ export class JobLifecycle {
    * rank's task finish): they all leave it at once, as if each had said so.
    */
   complete(jobId: string): Readonly<Job> {
-    const rt = this.require(jobId);
-    if (rt.job.mode !== 'inprocess')
-      throw new RmError('conflict', `job ${jobId} runs in ${rt.job.mode} mode, not in-process`);
+    const { rt } = this.inprocessJob(jobId);
     for (const m of rt.job.members) this.finalize(rt, m);
     return rt.job;
   }

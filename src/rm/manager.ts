@@ -526,6 +526,14 @@ export class ResourceManager {
     return this.jobs.complete(jobId);
   }
 
+  /**
+   * In-process jobs: every member is there and duplicates the communicator kept since job `from`
+   * over the same members (the server sees no group construct for it): the job runs.
+   */
+  reusedJob(jobId: string, from: string): Readonly<Job> {
+    return this.jobs.reused(jobId, from);
+  }
+
   leaveJob(
     jobId: string,
     workerId: string,

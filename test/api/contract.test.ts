@@ -319,6 +319,16 @@ describe('jobs', () => {
     await fx.call('DELETE', `/v1/jobs/${job.id}`);
   });
 
+  it('POST /jobs/:id/reused: only an in-process job that runs on a kept communicator', async () => {
+    const job = (await fx.call('POST', '/v1/jobs', { impl: 'openmpi', members: ['j1'] })).body;
+    expectError(await fx.call('POST', `/v1/jobs/${job.id}/reused?from=j-0`), 409, /not in-process/);
+    expectError(await fx.call('POST', `/v1/jobs/${job.id}/reused?from=`), 400);
+    expectError(await fx.call('POST', `/v1/jobs/${job.id}/reused?other=1`), 400);
+    expectError(await fx.call('POST', '/v1/jobs/nope/reused?from=j-0'), 404);
+    expectError(await fx.anon('POST', `/v1/jobs/${job.id}/reused?from=j-0`), 401);
+    await fx.call('DELETE', `/v1/jobs/${job.id}`);
+  });
+
   it('4xx: schema, auth, unknown ids, conflicts, unresolvable requests; nothing changes', async () => {
     const before = JSON.stringify((await fx.call('GET', '/v1/workers')).body);
     expectError(await fx.call('POST', '/v1/jobs', { members: ['j1'] }), 400, /impl/);

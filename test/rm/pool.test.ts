@@ -412,6 +412,48 @@ describe('in-process jobs', () => {
     );
   });
 
+  it('a job whose members duplicate a kept communicator runs when the scheduler says so: no group construct, its own timeout holds', async () => {
+    await readyWorker('a');
+    await readyWorker('b');
+    const job = await rm.createJob({
+      impl: 'openmpi',
+      mode: 'inprocess',
+      members: ['a', 'b'],
+      wiringTimeoutSeconds: 5,
+      timeoutSeconds: 20,
+    });
+    // The members met at the scheduler's barrier: the server heard no join.
+    expect(rm.getJob(job.id).state).toBe('pending');
+    const ran = rm.reusedJob(job.id, 'job-before');
+    expect(ran.state).toBe('running');
+    expect(ran.members.map((m) => m.state)).toEqual(['connected', 'connected']);
+    expect(events).toContainEqual(
+      expect.objectContaining({
+        kind: 'jobStateChanged',
+        jobId: job.id,
+        to: 'running',
+        reason: 'its members duplicate the communicator kept since job job-before',
+      }),
+    );
+    expect(rm.reusedJob(job.id, 'job-before').state).toBe('running'); // said twice: no change
+    clock.advance(6000); // past the wiring timeout: it runs
+    expect(rm.getJob(job.id).state).toBe('running');
+    clock.advance(15_000); // its own timeout holds
+    expect(rm.getJob(job.id)).toMatchObject({ state: 'failed', error: expect.stringMatching(/job timeout/) });
+    expect(() => rm.reusedJob(job.id, 'job-before')).toThrow(/is failed/);
+  });
+
+  it('a job told it reuses a communicator after its members completed it stays completed', async () => {
+    await readyWorker('a');
+    await readyWorker('b');
+    const job = await rm.createJob({ impl: 'openmpi', mode: 'inprocess', members: ['a', 'b'] });
+    expect(rm.completeJob(job.id).state).toBe('completed');
+    expect(() => rm.reusedJob(job.id, 'x')).toThrow(expect.objectContaining({ kind: 'aborted' }));
+    rm.registerWorker({ id: 'plain', host: 'h1' });
+    const forked = await rm.createJob({ impl: 'openmpi', mode: 'fork', members: ['plain'] });
+    expect(() => rm.reusedJob(forked.id, 'x')).toThrow(expect.objectContaining({ kind: 'conflict' }));
+  });
+
   it('a join waits at most waitMs and tells the member to ask again', async () => {
     await readyWorker('a');
     await readyWorker('b');

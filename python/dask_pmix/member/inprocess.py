@@ -36,7 +36,7 @@ from ..worker import members as registry
 from ..worker import pool as pool_mod
 from ..worker import world_model
 from ..worker.activation import GATE
-from . import job_comms, tracking
+from . import comm_cache, job_comms, tracking
 from .ending import describe, failed_ranks, failer, give_up, is_mpi_error, linger
 from .watcher import WATCHER, Calls, revoke
 
@@ -149,7 +149,9 @@ def _run_pool_member(
         raise fail(f"this worker is in pool {p.namespace}, the job in {job['namespace']}")
     ranks = [m["poolRank"] for m in sorted(job["members"], key=lambda m: m["rank"])]
     wait_alone(job_id, deadline, fail)
-    join(calls, job_id, rank, worker, deadline, wiring_timeout, fail)
+    plan = comm_cache.plan_of(join(calls, job_id, rank, worker, deadline, wiring_timeout, fail))
+    comm_cache.settle(plan)
+    entry = plan.get("use") or plan.get("keep")
 
     w = WATCHER.watch(job_id, calls, build_timeout=build_timeout, job_timeout=float(job.get("timeoutSeconds") or 0))
     # No new pair communicator of the comm backend while this job builds and uses its own, and
@@ -166,10 +168,11 @@ def _run_pool_member(
         # exception being handled as their context (see ending.failer).
         error = None
         try:
-            with tracking.within("MPI_Comm_create_from_group"):
-                comm = p.comm(ranks, job["tag"])
+            comm = build(p, w, ranks, job["tag"], plan)
+            with tracking.within("MPI_Comm_dup (mpi4py's duplicate of the job's communicator)"):
                 job_comms.begin(p.MPI, job_id, comm)
         except Exception as exc:  # noqa: BLE001
+            comm_cache.taint(entry)
             error = fail(f"building the job's communicator failed: {describe(exc)}", exc)
         if error is not None:
             raise error
@@ -178,6 +181,7 @@ def _run_pool_member(
             with world_model.job_world(p.MPI, comm):
                 value = fn(tracking.tracked(comm), *args, **kwargs)
         except BaseException as exc:  # noqa: BLE001
+            comm_cache.taint(entry)
             with w.lock:
                 w.phase = "done"
                 mpi = is_mpi_error(exc)
@@ -192,6 +196,8 @@ def _run_pool_member(
             raise error
         with w.lock:
             w.phase = "done"
+            if w.revoked:
+                comm_cache.taint(entry)
             give_up(comm, failed=w.revoked)
     finally:
         job_comms.end(job_id)
@@ -199,3 +205,36 @@ def _run_pool_member(
         WATCHER.unwatch(job_id)
     # Its job hears that it left when the scheduler sees its task finish (all members at once).
     return value
+
+
+def build(p, w, ranks: list[int], tag: str, plan: dict):
+    """The job's communicator, as the scheduler planned it (dask_pmix.scheduler.comm_cache): a Dup
+    of the communicator kept from an earlier job over these members (``use``), or
+    MPI_Comm_create_from_group over ``ranks``, kept (``keep``, the job then gets a Dup of it) or
+    not. While a kept communicator is duplicated, the watcher revokes it if the job fails
+    meanwhile (a Dup, unlike a group construct, can be interrupted)."""
+    use, keep = plan.get("use"), plan.get("keep")
+    if use is not None:
+        parent = comm_cache.take(use)
+        what = "MPI_Comm_dup of a kept communicator"
+    else:
+        with tracking.within("MPI_Comm_create_from_group"):
+            parent = p.comm(ranks, tag)
+        comm_cache.count("built")
+        if keep is None:
+            return parent
+        comm_cache.put(keep, parent)
+        what = "MPI_Comm_dup of the communicator just kept"
+    with w.lock:
+        w.comm = parent
+    with tracking.within(what):
+        comm = comm_cache.dup(parent)
+    if use is not None:
+        comm_cache.count("reused")
+    with w.lock:
+        w.comm = None
+        revoked = w.revoked
+    if revoked:
+        give_up(comm, failed=True)
+        raise RuntimeError("the job ended while its communicator was being duplicated")
+    return comm

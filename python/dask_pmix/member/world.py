@@ -19,7 +19,7 @@ from typing import Any
 from ..errors import MPIJobError
 from ..worker import pool as pool_mod
 from ..worker import world_model
-from . import merge_tree, tracking
+from . import comm_cache, merge_tree, tracking
 from .ending import KEEP, describe, give_up
 from .inprocess import join, wait_alone
 from .watcher import WATCHER, Calls, Watch
@@ -55,6 +55,9 @@ def run_world_member(
     built = False
     try:
         answer = join(calls, job_id, rank, worker, deadline, float(job["wiringTimeoutSeconds"]), fail, ports)
+        plan = comm_cache.plan_of(answer)
+        comm_cache.settle(plan)
+        entry = plan.get("use") or plan.get("keep")
         peers = [m.get("ports") or {} for m in answer.get("ports") or []]
         if len(peers) != size:
             raise fail(f"the sidecar sent the ports of {len(peers)} members, not {size}")
@@ -71,10 +74,11 @@ def run_world_member(
             # (mpi4py) exception being handled as their context, and Dask pickles it to the client.
             error = None
             try:
-                with tracking.within("the merge tree's connect/accept"):
-                    comm = tree.build(rank, size, peers, timeout=max(1.0, deadline - time.monotonic()))
+                comm, own = build(MPI, tree, rank, size, peers, deadline, plan)
+                with tracking.within("the job communicator's check"):
                     check_tree(MPI, comm, rank, size, job_id)
             except Exception as exc:  # noqa: BLE001
+                comm_cache.taint(entry)
                 error = fail(f"building the job's communicator failed: {describe(exc)}", exc)
             if error is not None:
                 raise error
@@ -87,16 +91,19 @@ def run_world_member(
             except BaseException as exc:  # noqa: BLE001
                 raised = exc
             if raised is not None:
+                comm_cache.taint(entry)
                 # The others may be done: a short barrier lets them leave MPI cleanly.
                 end_barrier(comm, w, limit=0.5)
                 with w.lock:
                     w.phase = "done"
-                give_up(tree, failed=True)
+                give_up(own, failed=True)
                 raise fail(describe(raised), raised)
             finished = end_barrier(comm, w)
             with w.lock:
                 w.phase = "done"
-            give_up(tree, failed=not finished)
+            if not finished:
+                comm_cache.taint(entry)
+            give_up(own, failed=not finished)
         finally:
             WATCHER.unwatch(job_id)
     finally:
@@ -108,6 +115,29 @@ def run_world_member(
                 merge_tree.close_ports(MPI, _stale_ports.pop(0))
     # Its job hears that it left when the scheduler sees its task finish (all members at once).
     return value
+
+
+def build(MPI, tree: merge_tree.Tree, rank: int, size: int, peers: list, deadline: float, plan: dict):
+    """(the job's communicator, what the job gives up at its end), as the scheduler planned it
+    (dask_pmix.scheduler.comm_cache): a Dup of the merged communicator of a tree kept from an
+    earlier job over these members (``use``), or the merge tree, kept (``keep``: the job then gets
+    a Dup of its communicator) or not (the job gives the whole tree up)."""
+    use, keep = plan.get("use"), plan.get("keep")
+    if use is not None:
+        kept = comm_cache.take(use)
+        with tracking.within("MPI_Comm_dup of a kept communicator"):
+            comm = comm_cache.dup(kept.comm)
+        comm_cache.count("reused")
+        return comm, comm
+    with tracking.within("the merge tree's connect/accept"):
+        merged = tree.build(rank, size, peers, timeout=max(1.0, deadline - time.monotonic()))
+    comm_cache.count("built")
+    if keep is None:
+        return merged, tree
+    comm_cache.put(keep, tree)
+    with tracking.within("MPI_Comm_dup of the communicator just kept"):
+        comm = comm_cache.dup(merged)
+    return comm, comm
 
 
 def check_tree(MPI, comm, rank: int, size: int, job_id: str) -> None:

@@ -31,6 +31,7 @@ from ..errors import MPIJobError, SidecarError
 from ..protocol import QUEUED_ANNOTATION, RANK_KEY, SCHEDULER_PLUGIN, WORKER_PLUGIN, Remote, Scheduler, Stream, Topic
 from ..rest import AsyncSidecarClient
 from . import dashboard, queued
+from .comm_cache import CommCache
 from .events import EventStream
 from .jobs import ENDED_KEPT, Entry, JobMirror
 from .join_barrier import JoinBarriers
@@ -82,6 +83,7 @@ class SidecarPlugin(SchedulerPlugin):
         self.jobs = JobMirror()
         self.stream: EventStream | None = None
         self.barriers = JoinBarriers(lambda: self.sidecar, self._members_of)
+        self.comm_cache = CommCache()  # its bound is pool.comm-cache, read in start()
         self.replacer: Replacer | None = None
         self._listening: set[str] = set()  # workers whose plugin handles Stream.JOB
         self._registrations: dict[str, asyncio.Future] = {}
@@ -150,6 +152,7 @@ class SidecarPlugin(SchedulerPlugin):
             self.embedded.on_exit(self._sidecar_exited)
         self.rest = AsyncSidecarClient(self.url, self.token, timeout=config.seconds("timeouts.request") or 30.0)
         self.joining.bound = config.seconds("timeouts.pool-join") or 30.0
+        self.comm_cache.bound = max(0, int(config.get("pool.comm-cache", 16)))
         await self._check_sidecar()
         self.replacer = Replacer(scheduler, lambda: self.rest, self._register_soon)
         for address in scheduler.workers:
@@ -269,6 +272,7 @@ class SidecarPlugin(SchedulerPlugin):
             logger.error("dask-pmix: could not restart the sidecar: %s", e)
             return
         embedded.on_exit(self._sidecar_exited)
+        self.comm_cache.clear("sidecar restarted")
         for address in list(self.scheduler.workers):
             self._register_soon(address)
         logger.warning(
@@ -371,6 +375,7 @@ class SidecarPlugin(SchedulerPlugin):
         if restarted and self.embedded is None:
             # Someone else restarted the sidecar this plugin uses: it knows no worker any more.
             logger.warning("dask-pmix: the sidecar at %s was restarted; registering the workers again", self.url)
+            self.comm_cache.clear("sidecar restarted")
             for address in list(self.scheduler.workers):
                 self._register_soon(address)
             self._soon(self._registered()).add_done_callback(
@@ -388,6 +393,7 @@ class SidecarPlugin(SchedulerPlugin):
         job first seen now, None for no change)."""
         if entry.active or before is None:
             return
+        self.comm_cache.job_ended(entry.id, entry.state == "completed")
         self._push(entry, to_owner=True)
         self.barriers.wake(entry.id)
         timer = self._settling.pop(entry.id, None)
@@ -410,6 +416,7 @@ class SidecarPlugin(SchedulerPlugin):
             )
 
     def _sidecar_gone(self, reason: str) -> None:
+        self.comm_cache.clear("sidecar gone")
         for entry in self.jobs.active():
             self.jobs.fail_here(entry, reason)
             self._job_changed(entry, "running")
@@ -436,6 +443,7 @@ class SidecarPlugin(SchedulerPlugin):
             self.replacer.removed(worker)
         self._listening.discard(worker)
         self.joining.gone(worker)
+        self.comm_cache.worker_left(worker)
         for waiter in self._gone_waiters:
             waiter.set()
         pending = self._registrations.pop(worker, None)
@@ -874,7 +882,35 @@ class SidecarPlugin(SchedulerPlugin):
         entry = self.jobs.get(job_id)
         if entry is not None and not entry.active:
             return {"error": f"job {job_id} {entry.state}: {entry.view.get('error') or ''}".rstrip(": "), "status": 409}
-        return await self.barriers.join(job_id, worker, wait, ports)
+        answer = await self.barriers.join(job_id, worker, wait, ports)
+        return self._comm_plan(job_id, answer, ports is not None) if answer.get("ready") else answer
+
+    def _comm_plan(self, job_id: str, answer: dict, worlds: bool) -> dict:
+        """Every member's ready answer carries the job's one plan for its communicator
+        (scheduler.comm_cache). The sidecar does not see a Dup: it hears from here that a job whose
+        members duplicate a kept communicator runs (an MPICH / Intel MPI job runs once its members
+        joined there with their ports)."""
+        entry = self.jobs.get(job_id)
+        members = sorted(entry.view.get("members") or (), key=lambda m: m["rank"]) if entry and entry.active else ()
+        plan, made = self.comm_cache.plan(job_id, [m["workerId"] for m in members] or None)
+        if made and plan["use"] is not None and not worlds:
+            self._soon(self._reused(job_id, plan["use"]))
+        return {**answer, "comm": plan}
+
+    async def _reused(self, job_id: str, kept: str) -> None:
+        try:
+            job = await self.sidecar.job_reused(job_id, kept)
+        except SidecarError as e:
+            if e.status == 404 and "route" in e.message.lower():
+                # A sidecar older than the cache: it would wait for a group construct that never
+                # comes, and fail the job at its wiring timeout. No job reuses one from now on.
+                logger.warning("dask-pmix: the sidecar cannot start a job on a kept communicator; caching is off")
+                self.comm_cache.bound = 0
+                self.comm_cache.clear("the sidecar cannot serve it")
+            elif e.status not in (404, 409):
+                logger.warning("dask-pmix: could not tell the sidecar that job %s runs: %s", job_id, e)
+            return
+        self._job_changed(*self.jobs.apply(job))
 
     async def leave_job(
         self, job_id: str, worker: str, ok: bool, reason: str = "", failed_ranks: list | None = None
@@ -923,6 +959,7 @@ class SidecarPlugin(SchedulerPlugin):
 
     async def leave_pool(self, worker: str, reason: str) -> dict:
         self.joining.started(worker)
+        self.comm_cache.worker_left(worker)
         await self._registered([worker])
         try:
             return await self.sidecar.leave_pool(worker, reason)

@@ -206,6 +206,27 @@ export const jobRoutes: FastifyPluginAsync<RouteOptions> = async (app, { rm, aut
     async (req) => toJson.job(rm.completeJob(req.params.id)),
   );
 
+  app.post<Params<{ id: string }> & { Querystring: { from?: string } }>(
+    '/jobs/:id/reused',
+    {
+      ...write,
+      schema: {
+        security: auth.security.write,
+        summary:
+          'In-process jobs: every member is there and duplicates the communicator kept since job from=<id> (no group construct reaches the server): the job runs',
+        tags: ['jobs'],
+        params: params('id'),
+        querystring: {
+          type: 'object',
+          properties: { from: { type: 'string', minLength: 1, maxLength: 128 } },
+          additionalProperties: false,
+        },
+        response: { 200: responses.job, ...errors(400, 401, 404, 409) },
+      },
+    },
+    async (req) => toJson.job(rm.reusedJob(req.params.id, req.query.from ?? 'an earlier job')),
+  );
+
   app.post<Params<{ id: string; workerId: string }> & Body<{ ok: boolean; reason?: string; failedRanks?: number[] }>>(
     '/jobs/:id/members/:workerId/leave',
     {

@@ -1,0 +1,123 @@
+"""The communicators this worker process keeps across in-process jobs (the member half of the
+communicator cache; the scheduler half, which decides, is dask_pmix.scheduler.comm_cache).
+
+The scheduler's plan for a job (its join answer's ``comm``) says whether the members duplicate a
+kept communicator (``use``), build anew and keep what they built (``keep``), or build anew and
+keep nothing; and which ids are still kept anywhere (``live``). A member never drops an entry on
+its own: only the plan does (an id no longer live), or the session's close. An entry whose job
+went wrong here (its function raised, the job was revoked, its duplicate failed) is marked so,
+and is left behind like a failed job's communicator (dask_pmix.member.ending.give_up) instead of
+being freed when it is dropped.
+
+Open MPI keeps the job's MPI.Intracomm (from MPI_Comm_create_from_group); MPICH / Intel MPI keep
+the merge tree (dask_pmix.member.merge_tree.Tree) whose ``comm`` is the merged communicator.
+One job at a time is in MPI in a process (dask_pmix.member.inprocess), so an entry is never used
+by two jobs here at once; the lock guards the dictionary only."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Any
+
+from ..worker import pool as pool_mod
+from ..worker.activation import GATE
+from .ending import free, give_up
+
+_lock = threading.Lock()
+_kept: dict[str, Any] = {}  # id -> the communicator (Open MPI) or merge tree (MPICH)
+_tainted: set[str] = set()  # ids whose job went wrong here
+_counts: Counter[str] = Counter()
+_hooked = False
+
+
+class Missing(LookupError):
+    """The plan names a communicator this process does not hold."""
+
+
+def plan_of(answer: dict) -> dict:
+    """The plan in a join answer ({} from a plugin without the cache: build anew, keep nothing)."""
+    plan = answer.get("comm")
+    return plan if isinstance(plan, dict) else {}
+
+
+def settle(plan: dict) -> None:
+    """Drops the entries the plan no longer lists as live (before the job builds)."""
+    live = plan.get("live")
+    if live is None:
+        return
+    live = set(live)
+    with _lock:
+        gone = [(i, _kept.pop(i), i in _tainted) for i in list(_kept) if i not in live]
+        for i, _, _ in gone:
+            _tainted.discard(i)
+    for _i, comm, tainted in gone:
+        _counts["dropped"] += 1
+        if tainted:
+            give_up(comm, failed=True)
+        else:
+            free(comm)
+
+
+def take(entry_id: str) -> Any:
+    """The kept communicator (or merge tree) ``entry_id``; Missing if this process has none."""
+    with _lock:
+        comm = _kept.get(entry_id)
+    if comm is None:
+        raise Missing(
+            f"the scheduler planned to duplicate kept communicator {entry_id}, which this worker does not hold"
+        )
+    return comm
+
+
+def put(entry_id: str, comm: Any) -> None:
+    _hook()
+    with _lock:
+        _kept[entry_id] = comm
+    _counts["kept"] += 1
+
+
+def taint(entry_id: str | None) -> None:
+    """The job on ``entry_id`` went wrong here: when dropped, the entry is left behind, not freed."""
+    if entry_id is None:
+        return
+    with _lock:
+        if entry_id in _kept:
+            _tainted.add(entry_id)
+
+
+def dup(comm: Any) -> Any:
+    """A duplicate of ``comm`` (collective over its members), as a construction (activation.py)."""
+    with GATE.building():
+        return comm.Dup()
+
+
+def count(what: str) -> None:
+    _counts[what] += 1
+
+
+def stats() -> dict:
+    """How this process built its job communicators: ``built`` (anew), ``reused`` (a Dup of a
+    kept one), ``kept`` (entries made), ``dropped``, and the ids held now."""
+    with _lock:
+        held = sorted(_kept)
+    return {**{k: _counts.get(k, 0) for k in ("built", "reused", "kept", "dropped")}, "held": held}
+
+
+def clear() -> None:
+    """Frees every entry (the session is about to be finalized)."""
+    with _lock:
+        gone = [(_kept.pop(i), i in _tainted) for i in list(_kept)]
+        _tainted.clear()
+    for comm, tainted in gone:
+        if not tainted:
+            free(comm)
+
+
+def _hook() -> None:
+    global _hooked
+    with _lock:
+        if _hooked:
+            return
+        _hooked = True
+    pool_mod.on_close(clear)
