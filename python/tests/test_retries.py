@@ -274,6 +274,17 @@ def running_attempt(sidecar, pid_dir, ranks, timeout=30.0):
     raise AssertionError(f"no attempt running with {ranks} ranks inside fn within {timeout} s: {sidecar.jobs()[-3:]}")
 
 
+def job_state(sidecar, job_id):
+    from dask_pmix import SidecarError
+
+    try:
+        return sidecar.job(job_id)["state"]
+    except SidecarError as e:
+        if e.status == 404:  # ended, released and forgotten
+            return "gone"
+        raise
+
+
 def kill_member(client, job, rank=-1):
     victim = sorted(job["members"], key=lambda m: m["rank"])[rank]["workerId"]
     pid = client.run(os.getpid, workers=[victim])[victim]
@@ -336,6 +347,9 @@ def test_a_member_killed_mid_job_is_run_again_and_the_result_is_right(cluster3, 
     assert victim not in [m["workerId"] for m in jobs[1]["members"]]
     events = [e for _, e in client.get_events(retries_mod.TOPIC) if e["family"] == family]
     assert [(e["attempt"], e["kind"], e["next"]) for e in events] == [(1, "member-lost", "retry")], events
+    # The dashboard names each attempt.
+    shown = {j["id"]: j.get("attempt") for j in sidecar._call("GET", "/v1/dashboard")["jobs"]}
+    assert [shown[j["id"]] for j in jobs] == [{"family": family, "number": n, "of": 2} for n in (1, 2)]
     assert list(events[0]["lost_workers"]) == [victim]
     print(f"killed {victim}: the second attempt returned {time.monotonic() - t0:.1f} s after the call")
 
@@ -351,13 +365,14 @@ def test_local_data_whose_holder_was_killed_is_computed_again_and_the_job_run_ag
     # Six pieces on two workers, free to be computed again elsewhere.
     data = [client.submit(make, i, 4, workers=[workers[i % 2]], allow_other_workers=True, pure=False) for i in range(6)]
     client.gather(data)
-    assert {w for ws in client.who_has(data).values() for w in ws} == set(workers[:2])
+    before = sorted({w for ws in client.who_has(data).values() for w in ws})
+    assert len(before) >= 2, before  # loose restrictions: mostly where asked
     pid_dir, marker = tmp_path / "pids", str(tmp_path / "killed")
     pid_dir.mkdir()
     fn = until_released(marker)
     thread, outcome = background(lambda: run_mpi(client, fn, str(pid_dir), local=data, impl=impl, retries=2))
-    first = running_attempt(sidecar, pid_dir, 2)
-    assert sorted(m["workerId"] for m in first["members"]) == workers[:2]
+    first = running_attempt(sidecar, pid_dir, len(before))
+    assert sorted(m["workerId"] for m in first["members"]) == before
     open(marker, "w").close()
     victim = kill_member(client, first, rank=0)
     thread.join(30)
@@ -449,3 +464,80 @@ def test_submit_mpi_futures_with_retries(cluster3, impl, tmp_path):
     with pytest.raises(MPIJobError, match="no luck on rank") as info:
         client.gather(futures)
     assert info.value.kind == Failure.RANK and len(info.value.attempts) == 1
+
+
+def test_a_timeout_of_the_job_is_not_run_again(cluster3, impl):
+    _, client, _ = cluster3
+    client.wait_for_workers(3, timeout=60)
+
+    def sleeps(comm):
+        import time
+
+        for _ in range(100):  # 5 s, past the job's timeout; the revoke ends it in its next Barrier
+            comm.Barrier()
+            time.sleep(0.05)
+
+    with pytest.raises(MPIJobError, match="time") as info:
+        run_mpi(client, sleeps, n=2, impl=impl, timeout=1, retries=2)
+    assert info.value.kind == Failure.TIMEOUT and len(info.value.attempts) == 1
+
+
+def test_cancelling_submit_mpi_futures_ends_the_running_attempt(cluster3, impl, tmp_path):
+    _, client, sidecar = cluster3
+    client.wait_for_workers(3, timeout=60)
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    futures = submit_mpi(client, until_released(str(tmp_path / "never")), str(pid_dir), n=2, impl=impl, retries=1)
+    t0 = time.monotonic()
+    first = running_attempt(sidecar, pid_dir, 2)
+    t1 = time.monotonic()
+    client.cancel(futures)
+    deadline = time.monotonic() + 10
+    while (state := job_state(sidecar, first["id"])) in ("pending", "wiring", "running"):
+        assert time.monotonic() < deadline, state
+        time.sleep(0.05)
+    print(f"attempt running after {t1 - t0:.2f} s; ended {time.monotonic() - t1:.2f} s after the cancel")
+    time.sleep(0.5)
+    # No second attempt (the first, ended by the cancel, is forgotten by the sidecar).
+    assert [j["labels"][ATTEMPT] for j in family_jobs(sidecar, first["labels"][FAMILY])] in ([], ["1"])
+    assert not [e for _, e in client.get_events(retries_mod.TOPIC) if e["family"] == first["labels"][FAMILY]]
+    assert all(f.cancelled() for f in futures)
+
+
+def test_map_blocks_mpi_runs_again_over_the_blocks_holders_after_one_was_killed(cluster3, impl, tmp_path):
+    import dask.array as da
+
+    from dask_pmix import map_blocks_mpi
+
+    _, client, sidecar = cluster3
+    client.wait_for_workers(3, timeout=60)
+    from distributed import wait
+
+    x = da.arange(30.0, chunks=5).persist()
+    wait(x)
+    pid_dir, marker = tmp_path / "pids", str(tmp_path / "killed")
+    pid_dir.mkdir()
+    members = sorted({w for ws in client.who_has(x).values() for w in ws})
+    assert len(members) >= 2, members
+
+    def double(comm, blocks):
+        import os
+        import time
+        import uuid
+
+        open(os.path.join(str(pid_dir), f"{comm.rank}-{uuid.uuid4().hex}"), "w").close()
+        if not os.path.exists(marker):
+            for _ in range(300):
+                comm.Barrier()
+                time.sleep(0.05)
+        total = comm.allreduce(float(sum(b.data.sum() for b in blocks)))
+        return {b.index: b.data * 2 + 0 * total for b in blocks}
+
+    thread, outcome = background(lambda: map_blocks_mpi(double, x, impl=impl, retries=1).compute())
+    first = running_attempt(sidecar, pid_dir, len(members))
+    open(marker, "w").close()
+    kill_member(client, first)
+    thread.join(30)
+    assert "error" not in outcome, outcome.get("error")
+    np.testing.assert_array_equal(outcome["value"], np.arange(30.0) * 2)
+    assert [j["state"] for j in family_jobs(sidecar, first["labels"][FAMILY])] == ["failed", "completed"]

@@ -93,6 +93,12 @@ function chart(id, height, config) {
   return charts[id];
 }
 
+// A job that is an attempt of a family (run_mpi's retries): "attempt 2 of 3 of r1a2b...".
+function attemptText(j) {
+  const a = j.attempt;
+  return a ? `attempt ${a.number}${a.of ? ` of ${a.of}` : ''} of ${a.family}` : '';
+}
+
 // The timeline: one row per worker, one bar per job it was a member of, from the job's start
 // (or creation) to its end (or now), coloured by outcome and mode.
 function showTimeline(view) {
@@ -114,6 +120,7 @@ function showTimeline(view) {
         x: [start, Math.max(end, start + span / 200)],
         y: short(m.workerId),
         job: j.id,
+        attempt: attemptText(j),
         rank: m.rank,
         mode: j.mode,
         impl: j.impl,
@@ -160,7 +167,8 @@ function showTimeline(view) {
             label: (c) => {
               const d = c.raw;
               return (
-                `${d.job} rank ${d.rank}: ${d.mode}, ${d.impl}, ${d.state} (${(d.x[1] - d.x[0]).toFixed(2)} s)` +
+                `${d.job}${d.attempt ? ` (${d.attempt})` : ''} rank ${d.rank}: ${d.mode}, ${d.impl}, ${d.state} ` +
+                `(${(d.x[1] - d.x[0]).toFixed(2)} s)` +
                 (d.error ? ` — ${d.error}` : '')
               );
             },
@@ -264,7 +272,7 @@ function showTables(view) {
     'jobs',
     view.jobs.slice(0, MAX_JOBS),
     (j) => [
-      j.id,
+      j.id + (j.attempt ? ` (${attemptText(j)})` : ''),
       [j.state, `state ${j.state}`],
       j.impl,
       j.mode + (j.modeReason ? ` (${j.modeReason})` : ''),

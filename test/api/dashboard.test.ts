@@ -2,7 +2,7 @@
 // pose as a worker; PUT /v1/traffic records the workers' comm bytes; a fork job's
 // namespace is a credential, so readers without the token never see it.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { redact } from '../../src/api/routes/dashboard.js';
+import { attemptOf, redact } from '../../src/api/routes/dashboard.js';
 import { type ApiFixture, apiFixture, worker } from './fixture.js';
 
 let fx: ApiFixture;
@@ -42,6 +42,26 @@ describe('GET /v1/dashboard', () => {
       [1, 'd2'],
     ]);
     await fx.call('DELETE', `/v1/jobs/${job.id}`);
+  });
+
+  it("names the attempt of a job that run_mpi's retries labelled, and only of such a job", async () => {
+    await fx.call('POST', '/v1/workers', worker('a1', 'h1'));
+    await fx.call('POST', '/v1/workers', worker('a2', 'h2'));
+    const labels = { 'dask-pmix.family': 'r0123456789ab', 'dask-pmix.attempt': '2', 'dask-pmix.attempts': '3' };
+    const job = (await fx.call('POST', '/v1/jobs', { impl: 'openmpi', members: ['a1'], labels })).body;
+    const plain = (await fx.call('POST', '/v1/jobs', { impl: 'openmpi', members: ['a2'] })).body;
+    const jobs = (await fx.call('GET', '/v1/dashboard')).body.jobs;
+    expect(jobs.find((j: { id: string }) => j.id === job.id).attempt).toEqual({
+      family: 'r0123456789ab',
+      number: 2,
+      of: 3,
+    });
+    expect(jobs.find((j: { id: string }) => j.id === plain.id)).not.toHaveProperty('attempt');
+    expect(attemptOf({ 'dask-pmix.family': 'f', 'dask-pmix.attempt': 'x' })).toBeUndefined();
+    expect(attemptOf({ 'dask-pmix.attempt': '1' })).toBeUndefined();
+    expect(attemptOf({ 'dask-pmix.family': 'f', 'dask-pmix.attempt': '1' })).toEqual({ family: 'f', number: 1 });
+    await fx.call('DELETE', `/v1/jobs/${job.id}`);
+    await fx.call('DELETE', `/v1/jobs/${plain.id}`);
   });
 
   it('wants the token as the other reads do', async () => {

@@ -60,7 +60,7 @@ async def with_retries(
     retries: int,
     attempt: Callable[[dict[str, str] | None], Awaitable[T]],
     *,
-    settle_with: Callable[[list[str]], Awaitable[None]] | None = None,
+    settle_with: Callable[[MPIJobError], Awaitable[None]] | None = None,
     family: str | None = None,
 ) -> T:
     """``attempt(labels)`` once, and again up to ``retries`` times while it fails with a lost
@@ -92,9 +92,8 @@ async def with_retries(
             failed.kind,
             failed,
         )
-        lost = list(failed.lost_workers or ([failed.worker] if failed.worker else []))
-        if settle_with is not None and lost:
-            await settle_with(lost)
+        if settle_with is not None:
+            await settle_with(failed)
     raise failed.with_attempts(errors) if len(errors) > 1 else failed
 
 
@@ -117,20 +116,30 @@ async def _log(client, e: MPIJobError, attempts: int, then: str) -> None:
         logger.debug("dask-pmix: could not log the attempt: %r", exc)
 
 
-async def settle(client, workers: list[str], plugin_waits: bool) -> None:
-    """Waits (within SETTLE s) until Dask has removed ``workers`` and the sidecar has heard of it.
-    Pushed: the plugin answers when they are gone (Scheduler.WORKERS_GONE); an older plugin
+async def settle(client, failed: MPIJobError, plugin_waits: bool) -> None:
+    """Waits (within SETTLE s) until Dask has removed the workers whose loss failed the attempt,
+    the sidecar has heard of it, and every member of the failed job has left it (a member still
+    inside MPI is replaced by dask-pmix, its data moved, before the next attempt chooses its
+    members). Pushed: the plugin answers when that is so (Scheduler.WORKERS_GONE); an older plugin
     without that handler is not waited for."""
-    if not workers or not plugin_waits:
+    lost = list(failed.lost_workers or ([failed.worker] if failed.worker else []))
+    if not plugin_waits or not (lost or failed.job_id):
         return
     try:
-        answer = await getattr(client.scheduler, Scheduler.WORKERS_GONE)(workers=list(workers), wait=SETTLE)
+        answer = await getattr(client.scheduler, Scheduler.WORKERS_GONE)(
+            workers=lost, wait=SETTLE, job_id=failed.job_id or None
+        )
     except Exception as exc:  # noqa: BLE001 - the next attempt says what is wrong, if anything
         logger.debug("dask-pmix: waiting for the lost workers failed: %r", exc)
         return
-    left = (answer or {}).get("left") or []
-    if left:
-        logger.info("dask-pmix: %s still in the cluster %g s after their loss; running the job again", left, SETTLE)
+    left, inside = (answer or {}).get("left") or [], (answer or {}).get("members") or []
+    if left or inside:
+        logger.info(
+            "dask-pmix: %g s after the loss, %s still in the cluster and %s still in the failed job; running it again",
+            SETTLE,
+            left,
+            inside,
+        )
 
 
 async def held_now(client, futures: list, bound: float = SETTLE) -> dict:

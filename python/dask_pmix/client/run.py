@@ -205,6 +205,17 @@ async def _start_job(
     )
     if "error" in created:
         pickling.cancel()
+        gone = sorted(await _gone_workers(client, workers)) if local_by_worker is not None and workers else []
+        if gone:
+            # A holder of the local= data left between the look-up and the request: Dask computes
+            # or moves what it held (a retry looks again).
+            raise MPIJobError(
+                f"worker {gone[0]}, which held local= data, left the cluster before the job started "
+                f"(the sidecar said: {created['error']})",
+                worker=gone[0],
+                kind=Failure.MEMBER_LOST,
+                lost_workers=gone,
+            )
         raise MPIJobError(created["error"], kind=Failure.REFUSED)
     job = created["job"]
     mpi_job = MPIJob(client, job, [])
@@ -725,11 +736,12 @@ def run_mpi(
     return _sync(client, fallbacks, run)
 
 
-def _settler(client) -> Callable[[list[str]], Any]:
-    """What a retry waits for: Dask to have removed the lost workers (bounded), where the plugin can say."""
+def _settler(client) -> Callable[[MPIJobError], Any]:
+    """What a retry waits for (retries.settle): the lost workers gone and the failed job's members
+    out of it (bounded), where the plugin can say."""
 
-    async def wait(workers: list[str]) -> None:
-        await settle(client, workers, bool(_plugin_settles.get(client)))
+    async def wait(failed: MPIJobError) -> None:
+        await settle(client, failed, bool(_plugin_settles.get(client)))
 
     return wait
 

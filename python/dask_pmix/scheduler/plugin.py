@@ -28,7 +28,17 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .. import config
 from ..errors import MPIJobError, SidecarError
-from ..protocol import QUEUED_ANNOTATION, RANK_KEY, SCHEDULER_PLUGIN, WORKER_PLUGIN, Remote, Scheduler, Stream, Topic
+from ..protocol import (
+    MEMBER_CONNECTED,
+    QUEUED_ANNOTATION,
+    RANK_KEY,
+    SCHEDULER_PLUGIN,
+    WORKER_PLUGIN,
+    Remote,
+    Scheduler,
+    Stream,
+    Topic,
+)
 from ..rest import AsyncSidecarClient
 from . import dashboard, queued
 from .comm_cache import CommCache
@@ -318,6 +328,7 @@ class SidecarPlugin(SchedulerPlugin):
             # Members that left a failed job keep MPI progressing until the others have left too.
             if entry is not None and not entry.active:
                 self._push(entry)
+                self._wake_gone()
         elif kind == "workerStateChanged":
             changed = body.get("workerStateChanged") or {}
             self.jobs.worker_state(changed.get("workerId", ""), changed.get("to", ""), changed.get("jobId"))
@@ -444,8 +455,7 @@ class SidecarPlugin(SchedulerPlugin):
         self._listening.discard(worker)
         self.joining.gone(worker)
         self.comm_cache.worker_left(worker)
-        for waiter in self._gone_waiters:
-            waiter.set()
+        self._wake_gone()
         pending = self._registrations.pop(worker, None)
         host, nanny = self._known.pop(worker, ("", False))
         replacing = self.replacer is not None and self.replacer.replacing(worker)
@@ -852,16 +862,29 @@ class SidecarPlugin(SchedulerPlugin):
         except SidecarError as e:
             return {"id": job_id, "error": str(e)}
 
-    async def workers_gone(self, workers: list[str], wait: float = 10.0) -> dict:
-        """Answers once Dask has removed every one of `workers` and the sidecar has heard of it, or
-        after `wait` s, with those still there ({"left": [...]}): a job retried after a member was
-        lost is chosen among the workers there are then (run_mpi's retries)."""
+    def _wake_gone(self) -> None:
+        for waiter in self._gone_waiters:
+            waiter.set()
+
+    async def workers_gone(self, workers: list[str], wait: float = 10.0, job_id: str | None = None) -> dict:
+        """Answers once Dask has removed every one of `workers` and the sidecar has heard of it, and
+        every member of the ended job `job_id` has left it, or after `wait` s, with the workers
+        still there ({"left": [...]}, and "members": those still in the job): a job retried after a
+        member was lost is chosen among the workers there are then (run_mpi's retries), and not on
+        a member still inside the failed job (MPICH in process cannot revoke: such a member is
+        replaced, its data moved, a few seconds after the failure)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(0.0, float(wait))
         while True:
             left = [w for w in workers if w in self.scheduler.workers]
+            entry = self.jobs.get(job_id) if job_id else None
+            inside = (
+                [m["workerId"] for m in entry.view.get("members") or () if m.get("state") == MEMBER_CONNECTED]
+                if entry is not None and not entry.active
+                else []
+            )
             remaining = deadline - loop.time()
-            if not left or remaining <= 0:
+            if not (left or inside) or remaining <= 0:
                 break
             waiter = asyncio.Event()
             self._gone_waiters.add(waiter)
@@ -874,7 +897,7 @@ class SidecarPlugin(SchedulerPlugin):
         removing = [self._removals[w] for w in workers if w in self._removals]
         if removing:
             await asyncio.wait(removing, timeout=max(0.1, deadline - loop.time()))
-        return {"left": left}
+        return {"left": left, "members": inside}
 
     async def join_job(self, job_id: str, worker: str, wait: float = 10.0, ports: dict | None = None) -> dict:
         """An in-process member is there; answers when every member is (ready), or after at most

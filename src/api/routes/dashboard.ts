@@ -53,9 +53,23 @@ export function redact(text: string): string {
   return text.replace(/dask-pmix\.[A-Za-z0-9._-]+/g, '<namespace>').replace(/\bpid[ =:]?\d+/gi, 'pid');
 }
 
+/**
+ * Which attempt of a family a job is (run_mpi's retries label each attempt's job: the client's
+ * dask_pmix/client/retries.py), or undefined for a job that is no attempt.
+ */
+export function attemptOf(labels: Readonly<Record<string, string>> | undefined) {
+  const family = labels?.['dask-pmix.family'];
+  const number = Number(labels?.['dask-pmix.attempt']);
+  const of = Number(labels?.['dask-pmix.attempts']);
+  if (!family || !Number.isInteger(number) || number < 1) return undefined;
+  return { family: redact(family), number, ...(Number.isInteger(of) && of >= number ? { of } : {}) };
+}
+
 function jobView(j: Readonly<Job>) {
+  const attempt = attemptOf(j.labels);
   return {
     id: j.id,
+    ...(attempt ? { attempt } : {}),
     impl: j.impl,
     mode: j.mode,
     ...(j.modeReason ? { modeReason: redact(j.modeReason) } : {}),
