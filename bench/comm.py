@@ -16,9 +16,20 @@
 4. Communicator design: building one pair communicator (the first time two workers meet, and
    again) against building one communicator over every worker (what a per-pool-generation
    communicator costs each time the pool changes).
+5. Whole tasks, what users feel (--only tasks, bench/results/comm-tasks.json): a consumer task on
+   worker B reading results made on worker A, timed from the client's submit to its result; one
+   dependency of 1 KiB, 1 MiB, 64 MiB and 512 MiB, 8 dependencies of 8 MiB from 3-4 other workers,
+   and a rechunk of a 2 GiB array across 4 workers (dask's task rechunk: slices and concatenations,
+   no arithmetic). Pair kinds: the consumer in the cohort (workers started together), a late
+   joiner (added 20 s after the cohort joined the pool), a worker restarted by its nanny; the
+   producers are cohort members. One LocalCluster per scheme, each in its own driver process and
+   both alive for the whole run, so the schemes alternate round by round; per row the CPU time
+   per task of the consumer, the producers and the scheduler's process, and the fraction of a
+   memcpy of the same bytes into fresh memory measured in the consumer in the same run.
 
     .venv/bin/python bench/comm.py                 # writes bench/results/comm.json
     .venv/bin/python bench/comm.py --quick         # smaller and fewer, for a smoke run
+    .venv/bin/python bench/comm.py --only tasks    # writes bench/results/comm-tasks.json
 
 Workers join MPI through the in-process pool when dask_pmix.pool is there (--cluster pool), or
 are started by Open MPI's launcher and join its world (--cluster launcher).
@@ -347,16 +358,382 @@ def bench_communicators(kind, n: int, repeat: int):
                 "generation_first_s": gen_t[0], "generation_median_s": statistics.median(gen_t[1:] or gen_t)}
 
 
+# --- 5. whole tasks: a consumer on B reading a result made on A -----------------------------------
+# One driver process per scheme (a LocalCluster, its scheduler and its sidecar plugin: one process
+# holds one cluster, see bench/cohort.py), both alive for the whole run so that the two schemes'
+# rows alternate within minutes of each other. The coordinator (this process) talks to each driver
+# over its stdin/stdout, one JSON line per command.
+TASK_COHORT = 5          # workers that start together; one of them is restarted by its nanny later
+LATE_AFTER = 20.0        # seconds after the cohort joined the pool that the late joiner is added
+TASK_ROWS = {            # row -> (dependency bytes, number of dependencies)
+    "1 KiB": (KiB, 1), "1 MiB": (MiB, 1), "64 MiB": (64 * MiB, 1), "512 MiB": (512 * MiB, 1),
+    "8 x 8 MiB": (8 * MiB, 8),
+}
+RECHUNK_SHAPE, RECHUNK_IN, RECHUNK_OUT = (16384, 16384), (2048, 16384), (16384, 2048)  # 2 GiB of float64
+
+
+def _make(nbytes, salt):
+    return np.ones(nbytes, dtype="u1")
+
+
+def _consume(*xs):
+    return sum(x.nbytes for x in xs)
+
+
+def _rechunk_block(i, rows, cols):
+    return np.ones((rows, cols), dtype="f8")
+
+
+def _local_peers_and_rank():
+    from dask_pmix.comm.link import current_link
+
+    link = current_link()
+    return None if link is None else {"rank": link.rank, "local_peers": sorted(link.local_peers)}
+
+
+def _copy_times(sizes, repeat):
+    """Seconds of numpy's copy of each size into fresh memory (allocation and page faults included),
+    median of `repeat`, in this worker."""
+    out = {}
+    for n in sizes:
+        src = np.ones(n, dtype="u1")
+        ts = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            dst = np.empty(n, dtype="u1")
+            dst[:] = src
+            ts.append(time.perf_counter() - t0)
+            del dst
+        out[str(n)] = statistics.median(ts)
+    return out
+
+
+def _cpu_seconds(pid: int) -> float:
+    """CPU time of a process's live threads in seconds, to the nanosecond (/proc/PID/task/*/schedstat;
+    /proc/PID/stat counts in 10 ms ticks)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return total / 1e9
+
+
+class _TaskCluster:
+    """The driver's cluster: a cohort of TASK_COHORT workers, one worker added LATE_AFTER seconds
+    later, and the cohort's last worker restarted by its nanny; roles by address."""
+
+    def __init__(self, protocol: str, n_cohort: int = TASK_COHORT, late_after: float = LATE_AFTER):
+        os.environ.setdefault("OMPI_MCA_btl_tcp_if_include", "lo")
+        self.protocol = protocol
+        self.cluster = LocalCluster(n_workers=n_cohort, threads_per_worker=2, protocol=protocol, host="127.0.0.1",
+                                    dashboard_address=":0", memory_limit="6GiB")
+        self.client = client = Client(self.cluster)
+        client.register_plugin(dask_pmix.SidecarPlugin())
+        dask_pmix.wait_for_plugin(client)
+        _wait_in_pool(client, n_cohort)
+        joined = time.monotonic()
+        cohort = sorted(client.scheduler_info()["workers"])
+        client.wait_for_workers(n_cohort)
+        time.sleep(max(0.0, late_after - (time.monotonic() - joined)))
+        self.cluster.scale(n_cohort + 1)
+        client.wait_for_workers(n_cohort + 1, timeout=120)
+        late = (set(client.scheduler_info()["workers"]) - set(cohort)).pop()
+        victim = cohort[-1]
+        client.restart_workers([victim])
+        deadline = time.monotonic() + 120
+        while True:
+            now = set(client.scheduler_info()["workers"])
+            fresh = now - set(cohort) - {late}
+            if fresh and victim not in now:
+                break
+            assert time.monotonic() < deadline, now
+            time.sleep(0.2)
+        restarted = fresh.pop()
+        ranks = client.run(_pool_rank, 120)
+        assert None not in ranks.values(), ranks
+        self.roles = {"cohort": cohort[:-1], "late": late, "restarted": restarted}
+        # consumer and producers of each pair kind: the producers are cohort members
+        c = self.roles["cohort"]
+        self.consumer = {"cohort": c[0], "late": late, "restarted": restarted}
+        self.producers = {"cohort": c[1:], "late": c, "restarted": c}
+        self.rechunk_workers = {"cohort": c[:4], "mixed": [c[0], c[1], late, restarted]}
+
+    def info(self):
+        return {"protocol": self.protocol, "roles": self.roles,
+                "mpi": self.client.run(_local_peers_and_rank),
+                "paths": {w: s.get("paths") for w, s in self.client.run(dask_pmix.comm_stats).items()}}
+
+    def _procs(self, workers):
+        if not hasattr(self, "_pids"):
+            self._pids = {}
+        missing = [w for w in workers if w not in self._pids]
+        if missing:
+            self._pids.update(self.client.run(os.getpid, workers=missing))
+        return {w: self._pids[w] for w in workers}
+
+    @staticmethod
+    def _cpu(pids):
+        return {w: _cpu_seconds(pid) for w, pid in pids.items()}
+
+    def task(self, kind: str, row: str, iters: int):
+        """`iters` whole tasks, one after the other: the consumer on its worker reading its
+        dependencies, made beforehand (not timed) on the producers. Seconds per task, and the CPU
+        seconds that the batch took in the consumer, the producers and this process (the scheduler,
+        the client and the nannies)."""
+        nbytes, ndeps = TASK_ROWS[row]
+        client, b = self.client, self.consumer[kind]
+        producers = self.producers[kind]
+        used = sorted({producers[i % len(producers)] for i in range(ndeps)})
+        batch = [[client.submit(_make, nbytes, (time.time_ns(), it, i), workers=[producers[i % len(producers)]],
+                                allow_other_workers=False, pure=False) for i in range(ndeps)] for it in range(iters)]
+        wait([d for deps in batch for d in deps])
+        procs = self._procs([b, *used])
+        c0, m0 = self._cpu(procs), _cpu_seconds(os.getpid())
+        out = []
+        for deps in batch:
+            t0 = time.perf_counter()
+            got = client.submit(_consume, *deps, workers=[b], allow_other_workers=False, pure=False).result()
+            out.append(time.perf_counter() - t0)
+            assert got == nbytes * ndeps, got
+        c1, m1 = self._cpu(procs), _cpu_seconds(os.getpid())
+        del batch
+        cpu = {"consumer": c1[b] - c0[b], "producers": sum(c1[w] - c0[w] for w in used), "scheduler": m1 - m0}
+        return {"seconds": out, "cpu_s": cpu}
+
+    def rechunk(self, kind: str, iters: int):
+        import dask
+        import dask.array as da
+
+        client, ws = self.client, self.rechunk_workers[kind]
+        rows, cols = RECHUNK_IN
+        n = RECHUNK_SHAPE[0] // rows
+        out = []
+        for _ in range(iters):
+            blocks = [client.submit(_rechunk_block, (time.time_ns(), i), rows, cols, workers=[ws[i % len(ws)]],
+                                    allow_other_workers=False, pure=False) for i in range(n)]
+            wait(blocks)
+            x = da.concatenate([da.from_delayed(dask.delayed(f), shape=RECHUNK_IN, dtype="f8") for f in blocks])
+            y = x.rechunk(RECHUNK_OUT, method="tasks")
+            t0 = time.perf_counter()
+            y = client.persist(y, workers=ws, allow_other_workers=False)
+            wait(y)
+            out.append(time.perf_counter() - t0)
+            assert float(y[:, :1].sum().compute()) == RECHUNK_SHAPE[0]
+            del y, x, blocks
+        return {"seconds": out}
+
+    def copy(self, kind: str, sizes, repeat: int):
+        b = self.consumer.get(kind) or self.rechunk_workers[kind][0]
+        return self.client.run(_copy_times, sizes, repeat, workers=[b])[b]
+
+    def stats(self):
+        return self.client.run(dask_pmix.comm_stats)
+
+    def close(self):
+        self.client.close()
+        self.cluster.close()
+
+
+def task_driver(protocol: str) -> None:
+    """`bench/comm.py --task-driver PROTOCOL`: one JSON command per stdin line, one answer per line."""
+    real_stdout = sys.stdout
+    sys.stdout = sys.stderr  # nothing but answers on the pipe
+    tc = _TaskCluster(protocol)
+    real_stdout.write(json.dumps({"ready": True}) + "\n")
+    real_stdout.flush()
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        op = cmd.pop("op")
+        if op == "quit":
+            break
+        try:
+            answer = {"ok": getattr(tc, op)(**cmd)}
+        except Exception as e:  # noqa: BLE001 - told to the coordinator
+            import traceback
+
+            answer = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+        real_stdout.write(json.dumps(answer) + "\n")
+        real_stdout.flush()
+    tc.close()
+
+
+class _Driver:
+    def __init__(self, protocol: str, log):
+        self.protocol = protocol
+        self.proc = subprocess.Popen([sys.executable, __file__, "--task-driver", protocol], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1)
+
+    def ready(self):
+        line = self.proc.stdout.readline()
+        assert line and json.loads(line).get("ready"), f"{self.protocol} driver did not start (see its log)"
+
+    def __call__(self, op: str, **kw):
+        self.proc.stdin.write(json.dumps({"op": op, **kw}) + "\n")
+        self.proc.stdin.flush()
+        answer = json.loads(self.proc.stdout.readline())
+        if "error" in answer:
+            raise RuntimeError(f"{self.protocol} {op}: {answer['error']}\n{answer['traceback']}")
+        return answer["ok"]
+
+    def close(self):
+        try:
+            self.proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
+            self.proc.stdin.close()
+            self.proc.wait(60)
+        except Exception:  # noqa: BLE001
+            self.proc.kill()
+
+
+def _task_plan(args) -> list[tuple[str, str, str, int, int]]:
+    """(op, row, kind, rounds, tasks per round) of every row, in the order they run."""
+    rows = [r for r in TASK_ROWS if not args.quick or r != "512 MiB"]
+    if args.task_rows:
+        rows = [r for r in rows if r in args.task_rows.split(",")]
+    plan = []
+    for row in rows:
+        nbytes, ndeps = TASK_ROWS[row]
+        total = nbytes * ndeps
+        # small rows: many short rounds (the machine's load moves faster than a long batch)
+        rounds, iters = (24, 3) if total <= MiB else (8, 3) if total <= 64 * MiB else (5, 2)
+        for kind in ("cohort", "late", "restarted"):
+            plan.append(("task", row, kind, args.task_rounds or rounds, args.task_iters or iters))
+    if not args.quick and (not args.task_rows or "rechunk" in args.task_rows.split(",")):
+        for kind in ("cohort", "mixed"):
+            plan.append(("rechunk", "rechunk 2 GiB", kind, args.task_rounds or 3, 1))
+    return plan
+
+
+def bench_tasks(args) -> dict:
+    """Both clusters live through the whole run. The plan of rows runs twice (two alternations, the
+    second in the other scheme order); in each, every row is `rounds` rounds (24 of 3 tasks up to
+    1 MiB, 8 of 3 up to 64 MiB, 5 of 2 above, 3 rechunks), each running the same batch on the tcp://
+    cluster and on the tcp+mpi:// cluster back to back, the order swapped every round. Per scheme
+    and alternation: the median of every task of the row; a row's figure is the better (lower) of
+    its two alternations, its ratio tcp:// over tcp+mpi:// seconds of those (above 1: tcp+mpi:// is
+    faster); the median of the rounds' paired ratios is kept beside it."""
+    schemes = ("tcp://", "tcp+mpi://")
+    log = open(args.out + ".log", "w")  # noqa: SIM115
+    drivers = {s: _Driver(s, log) for s in schemes}
+    out: dict = {"rows": [], "rechunk": []}
+    try:
+        for d in drivers.values():
+            d.ready()
+        out["clusters"] = {s: d("info") for s, d in drivers.items()}
+        kinds = ("cohort", "late", "restarted")
+        copy_sizes = sorted({n for n, _ in TASK_ROWS.values()} | {64 * MiB})
+        out["copy_before"] = {s: {k: d("copy", kind=k, sizes=copy_sizes, repeat=7) for k in kinds}
+                              for s, d in drivers.items()}
+        plan = _task_plan(args)
+        passes: list[list[dict]] = []
+        for alternation in range(2):
+            first = schemes if alternation == 0 else tuple(reversed(schemes))
+            got = []
+            for op, row, kind, rounds, iters in plan:
+                kw = {"kind": kind, "iters": iters} if op == "rechunk" else {"kind": kind, "row": row, "iters": iters}
+                got.append(_paired(drivers, first, rounds, op, kw, alternation))
+            passes.append(got)
+        for i, (op, row, kind, rounds, iters) in enumerate(plan):
+            nbytes, ndeps = TASK_ROWS.get(row, (2 * GiB, 1))
+            entry = {"row": row, "kind": kind, "bytes": nbytes * ndeps, "deps": ndeps, "rounds": rounds,
+                     "tasks_per_round": iters}
+            if op == "rechunk":
+                entry.update(workers=4, method="tasks", chunks={"from": RECHUNK_IN, "to": RECHUNK_OUT})
+            entry["alternations"] = [p[i] for p in passes]
+            for s in schemes:
+                meds = [a[s]["median_s"] for a in entry["alternations"]]
+                entry[s] = {"better_s": min(meds), "alternation_medians_s": meds}
+                if all("cpu_ms_per_task" in a[s] for a in entry["alternations"]):
+                    entry[s]["cpu_ms_per_task"] = {
+                        k: statistics.mean(a[s]["cpu_ms_per_task"][k] for a in entry["alternations"])
+                        for k in entry["alternations"][0][s]["cpu_ms_per_task"]}
+            entry["ratio"] = entry["tcp://"]["better_s"] / entry["tcp+mpi://"]["better_s"]
+            entry["ratio_paired_median"] = statistics.median(
+                r for a in entry["alternations"] for r in a["paired_ratios"])
+            (out["rechunk"] if op == "rechunk" else out["rows"]).append(entry)
+        out["copy_after"] = {s: {k: d("copy", kind=k, sizes=copy_sizes, repeat=7) for k in kinds}
+                             for s, d in drivers.items()}
+        out["comm_stats"] = {s: d("stats") for s, d in drivers.items()}
+    finally:
+        for d in drivers.values():
+            d.close()
+        log.close()
+    _task_summary(out)
+    return out
+
+
+def _paired(drivers, first, rounds, op, kw, alternation):
+    """One alternation of one row: `rounds` rounds, each the same batch on both clusters, the order
+    swapped every round (`first` leads the even rounds)."""
+    per: dict = {s: [] for s in first}
+    cpu: dict = {s: {} for s in first}
+    for rnd in range(rounds):
+        for s in (first if rnd % 2 == 0 else tuple(reversed(first))):
+            got = drivers[s](op, **kw)
+            per[s].append(got["seconds"])
+            for k, v in got.get("cpu_s", {}).items():
+                cpu[s][k] = cpu[s].get(k, 0.0) + v
+    res: dict = {"alternation": alternation, "load_avg_1m": os.getloadavg()[0]}
+    for s, rs in per.items():
+        samples = [x for r in rs for x in r]
+        res[s] = {"median_s": statistics.median(samples), "samples_s": rs}
+        if cpu[s]:
+            res[s]["cpu_ms_per_task"] = {k: v / len(samples) * 1e3 for k, v in cpu[s].items()}
+    res["paired_ratios"] = [statistics.median(a) / statistics.median(b)
+                            for a, b in zip(per["tcp://"], per["tcp+mpi://"])]
+    print(json.dumps({"op": op, **kw, "alternation": alternation, "load": res["load_avg_1m"],
+                      **{s: round(res[s]["median_s"] * 1e3, 2) for s in per}}), flush=True)
+    return res
+
+
+def _task_summary(out):
+    """Transfer-only times (minus the same kind's 1 KiB task) and each row as a fraction of a copy of
+    its bytes into fresh memory (numpy, allocation and page faults included), measured in the
+    consumer worker of the same cluster in the same run (median of before and after): 1.0 would be a
+    task that costs no more than copying its dependencies once."""
+    small = {(r["kind"]): r for r in out["rows"] if r["row"] == "1 KiB"}
+    for r in out["rows"] + out["rechunk"]:
+        kind = r["kind"] if r["kind"] in ("cohort", "late", "restarted") else "cohort"
+        for s in ("tcp://", "tcp+mpi://"):
+            copies = [out[w][s][kind] for w in ("copy_before", "copy_after")]
+            per_byte = statistics.median(c[str(64 * MiB)] for c in copies) / (64 * MiB)
+            one = str(r["bytes"] // r.get("deps", 1))
+            if one in copies[0]:  # the copy of one dependency's size, once per dependency
+                copy_s = statistics.median(c[one] for c in copies) * r.get("deps", 1)
+            else:  # the rechunk: at the 64 MiB copy's rate
+                copy_s = per_byte * r["bytes"]
+            r[s]["copy_s"] = copy_s
+            r[s]["fraction_of_copy"] = copy_s / r[s]["better_s"]
+            if r["kind"] in small and r["row"] != "1 KiB":
+                transfer = r[s]["better_s"] - small[r["kind"]][s]["better_s"]
+                r[s]["transfer_s"] = transfer
+                r[s]["transfer_fraction_of_copy"] = copy_s / transfer if transfer > 0 else None
+        if "transfer_s" in r["tcp://"] and r["tcp+mpi://"]["transfer_s"] > 0:
+            r["transfer_ratio"] = r["tcp://"]["transfer_s"] / r["tcp+mpi://"]["transfer_s"]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cluster", default="pool" if _have_pool() else "launcher")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "comm.json"))
     ap.add_argument("--idle-seconds", type=float, default=10)
-    ap.add_argument("--only", default="get_data,workloads,communicators")
+    ap.add_argument("--only", default="get_data,workloads,communicators", help="sections, comma-separated; "
+                    "also: tasks (whole tasks, written to bench/results/comm-tasks.json)")
     ap.add_argument("--sizes", help="get_data sizes in bytes, comma-separated (e.g. 65536,1MiB)")
     ap.add_argument("--rounds", type=int, help="workload rounds (each: one cluster per protocol)")
+    ap.add_argument("--task-rounds", type=int, help="whole-task rows: alternations per row (default by size)")
+    ap.add_argument("--task-iters", type=int, help="whole-task rows: tasks per batch (default by size)")
+    ap.add_argument("--task-rows", help="whole-task rows to run, comma-separated (e.g. '1 KiB,1 MiB,rechunk')")
+    ap.add_argument("--task-driver", help=argparse.SUPPRESS)
+    ap.add_argument("--note", default="", help="what else ran on the machine (recorded with the results)")
     args = ap.parse_args()
+    if args.task_driver:
+        return task_driver(args.task_driver)
+    if args.only == "tasks" and args.out == str(ROOT / "bench" / "results" / "comm.json"):
+        args.out = str(ROOT / "bench" / "results" / "comm-tasks.json")
     if args.quick:
         sizes, budget = [KiB, MiB, 64 * MiB], 256 * MiB
         args.array_n, args.array_chunk = 4096, 1024
@@ -396,6 +773,11 @@ def main():
         result["workloads"] = bench_workloads(args.cluster, args)
     if "communicators" in only:
         result["communicators"] = bench_communicators(args.cluster, 4, 5)
+    if "tasks" in only:
+        result["machine"] = args.note or "shared 2-core machine (4 other engineers' builds and tests beside it)"
+        result["git"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                       text=True).stdout.strip()
+        result["tasks"] = bench_tasks(args)
     result["load_avg_at_end"] = os.getloadavg()
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.out}")
