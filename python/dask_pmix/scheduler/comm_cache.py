@@ -37,6 +37,9 @@ from dataclasses import dataclass
 
 # Plans remembered for jobs still running (or whose end the plugin has not seen).
 PLANS_KEPT = 4096
+# What the cache did lately (for tests and the curious): ("plan", job, use, keep), ("end", job,
+# completed), ("drop", id, why).
+HISTORY = 1024
 
 
 @dataclass
@@ -55,6 +58,8 @@ class CommCache:
         self._plans: collections.OrderedDict[str, dict] = collections.OrderedDict()
         self._on: dict[str, tuple[str, ...]] = {}  # job -> the key of the entry it builds or uses
         self.counts: collections.Counter[str] = collections.Counter()
+        self.history: collections.deque[tuple] = collections.deque(maxlen=HISTORY)
+        self.recorded = 0  # entries ever appended to history
 
     def plan(self, job_id: str, workers: list[str] | None) -> tuple[dict, bool]:
         """The job's plan (the same at every call) and whether it was made now. ``workers``: the
@@ -85,6 +90,7 @@ class CommCache:
         if use is None:
             self.counts["built"] += 1
         plan = {"use": use, "keep": keep, "live": [e.id for e in self._kept.values()]}
+        self._record(("plan", job_id, use, keep))
         self._plans[job_id] = plan
         while len(self._plans) > PLANS_KEPT:
             self._plans.popitem(last=False)
@@ -108,6 +114,7 @@ class CommCache:
         e = self._kept.get(key) if key is not None else None
         if e is None or e.busy != job_id:
             return
+        self._record(("end", job_id, completed))
         if completed:
             e.busy, e.ready = None, True
         else:
@@ -126,8 +133,13 @@ class CommCache:
         e = self._kept.pop(key, None)
         if e is not None:
             self.counts[f"dropped: {why}"] += 1
+            self._record(("drop", e.id, why))
             if e.busy is not None and self._on.get(e.busy) == key:
                 del self._on[e.busy]
+
+    def _record(self, what: tuple) -> None:
+        self.history.append(what)
+        self.recorded += 1
 
     def view(self) -> dict:
         """What is kept now, and the counts so far (for tests and the curious)."""
@@ -138,4 +150,6 @@ class CommCache:
                 for e in self._kept.values()
             ],
             "counts": dict(self.counts),
+            "history": [list(h) for h in self.history],
+            "history_from": self.recorded - len(self.history),  # the number of history's first entry
         }

@@ -1,0 +1,300 @@
+"""The communicator cache of in-process jobs (issue 29, item 1): a job over the same workers as an
+earlier one that completed duplicates that job's communicator instead of building its own.
+
+The scheduler decides (dask_pmix.scheduler.comm_cache) and every member takes the same path; a
+kept communicator is never used after one of its members left, after a job on it failed, or by
+two jobs at once, and the number kept stays within dask-pmix.pool.comm-cache. The first tests
+drive the decisions alone; the others run real jobs (Open MPI's pool, or MPICH's worlds with
+DASK_PMIX_TEST_IMPL=mpich). DASK_PMIX_COMM_CACHE_JOBS sets the length of the alternating run
+(200 by default; the issue's 1,000 with DASK_PMIX_COMM_CACHE_JOBS=1000)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import dask
+import pytest
+
+from dask_pmix import MPIJobError, run_mpi, submit_mpi
+from dask_pmix.protocol import SCHEDULER_PLUGIN
+from dask_pmix.scheduler.comm_cache import CommCache
+
+from .conftest import IMPL, start_cluster
+from .test_inprocess import wait_pool_ready
+
+OPENMPI = IMPL == "openmpi"
+JOBS = int(os.environ.get("DASK_PMIX_COMM_CACHE_JOBS", "200"))
+
+
+# -- the decisions alone ----------------------------------------------------------------------------
+def test_a_set_that_ran_before_reuses_its_communicator_once_that_job_completed():
+    c = CommCache(bound=4)
+    first, made = c.plan("j1", ["a", "b"])
+    assert made and first == {"use": None, "keep": "j1", "live": ["j1"]}
+    assert c.plan("j1", ["a", "b"]) == (first, False)  # every member hears the same
+    busy, _ = c.plan("j2", ["a", "b"])  # j1 has not ended: its communicator is busy
+    assert (busy["use"], busy["keep"]) == (None, None)
+    c.job_ended("j2", True)
+    c.job_ended("j1", True)
+    again, _ = c.plan("j3", ["a", "b"])
+    assert (again["use"], again["keep"]) == ("j1", None)
+    other_order, _ = c.plan("j4", ["b", "a"])  # another rank order is another communicator
+    assert (other_order["use"], other_order["keep"]) == (None, "j4")
+    assert c.counts["reused"] == 1 and c.counts["busy"] == 1
+
+
+def test_a_failed_job_or_a_member_leaving_drops_the_communicator():
+    c = CommCache(bound=4)
+    c.plan("j1", ["a", "b"])
+    c.job_ended("j1", True)
+    assert c.plan("j2", ["a", "b"])[0]["use"] == "j1"
+    c.job_ended("j2", False)  # failed on the kept one
+    plan, _ = c.plan("j3", ["a", "b"])
+    assert (plan["use"], plan["keep"]) == (None, "j3") and "j1" not in plan["live"]
+    c.job_ended("j3", True)
+    c.plan("j4", ["b", "c"])
+    c.job_ended("j4", True)
+    c.worker_left("b")
+    assert c.view()["kept"] == []
+    assert [h[1] for h in c.history if h[0] == "drop"] == ["j1", "j3", "j4"]
+
+
+def test_the_cache_is_bounded_and_evicts_the_least_recently_used_idle_entry():
+    c = CommCache(bound=2)
+    for job, ws in (("j1", ["a", "b"]), ("j2", ["b", "c"])):
+        c.plan(job, ws)
+        c.job_ended(job, True)
+    c.plan("j3", ["a", "b"])  # uses j1: j2 is now the least recently used
+    c.job_ended("j3", True)
+    plan, _ = c.plan("j4", ["c", "d"])
+    assert plan["keep"] == "j4" and sorted(plan["live"]) == ["j1", "j4"]
+    # Every entry busy: a new set builds its own and keeps nothing.
+    c.plan("j5", ["a", "b"])
+    full, _ = c.plan("j6", ["x", "y"])
+    assert (full["use"], full["keep"]) == (None, None) and len(full["live"]) == 2
+    assert CommCache(bound=0).plan("j", ["a"])[0] == {"use": None, "keep": None, "live": []}
+    assert CommCache().plan("j", None)[0]["keep"] is None  # members unknown: nothing kept
+
+
+# -- real jobs ----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def cluster():
+    with dask.config.set({"dask-pmix.pool.mpich": not OPENMPI}):
+        cluster, client, sidecar = start_cluster(4)
+        try:
+            wait_pool_ready(sidecar, 4)
+            yield cluster, client, sidecar
+        finally:
+            client.close()
+            cluster.close()
+
+
+def rank_sum(comm, offset=0):
+    return comm.allreduce(comm.rank + offset)
+
+
+def fail_on_rank_1(comm):
+    if comm.rank == 1:
+        raise ValueError("rank 1 fails on purpose")
+    return comm.rank
+
+
+def cache(client) -> dict:
+    def view(dask_scheduler):
+        return dask_scheduler.plugins[SCHEDULER_PLUGIN].comm_cache.view()
+
+    return client.run_on_scheduler(view)
+
+
+def set_cache(client, **attrs) -> None:
+    def apply(dask_scheduler):
+        c = dask_scheduler.plugins[SCHEDULER_PLUGIN].comm_cache
+        if "bound" in attrs:
+            c.bound = attrs["bound"]
+        if "busy" in attrs:
+            for e in c._kept.values():
+                if e.id == attrs["busy"][0]:
+                    e.busy = attrs["busy"][1]
+
+    client.run_on_scheduler(apply)
+
+
+def held(client) -> dict:
+    def stats():
+        from dask_pmix.member import comm_cache
+
+        return comm_cache.stats()
+
+    return client.run(stats)
+
+
+def last_plan(client) -> tuple:
+    """(job, use, keep) of the latest job."""
+    return tuple(next(h for h in reversed(cache(client)["history"]) if h[0] == "plan")[1:])
+
+
+def run(client, workers, fn=rank_sum, *args):
+    return run_mpi(client, fn, *args, workers=workers, impl=IMPL, mode="inprocess")
+
+
+def check_history(history: list, state: dict | None = None) -> dict:
+    """Replays the cache's history: a communicator is used only once kept by a job that completed,
+    never after it was dropped, and by one job at a time. ``state`` carries on from an earlier call."""
+    st = state if state is not None else {"ready": set(), "busy": {}, "dropped": set(), "uses": 0}
+    for event in history:
+        if event[0] == "plan":
+            _, job, use, keep = event
+            if use is not None:
+                assert use in st["ready"], f"{job} used {use} before a job on it completed"
+                assert use not in st["dropped"], f"{job} used {use} after it was dropped"
+                assert use not in st["busy"], f"{job} used {use} while {st['busy'].get(use)} used it"
+                st["busy"][use] = job
+                st["uses"] += 1
+            if keep is not None:
+                st["busy"][keep] = job
+        elif event[0] == "end":
+            _, job, completed = event
+            for entry in [e for e, j in st["busy"].items() if j == job]:
+                del st["busy"][entry]
+                if completed:
+                    st["ready"].add(entry)
+        elif event[0] == "drop":
+            st["dropped"].add(event[1])
+            st["busy"].pop(event[1], None)
+            st["ready"].discard(event[1])
+    return st
+
+
+def test_a_later_job_over_the_same_workers_duplicates_the_kept_communicator(cluster):
+    _, client, sidecar = cluster
+    ws = sorted(client.scheduler_info()["workers"])[:2]
+    before = held(client)
+    assert run(client, ws) == [1, 1]
+    first, use, keep = last_plan(client)
+    assert use is None and keep == first
+    assert run(client, ws, rank_sum, 10) == [21, 21]
+    second, use, keep = last_plan(client)
+    assert (use, keep) == (first, None)
+    after = held(client)
+    for w in ws:
+        assert after[w]["reused"] == before[w]["reused"] + 1
+        assert after[w]["built"] == before[w]["built"] + 1
+        assert first in after[w]["held"]
+    job = sidecar.job(second)
+    assert job["state"] == "completed"
+    if OPENMPI:
+        # No group construct reached the sidecar: the plugin said that the job runs.
+        assert job.get("startedAt"), job
+
+
+def test_a_job_that_fails_on_a_kept_communicator_drops_it(cluster):
+    _, client, _ = cluster
+    ws = sorted(client.scheduler_info()["workers"])[1:3]
+    run(client, ws)
+    kept = last_plan(client)[0]
+    with pytest.raises(MPIJobError, match="rank 1 fails on purpose"):
+        run(client, ws, fail_on_rank_1)
+    failed, use, _ = last_plan(client)
+    assert use == kept
+    deadline = time.monotonic() + 10
+    while ["drop", kept, "failed"] not in cache(client)["history"]:
+        assert time.monotonic() < deadline, cache(client)
+        time.sleep(0.05)
+    assert run(client, ws) == [1, 1]
+    job, use, keep = last_plan(client)
+    assert use is None and keep == job  # built anew, never the failed job's
+    stats = held(client)
+    assert all(kept not in stats[w]["held"] for w in ws), stats
+
+
+def test_a_kept_communicator_in_use_is_not_shared_the_other_job_builds_its_own(cluster):
+    _, client, _ = cluster
+    ws = sorted(client.scheduler_info()["workers"])[2:4]
+    run(client, ws)
+    kept = last_plan(client)[0]
+    deadline = time.monotonic() + 10
+    while not any(e["id"] == kept and e["ready"] for e in cache(client)["kept"]):  # its job's end seen
+        assert time.monotonic() < deadline, cache(client)
+        time.sleep(0.02)
+    # As if another job over these workers still ran on it (the plugin has not seen it end).
+    set_cache(client, busy=(kept, "a-job-still-running"))
+    before = held(client)
+    assert run(client, ws, rank_sum, 1) == [3, 3]
+    _, use, keep = last_plan(client)
+    assert (use, keep) == (None, None)
+    after = held(client)
+    assert all(after[w]["built"] == before[w]["built"] + 1 and kept in after[w]["held"] for w in ws)
+    set_cache(client, busy=(kept, None))
+    run(client, ws)
+    assert last_plan(client)[1] == kept, cache(client)
+    # Two jobs over the same workers submitted at once, and two over other workers beside them:
+    # each gets its own communicator (the sidecar runs the same workers' jobs one after the other).
+    all4 = sorted(client.scheduler_info()["workers"])
+    futures = [
+        submit_mpi(client, rank_sum, i, workers=w, impl=IMPL, mode="inprocess")
+        for i, w in enumerate([ws, ws, all4[:2], all4[:2]])
+    ]
+    assert [client.gather(f) for f in futures] == [[1, 1], [3, 3], [5, 5], [7, 7]]
+    check_history(cache(client)["history"])
+
+
+def test_alternating_jobs_over_overlapping_sets_keep_the_cache_bounded(cluster):
+    _, client, _ = cluster
+    w = sorted(client.scheduler_info()["workers"])
+    sets = [w[0:2], w[1:3], w[2:4], w[0:3], w[1:4], w, [w[3], w[0]], [w[0], w[2]]]
+    bound = 3
+    set_cache(client, bound=bound)
+    start = cache(client)
+    replay = check_history(start["history"])
+    seen = start["history_from"] + len(start["history"])
+    try:
+        t0 = time.monotonic()
+        for i in range(JOBS):
+            if i % 25 == 24:
+                # Two jobs at once over disjoint sets.
+                a = submit_mpi(client, rank_sum, i, workers=w[0:2], impl=IMPL, mode="inprocess")
+                b = submit_mpi(client, rank_sum, i, workers=w[2:4], impl=IMPL, mode="inprocess")
+                assert client.gather(a) == client.gather(b) == [2 * i + 1] * 2
+            else:
+                # Three sets most of the time, every fourth job one of all eight: reuses and evictions.
+                ws = sets[(i // 4) % len(sets)] if i % 4 == 3 else sets[i % 3]
+                n = len(ws)
+                assert run(client, ws, rank_sum, i) == [n * i + n * (n - 1) // 2] * n
+            if i % 20 == 19 or i == JOBS - 1:
+                view = cache(client)
+                assert len(view["kept"]) <= bound, view["kept"]
+                assert view["history_from"] <= seen, "history lost between checks"
+                replay = check_history(view["history"][seen - view["history_from"] :], replay)
+                seen = view["history_from"] + len(view["history"])
+                stats = held(client)
+                assert all(len(s["held"]) <= bound for s in stats.values()), stats
+        elapsed = time.monotonic() - t0
+        counts = cache(client)["counts"]
+        assert replay["uses"] > JOBS // 2, counts
+        assert counts.get("dropped: evicted", 0) > 0, counts
+        print(f"{JOBS} jobs in {elapsed:.1f} s; cache counts {counts}")
+    finally:
+        set_cache(client, bound=16)
+
+
+def test_a_worker_that_leaves_takes_its_communicators_with_it(cluster):
+    _, client, _ = cluster
+    w = sorted(client.scheduler_info()["workers"])
+    run(client, w[0:3])
+    with_leaver = last_plan(client)[0]
+    run(client, w[0:2])
+    without = last_plan(client)
+    client.retire_workers([w[2]])
+    deadline = time.monotonic() + 30
+    while any(w[2] in e["workers"] for e in cache(client)["kept"]):
+        assert time.monotonic() < deadline, cache(client)
+        time.sleep(0.1)
+    assert ["drop", with_leaver, "member left"] in cache(client)["history"]
+    # The others go on with what does not include it, and free the rest at their next job.
+    run(client, w[0:2])
+    _, use, _ = last_plan(client)
+    assert use == (without[1] or without[0])
+    stats = held(client)
+    assert all(with_leaver not in stats[x]["held"] for x in w[0:2]), stats
+    check_history(cache(client)["history"])
