@@ -11,7 +11,10 @@ The guard's ratio (guard.ratios, m<M>.floor_over_job) is Dask's floor over the j
 that, as for every guarded benchmark, above 1 would mean the job is as fast as plain Dask tasks.
 
 Prints one JSON document. The headline (job_ms, the ratio, the guard's) times jobs with nothing
-traced, alternating with runs of the floor, each after 0.3 s of quiet. Then, for as many jobs
+traced, alternating with runs of the floor, each after 0.3 s of quiet. Later jobs duplicate the
+communicator the members kept (the communicator cache); job_built_ms times the same job with the
+cache off (each builds its own with Comm_create_from_group), alternating with the others (not
+with --quick). Then, for as many jobs
 again with stamps installed, per phase the median time since the run_mpi call (ms), and their
 own median (traced_job_ms): the stamps come from wrappers around the code paths (nothing in
 dask_pmix changes); every clock is the host's wall clock, the sidecar's in whole milliseconds.
@@ -53,13 +56,12 @@ def install_worker_trace() -> bool:
 
     import dask_pmix.member.inprocess as ip
     import dask_pmix.member.task as run
-    import dask_pmix.pool as pool
 
     if getattr(run, "_bench_marks", None) is not None:
         return False
     marks: list = []
     run._bench_marks = marks
-    orig_calls, orig_member, orig_comm = run._calls, ip.run_member, pool.Pool.comm
+    orig_calls, orig_member, orig_build = run._calls, ip.run_member, ip.build
 
     def calls(job_id, worker_id):
         c = orig_calls(job_id, worker_id)
@@ -81,11 +83,12 @@ def install_worker_trace() -> bool:
         finally:
             marks.append((_t.time(), kw["job"]["id"], "member<"))
 
-    def comm(self, ranks, tag):
+    def build(p, w, ranks, tag, plan):
+        # The job's communicator, built anew or duplicated from a kept one (the communicator cache).
         job = tag.split(":", 1)[-1]
         marks.append((_t.time(), job, "comm>"))
         try:
-            return orig_comm(self, ranks, tag)
+            return orig_build(p, w, ranks, tag, plan)
         finally:
             marks.append((_t.time(), job, "comm<"))
 
@@ -111,8 +114,24 @@ def install_worker_trace() -> bool:
         return orig_call(W(), handler, **kwargs)
     run._scheduler_call = scheduler_call
     ip.run_member = run_member
-    pool.Pool.comm = comm
+    ip.build = build
     return True
+
+
+def cache_bound(client, bound: int | None) -> int:
+    """Sets the scheduler's communicator cache bound (None: back to what it was); the old one."""
+
+    def set_bound(dask_scheduler, bound=bound):
+        from dask_pmix.protocol import SCHEDULER_PLUGIN
+
+        c = dask_scheduler.plugins[SCHEDULER_PLUGIN].comm_cache
+        old = c.bound
+        c.bound = getattr(c, "_bench_bound", old) if bound is None else bound
+        if bound is not None and not hasattr(c, "_bench_bound"):
+            c._bench_bound = old
+        return old
+
+    return client.run_on_scheduler(set_bound)
 
 
 def take_worker_marks() -> list:
@@ -401,7 +420,7 @@ def main() -> int:
         # The headline: jobs as users run them, nothing traced, alternating with Dask's floor so
         # that both meet the same machine; each starts after SETTLE s of quiet, so that neither
         # pays for the other's tail (a job's members and sidecar still finish up after it returns).
-        jobs, floor_graph_secede, job_cpu, floor_cpu = [], [], [], []
+        jobs, floor_graph_secede, job_cpu, floor_cpu, built = [], [], [], [], []
         for _ in range(args.repeat):
             time.sleep(SETTLE)
             c0, t0 = tree_cpu_seconds(), time.perf_counter()
@@ -412,6 +431,14 @@ def main() -> int:
             c0 = tree_cpu_seconds()
             floor_graph_secede += dask_floor(client, workers, 1, secede=True, one_graph=True, warm=False)
             floor_cpu.append(tree_cpu_seconds() - c0)
+            if not args.quick:
+                # The same job with the communicator cache off (each job builds its own), alternating.
+                cache_bound(client, 0)
+                time.sleep(SETTLE)
+                t0 = time.perf_counter()
+                run_mpi(client, body, workers=workers)
+                built.append(time.perf_counter() - t0)
+                cache_bound(client, None)
         users = user_floors(client, workers, args.repeat)
         timelines = [] if args.quick else traced_jobs(client, workers, body, args.repeat)
         floor, floor_secede, floor_graph = ([], [], []) if args.quick else (
@@ -438,6 +465,9 @@ def main() -> int:
            # Dask's own floor in the same run (M trivial pinned tasks in one graph, seceding as ranks
            # do), each floor right after a job.
            "job_ms": job_ms, "ratio_to_dask_floor": round(job_ms / floor_ms, 2) if job_ms else None,
+           # The same later job with the communicator cache off (dask-pmix.pool.comm-cache: 0: it
+           # builds its communicator with Comm_create_from_group), alternating with the others.
+           "job_built_ms": ms(built),
            "traced_job_ms": summary.get("run_mpi returned"),
            "median_ms_since_call": summary,
            "dask_floor_ms": {"submit_gather": ms(floor), "submit_secede_gather": ms(floor_secede),

@@ -20,6 +20,7 @@ import threading
 from collections import Counter
 from typing import Any
 
+from ..worker import members as registry
 from ..worker import pool as pool_mod
 from ..worker.activation import GATE
 from .ending import free, give_up
@@ -105,7 +106,11 @@ def stats() -> dict:
 
 
 def clear() -> None:
-    """Frees every entry (the session is about to be finalized)."""
+    """Frees every entry (the session is about to be finalized); none while a member may still be
+    inside MPI here (it could be duplicating one), as the finalize itself is then skipped or
+    given up (dask_pmix.worker.pool.close)."""
+    if registry.in_flight():
+        return
     with _lock:
         gone = [(_kept.pop(i), i in _tainted) for i in list(_kept)]
         _tainted.clear()
