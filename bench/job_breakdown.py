@@ -83,12 +83,12 @@ def install_worker_trace() -> bool:
         finally:
             marks.append((_t.time(), kw["job"]["id"], "member<"))
 
-    def build(p, w, ranks, tag, plan):
+    def build(p, ranks, tag, plan):
         # The job's communicator, built anew or duplicated from a kept one (the communicator cache).
         job = tag.split(":", 1)[-1]
         marks.append((_t.time(), job, "comm>"))
         try:
-            return orig_build(p, w, ranks, tag, plan)
+            return orig_build(p, ranks, tag, plan)
         finally:
             marks.append((_t.time(), job, "comm<"))
 

@@ -168,7 +168,7 @@ def _run_pool_member(
         # exception being handled as their context (see ending.failer).
         error = None
         try:
-            comm = build(p, w, ranks, job["tag"], plan)
+            comm = build(p, ranks, job["tag"], plan)
             with tracking.within("MPI_Comm_dup (mpi4py's duplicate of the job's communicator)"):
                 job_comms.begin(p.MPI, job_id, comm)
         except Exception as exc:  # noqa: BLE001
@@ -207,12 +207,13 @@ def _run_pool_member(
     return value
 
 
-def build(p, w, ranks: list[int], tag: str, plan: dict):
+def build(p, ranks: list[int], tag: str, plan: dict):
     """The job's communicator, as the scheduler planned it (dask_pmix.scheduler.comm_cache): a Dup
     of the communicator kept from an earlier job over these members (``use``), or
     MPI_Comm_create_from_group over ``ranks``, kept (``keep``, the job then gets a Dup of it) or
-    not. While a kept communicator is duplicated, the watcher revokes it if the job fails
-    meanwhile (a Dup, unlike a group construct, can be interrupted)."""
+    not. A Dup is left alone as a group construct is (the watcher's build bound and stuck
+    evidence hold for both): revoking a communicator while a Dup of it activates is where Open MPI
+    5.0.x was seen to crash (ompi_comm_revoke_local during ompi_comm_activate)."""
     use, keep = plan.get("use"), plan.get("keep")
     if use is not None:
         parent = comm_cache.take(use)
@@ -225,16 +226,8 @@ def build(p, w, ranks: list[int], tag: str, plan: dict):
             return parent
         comm_cache.put(keep, parent)
         what = "MPI_Comm_dup of the communicator just kept"
-    with w.lock:
-        w.comm = parent
     with tracking.within(what):
         comm = comm_cache.dup(parent)
     if use is not None:
         comm_cache.count("reused")
-    with w.lock:
-        w.comm = None
-        revoked = w.revoked
-    if revoked:
-        give_up(comm, failed=True)
-        raise RuntimeError("the job ended while its communicator was being duplicated")
     return comm
