@@ -258,6 +258,18 @@ def cluster3():
     cluster.close()
 
 
+def three_workers(cluster3):
+    """Three workers again: a killed worker's nanny restarts it, but on a very loaded host a restart
+    can outlast distributed.deploy.lost-worker-timeout, and the cluster then closes it for good."""
+    cluster, client, _ = cluster3
+    if len(client.scheduler_info()["workers"]) < 3:
+        try:
+            client.wait_for_workers(3, timeout=20)
+        except Exception:  # noqa: BLE001
+            cluster.scale(3)
+    client.wait_for_workers(3, timeout=60)
+
+
 def family_jobs(sidecar, family):
     jobs = [j for j in sidecar.jobs() if (j.get("labels") or {}).get(FAMILY) == family]
     return sorted(jobs, key=lambda j: int(j["labels"][ATTEMPT]))
@@ -328,7 +340,7 @@ def until_released(marker: str):
 
 def test_a_member_killed_mid_job_is_run_again_and_the_result_is_right(cluster3, impl, tmp_path):
     _, client, sidecar = cluster3
-    client.wait_for_workers(3, timeout=60)
+    three_workers(cluster3)
     pid_dir, marker = tmp_path / "pids", str(tmp_path / "killed")
     pid_dir.mkdir()
     fn = until_released(marker)
@@ -360,7 +372,7 @@ def make(i, n):
 
 def test_local_data_whose_holder_was_killed_is_computed_again_and_the_job_run_again(cluster3, impl, tmp_path):
     _, client, sidecar = cluster3
-    client.wait_for_workers(3, timeout=60)
+    three_workers(cluster3)
     workers = sorted(client.scheduler_info()["workers"])
     # Six pieces on two workers, free to be computed again elsewhere.
     data = [client.submit(make, i, 4, workers=[workers[i % 2]], allow_other_workers=True, pure=False) for i in range(6)]
@@ -389,7 +401,7 @@ def test_local_data_whose_holder_was_killed_is_computed_again_and_the_job_run_ag
 
 def test_a_rank_that_raises_is_not_run_again(cluster3, impl):
     _, client, sidecar = cluster3
-    client.wait_for_workers(3, timeout=60)
+    three_workers(cluster3)
 
     def fails(comm):
         if comm.rank == 1:
@@ -410,7 +422,7 @@ def test_a_rank_that_raises_is_not_run_again(cluster3, impl):
 
 def test_retries_exhausted_name_every_attempt(cluster3, impl, tmp_path):
     _, client, sidecar = cluster3
-    client.wait_for_workers(3, timeout=60)
+    three_workers(cluster3)
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
     fn = until_released(str(tmp_path / "never"))
@@ -439,7 +451,7 @@ def test_retries_exhausted_name_every_attempt(cluster3, impl, tmp_path):
 
 def test_submit_mpi_futures_with_retries(cluster3, impl, tmp_path):
     _, client, sidecar = cluster3
-    client.wait_for_workers(3, timeout=60)
+    three_workers(cluster3)
     pid_dir, marker = tmp_path / "pids", str(tmp_path / "killed")
     pid_dir.mkdir()
     futures = submit_mpi(client, until_released(marker), str(pid_dir), n=2, impl=impl, retries=1)
@@ -468,7 +480,7 @@ def test_submit_mpi_futures_with_retries(cluster3, impl, tmp_path):
 
 def test_a_timeout_of_the_job_is_not_run_again(cluster3, impl):
     _, client, _ = cluster3
-    client.wait_for_workers(3, timeout=60)
+    three_workers(cluster3)
 
     def sleeps(comm):
         import time
@@ -484,7 +496,7 @@ def test_a_timeout_of_the_job_is_not_run_again(cluster3, impl):
 
 def test_cancelling_submit_mpi_futures_ends_the_running_attempt(cluster3, impl, tmp_path):
     _, client, sidecar = cluster3
-    client.wait_for_workers(3, timeout=60)
+    three_workers(cluster3)
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
     futures = submit_mpi(client, until_released(str(tmp_path / "never")), str(pid_dir), n=2, impl=impl, retries=1)
@@ -510,7 +522,7 @@ def test_map_blocks_mpi_runs_again_over_the_blocks_holders_after_one_was_killed(
     from dask_pmix import map_blocks_mpi
 
     _, client, sidecar = cluster3
-    client.wait_for_workers(3, timeout=60)
+    three_workers(cluster3)
     from distributed import wait
 
     x = da.arange(30.0, chunks=5).persist()
@@ -541,3 +553,28 @@ def test_map_blocks_mpi_runs_again_over_the_blocks_holders_after_one_was_killed(
     assert "error" not in outcome, outcome.get("error")
     np.testing.assert_array_equal(outcome["value"], np.arange(30.0) * 2)
     assert [j["state"] for j in family_jobs(sidecar, first["labels"][FAMILY])] == ["failed", "completed"]
+
+
+def test_a_member_retired_by_dask_mid_job_is_run_again(cluster3, impl, tmp_path):
+    """Last in the module: the cluster is a worker short afterwards."""
+    _, client, sidecar = cluster3
+    three_workers(cluster3)
+    pid_dir, marker = tmp_path / "pids", str(tmp_path / "retired")
+    pid_dir.mkdir()
+    fn = until_released(marker)
+    thread, outcome = background(lambda: run_mpi(client, fn, str(pid_dir), n=2, impl=impl, retries=1))
+    first = running_attempt(sidecar, pid_dir, 2)
+    open(marker, "w").close()
+    victim = sorted(first["members"], key=lambda m: m["rank"])[-1]["workerId"]
+    t0 = time.monotonic()
+    client.retire_workers(workers=[victim], close_workers=True)
+    t1 = time.monotonic()
+    thread.join(60)
+    print(f"retired in {t1 - t0:.1f} s, the job returned {time.monotonic() - t0:.1f} s after the retire began")
+    assert "error" not in outcome, outcome.get("error")
+    assert outcome["value"] == [3.0, 3.0]
+    jobs = family_jobs(sidecar, first["labels"][FAMILY])
+    assert [j["state"] for j in jobs] == ["failed", "completed"], jobs
+    lost = next(m for m in jobs[0]["members"] if m["workerId"] == victim)
+    assert "retired" in lost["reason"], lost
+    assert victim not in [m["workerId"] for m in jobs[1]["members"]]
