@@ -47,19 +47,34 @@ def _peer_connected(stream) -> bool:
         return True  # cannot tell here: rely on MPI's own errors and the TCP read path
 
 
-async def _read_exact(stream, n: int) -> memoryview:
-    """n bytes from the stream into a fresh, writable buffer of their own."""
-    buf = host_array(n)
-    await _read_into(stream, buf)
-    return buf
-
-
 async def _read_into(stream, buf: memoryview) -> None:
     """Fills buf from the stream."""
     for start in range(0, buf.nbytes, READ_SLICE):
         chunk = buf[start : start + READ_SLICE]
         got = await stream.read_into(chunk)
         assert got == chunk.nbytes
+
+
+def _write_after(stream, block: bytes, frames: list, sizes: list, where: list) -> int:
+    """The block and the frames that follow it in the stream, queued together and written with one
+    call, as distributed's TCP.write does (one write per frame costs a future and a send attempt
+    each). Returns the bytes queued."""
+    buf = stream._write_buffer
+    if buf is None:
+        raise StreamClosedError()
+    buf.append(block)
+    stream._total_write_index += len(block)
+    total = len(block)
+    for f, n, w in zip(frames, sizes, where):
+        if w == framing.AFTER:
+            view = ensure_memoryview(f)
+            for start in range(0, n, READ_SLICE):  # tornado writes at most a C int at a time
+                chunk = view[start : start + READ_SLICE]
+                buf.append(chunk)
+                stream._total_write_index += chunk.nbytes
+            total += n
+    stream.write(b"")
+    return total
 
 
 def _process_gone(pid) -> bool:
@@ -113,9 +128,10 @@ class TCPMPI(TCP):
         connection pool then drops it and opens a new one. Idle: no read or write in progress and
         none for a second (a conversation always has one in progress, but for the instant between
         a write and its reply's read, where no other coroutine can run)."""
+        if self._revisit is None:  # every connection but a few TCP ones of a worker joining its pool
+            return self._closed
         if (
-            self._revisit is not None
-            and not self._closed
+            not self._closed
             and self._ops == 0
             and time.monotonic() - self._last_op >= self.IDLE_BEFORE_REVISIT
             and self._revisit.due()
@@ -167,14 +183,12 @@ class TCPMPI(TCP):
                     )
                     if not route.engine.post_now(send):
                         route.engine.submit(send)
-                block = framing.pack_block(frames, sizes, where, framing.joined(frames, where))
-                stream.write(block)
-                tcp_bytes = len(block)
+                block = framing.pack_block(frames, sizes, where, framing.joined(frames, where) if any(where) else None)
                 if framing.AFTER in where:
-                    for f, n, w in zip(frames, sizes, where):
-                        if w == framing.AFTER:
-                            stream.write(ensure_memoryview(f))
-                            tcp_bytes += n
+                    tcp_bytes = _write_after(stream, block, frames, sizes, where)
+                else:
+                    stream.write(block)
+                    tcp_bytes = len(block)
             except StreamClosedError as e:
                 self.stream = None
                 self._closed = True
@@ -206,7 +220,12 @@ class TCPMPI(TCP):
         try:
             try:
                 (n,) = framing.LENGTH.unpack(await stream.read_bytes(framing.LENGTH.size))
-                sizes, where, join, inside = framing.parse_block(await _read_exact(stream, n))
+                block = host_array(n)
+                if n <= READ_SLICE:
+                    await stream.read_into(block)
+                else:
+                    await _read_into(stream, block)
+                sizes, where, join, inside = framing.parse_block(block)
                 tcp_bytes = framing.LENGTH.size + n
                 mpi_bytes = 0
                 if len(inside) == len(sizes):
