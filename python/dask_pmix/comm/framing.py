@@ -82,8 +82,9 @@ def pack_block(frames: list, sizes: list, where: list, join: list | None = None)
         body = b"".join([COUNT.pack(n), _sizes(n).pack(*sizes), bytes(n), *frames])
     else:
         codes = bytes([w | JOINED if j else w for w, j in zip(where, join)] if join and any(join) else where)
-        body = b"".join([COUNT.pack(n), _sizes(n).pack(*sizes), codes,
-                         *[f for f, w in zip(frames, where) if w == INSIDE]])
+        body = b"".join(
+            [COUNT.pack(n), _sizes(n).pack(*sizes), codes, *[f for f, w in zip(frames, where) if w == INSIDE]]
+        )
     return LENGTH.pack(len(body)) + body
 
 
