@@ -58,6 +58,9 @@ logger = logging.getLogger("dask_pmix")
 SETTLE = 2.0
 # The stimuli of Scheduler.restart (client.restart()): it releases every task, the ranks' too.
 RESTART_STIMULI = ("client-restart-", "restart-")
+# An in-process job whose members duplicate a kept communicator (scheduler.comm_cache) is told to
+# the sidecar as running once it has run this long (the sidecar sees no group construct for it).
+REUSED_AFTER = 0.2
 
 
 class SidecarPlugin(SchedulerPlugin):
@@ -94,6 +97,7 @@ class SidecarPlugin(SchedulerPlugin):
         self.stream: EventStream | None = None
         self.barriers = JoinBarriers(lambda: self.sidecar, self._members_of)
         self.comm_cache = CommCache()  # its bound is pool.comm-cache, read in start()
+        self._reused_at: dict[str, asyncio.TimerHandle] = {}  # jobs on a kept communicator, until told running
         self.replacer: Replacer | None = None
         self._listening: set[str] = set()  # workers whose plugin handles Stream.JOB
         self._registrations: dict[str, asyncio.Future] = {}
@@ -229,7 +233,7 @@ class SidecarPlugin(SchedulerPlugin):
         # From here on membership changes are the scheduler's own shutdown: nothing to tell the
         # sidecar, which is about to stop (an embedded one) or keeps its own state (a shared one).
         self._closed = True
-        for timer in self._settling.values():
+        for timer in [*self._settling.values(), *self._reused_at.values()]:
             if timer is not None:
                 timer.cancel()
         if self._stalled is not None:
@@ -405,6 +409,9 @@ class SidecarPlugin(SchedulerPlugin):
         if entry.active or before is None:
             return
         self.comm_cache.job_ended(entry.id, entry.state == "completed")
+        reused = self._reused_at.pop(entry.id, None)
+        if reused is not None:
+            reused.cancel()
         self._push(entry, to_owner=True)
         self.barriers.wake(entry.id)
         timer = self._settling.pop(entry.id, None)
@@ -911,16 +918,24 @@ class SidecarPlugin(SchedulerPlugin):
     def _comm_plan(self, job_id: str, answer: dict, worlds: bool) -> dict:
         """Every member's ready answer carries the job's one plan for its communicator
         (scheduler.comm_cache). The sidecar does not see a Dup: it hears from here that a job whose
-        members duplicate a kept communicator runs (an MPICH / Intel MPI job runs once its members
-        joined there with their ports)."""
+        members duplicate a kept communicator runs, once it has run for REUSED_AFTER s (a shorter
+        job costs no request for it: it goes from pending to completed, as its members finalize; its
+        wiring timeout is far longer). An MPICH / Intel MPI job runs once its members joined there
+        with their ports."""
         entry = self.jobs.get(job_id)
         members = sorted(entry.view.get("members") or (), key=lambda m: m["rank"]) if entry and entry.active else ()
         plan, made = self.comm_cache.plan(job_id, [m["workerId"] for m in members] or None)
         if made and plan["use"] is not None and not worlds:
-            self._soon(self._reused(job_id, plan["use"]))
+            self._reused_at[job_id] = asyncio.get_running_loop().call_later(
+                REUSED_AFTER, lambda: self._soon(self._reused(job_id, plan["use"]))
+            )
         return {**answer, "comm": plan}
 
     async def _reused(self, job_id: str, kept: str) -> None:
+        self._reused_at.pop(job_id, None)
+        entry = self.jobs.get(job_id)
+        if entry is None or not entry.active:
+            return
         try:
             job = await self.sidecar.job_reused(job_id, kept)
         except SidecarError as e:
