@@ -365,6 +365,118 @@ says what is timed, the machine, the load during the run and the configuration.
 """
 
 
+# --- workloads: MPI on Dask's data (bench/stencil.py, fft.py, kmeans.py) ----------------------
+
+
+def _mib(b: float) -> str:
+    return f"{b / 2**20:.1f} MiB" if b >= 2**20 else f"{b / 2**10:.0f} KiB"
+
+
+def fig_stencil(plt, out: Path, doc: dict) -> str:
+    """The stencil's curve: both sides' seconds over the array's size, log-log, with the ratio."""
+    sizes = doc["sizes"]
+    mib = [s["mib"] for s in sizes]
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(9, 3))
+    ax.plot(mib, [s["dask"]["median_s"] for s in sizes], "o-", label="Dask (map_overlap)")
+    ax.plot(mib, [s["mpi"]["median_s"] for s in sizes], "s-", label="MPI job (map_blocks_mpi)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("array (MiB)")
+    ax.set_ylabel("seconds, 100 sweeps (median)")
+    ax.legend(frameon=False, fontsize=8)
+    ax2.plot(mib, [s["ratio_dask_over_mpi"] for s in sizes], "o-")
+    ax2.axhline(1.0, color="grey", lw=0.8)
+    ax2.set_xscale("log", base=2)
+    ax2.set_yscale("log")
+    ax2.set_xlabel("array (MiB)")
+    ax2.set_ylabel("Dask time / MPI time")
+    path = _save(fig, out, "stencil")
+    plt.close(fig)
+    return path
+
+
+def _workload_rows(doc: dict, extra: str, mpi_bytes) -> list[str]:
+    rows = [
+        f"| size | Dask | MPI job | Dask / MPI | Dask moved | MPI job: Dask moved / MPI sent | {extra} |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for s in doc["sizes"]:
+        d, m = s["dask"], s["mpi"]
+        diff = s.get(
+            "max_abs_difference", s.get("max_relative_difference", s.get("max_relative_difference_of_centroids"))
+        )
+        rows.append(
+            f"| {s['mib']} MiB | {d['median_s']:.3f} s | {m['median_s']:.3f} s | {s['ratio_dask_over_mpi']:.2f}x | "
+            f"{_mib(d['bytes_moved_between_workers'])} | {_mib(m['bytes_moved_between_workers_by_dask'])} / "
+            f"{_mib(mpi_bytes(m))} | {diff:.1e} |"
+        )
+    return rows
+
+
+def _runs(doc: dict) -> str:
+    loads = [s["load_average_at_start"][0] for s in doc["sizes"]]
+    runs = [len(s["dask"]["runs_s"]) for s in doc["sizes"]]
+    return (
+        f"{doc['workers']} workers of one thread ({doc['configuration']}); medians of "
+        f"{min(runs)} to {max(runs)} "
+        f"alternating runs per size; load average {min(loads):.1f} to {max(loads):.1f} at the sizes' starts; "
+        f"{doc['machine']['cpus']} cores; commit {doc['commit']}"
+    )
+
+
+def workloads_section(plt, out: Path) -> str:
+    """The three workloads of docs/user-guide/workloads.md, each against Dask alone on the same
+    persisted input; a workload whose results file is absent is left out, saying so."""
+    parts = [
+        "Three programs run both ways on the same cluster and the same persisted input "
+        "([the workloads page](user-guide/workloads.md) has them as runnable examples): each figure "
+        "times, from the first call to every output block in memory, Dask's best way found (its graph, "
+        "submission and execution) and the whole `map_blocks_mpi` call (placement, admission, "
+        "communicator, hand-off, the ranks' work, the output check and the output array of futures). "
+        "Both give the same numbers: the last column is the largest difference between them. "
+        "'Dask moved' is what the workers sent each other through Dask during the run; 'MPI sent' "
+        "is what the ranks sent each other over MPI.\n"
+    ]
+    if (RESULTS / "stencil.json").exists():
+        doc = load("stencil.json")
+        path = fig_stencil(plt, out, doc)
+        parts.append(
+            f"### Iterative stencil\n\n```{{figure}} {path}\n:width: 100%\n\n"
+            f"{doc['iterations']} Jacobi sweeps of a 2-D float64 array in {doc['blocks']}: Dask's "
+            "`map_overlap` loop (per size the fastest of six variants, each tried once) against one MPI job "
+            f"exchanging halo rows and columns. Crossover: {doc['crossover']}. {_runs(doc)}. "
+            "Source: `bench/results/stencil.json`.\n```\n\n"
+            + "\n".join(_workload_rows(doc, "max abs difference", lambda m: m["halo_bytes_over_mpi"]))
+            + "\n"
+        )
+    else:
+        parts.append("### Iterative stencil\n\nNo results recorded yet (`bench/stencil.py`).\n")
+    if (RESULTS / "fft.json").exists():
+        doc = load("fft.json")
+        parts.append(
+            "### All-to-all: 2-D FFT\n\nRow slabs, one per worker, to the 2-D FFT in column slabs: Dask's "
+            f"`fft` / `rechunk` ({doc['dask_variants']['chosen']}, the faster at {doc['dask_variants']['size']}^2) "
+            "/ `fft` against one MPI job with one `Alltoallv`. Sizes are the real input's; the output is "
+            f"complex, twice as large. {_runs(doc)}. Source: `bench/results/fft.json`.\n\n"
+            + "\n".join(_workload_rows(doc, "max relative difference", lambda m: m["alltoallv_bytes_over_mpi"]))
+            + "\n"
+        )
+    if (RESULTS / "kmeans.json").exists():
+        doc = load("kmeans.json")
+        parts.append(
+            f"### k-means\n\n{doc['k']} clusters of {doc['dimensions']}-D points, {doc['iterations']} Lloyd "
+            "iterations from the same centroids: Dask-ML's way (a graph per iteration, centroids on the client) "
+            "against one MPI job with an `Allreduce` per iteration ('MPI sent' is what each rank sent in its "
+            f"Allreduces). {_runs(doc)}. "
+            "Source: `bench/results/kmeans.json`.\n\n"
+            + "\n".join(
+                _workload_rows(doc, "centroids' max relative difference", lambda m: m["allreduce_bytes_per_rank"])
+            )
+            + "\n"
+        )
+    return "\n".join(parts)
+
+
 def write_page(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     plt = _plt()
@@ -388,6 +500,7 @@ def write_page(out: Path) -> None:
     for title, (path, caption) in sections:
         body.append(f"## {title}\n\n```{{figure}} {path}\n:width: 100%\n\n{caption}\n```\n")
     body.append("## A job against Dask's own floor\n\n" + floor_section())
+    body.append("## Workloads: MPI on Dask's data\n\n" + workloads_section(plt, out))
     body.append("## Reliability soak\n\n" + soak_section())
     (out / "performance.md").write_text("\n".join(body))
 
