@@ -441,25 +441,46 @@ class _TaskCluster:
         self.cluster.scale(n_cohort + 1)
         client.wait_for_workers(n_cohort + 1, timeout=120)
         late = (set(client.scheduler_info()["workers"]) - set(cohort)).pop()
-        victim = cohort[-1]
-        client.restart_workers([victim])
-        deadline = time.monotonic() + 120
-        while True:
-            now = set(client.scheduler_info()["workers"])
-            fresh = now - set(cohort) - {late}
-            if fresh and victim not in now:
+        # The nanny restarts the cohort's last worker; on a loaded host its new process has been seen
+        # to register and then go, so a restart that does not settle is tried on the next one.
+        for victim in reversed(cohort[1:]):
+            restarted = self._restart(victim, {late, *cohort})
+            if restarted is not None:
                 break
-            assert time.monotonic() < deadline, now
-            time.sleep(0.2)
-        restarted = fresh.pop()
-        ranks = client.run(_pool_rank, 120)
-        assert None not in ranks.values(), ranks
-        self.roles = {"cohort": cohort[:-1], "late": late, "restarted": restarted}
+            cohort = [w for w in cohort if w in client.scheduler_info()["workers"]]
+        assert restarted is not None, "no nanny restart settled in the pool"
+        cohort = [w for w in cohort if w != victim]
+        self.roles = {"cohort": cohort, "late": late, "restarted": restarted}
         # consumer and producers of each pair kind: the producers are cohort members
         c = self.roles["cohort"]
+        assert len(c) >= 4, self.roles
         self.consumer = {"cohort": c[0], "late": late, "restarted": restarted}
         self.producers = {"cohort": c[1:], "late": c, "restarted": c}
         self.rechunk_workers = {"cohort": c[:4], "mixed": [c[0], c[1], late, restarted]}
+
+    def _restart(self, victim: str, known: set, settle: float = 120.0):
+        """Restart victim through its nanny; its replacement's address once every worker is in the
+        pool, or None when the replacement does not stay."""
+        client = self.client
+        try:
+            client.restart_workers([victim])
+        except Exception as e:  # noqa: BLE001 - told, and the next one is tried
+            print(f"restart of {victim} failed: {e!r}", file=sys.stderr, flush=True)
+        deadline = time.monotonic() + settle
+        while time.monotonic() < deadline:
+            now = set(client.scheduler_info()["workers"])
+            fresh = now - known
+            if len(fresh) == 1 and victim not in now:
+                try:
+                    mpi = client.run(_local_peers_and_rank)
+                except OSError:
+                    mpi = {}
+                if set(mpi) == now and None not in mpi.values():
+                    return fresh.pop()
+            time.sleep(1)
+        print(f"the restart of {victim} did not settle: {sorted(client.scheduler_info()['workers'])}",
+              file=sys.stderr, flush=True)
+        return None
 
     def info(self):
         return {"protocol": self.protocol, "roles": self.roles,
