@@ -25,7 +25,6 @@ ranks sent each other in the Alltoallv.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
@@ -114,15 +113,6 @@ def make_input(client, n: int, m: int):
     return W.pinned(client, make_block, (n, n), (rows, (n,)), owner=lambda ix: ix[0])
 
 
-def timed(client, fn, keep: int, x, where):
-    W.unreplicate(client, x, where)
-    W.settle(client, keep)
-    before = W.moved(client)
-    t0 = time.perf_counter()
-    y = fn()
-    return time.perf_counter() - t0, W.moved(client) - before, y
-
-
 def relative_difference(a, b) -> float:
     import dask.array as da
 
@@ -137,7 +127,7 @@ def choose_dask(client, n: int, m: int, repeat: int) -> dict:
     runs: dict[str, list[float]] = {k: [] for k in methods}
     for r in range(repeat):
         for method in methods if r % 2 == 0 else methods[::-1]:
-            dt, _, y = timed(client, lambda method=method: dask_fft2(client, x, method), m + 8, x, where)
+            dt, _, y = W.timed(client, lambda method=method: dask_fft2(client, x, method), m + 8, x, where)
             runs[method].append(dt)
             del y
     found = {f"rechunk method={k!r}": W.summary(v) for k, v in runs.items()}
@@ -157,11 +147,11 @@ def run_size(client, n: int, m: int, repeat: int, method: str) -> dict:
         for side in ("dask", "mpi") if r % 2 == 0 else ("mpi", "dask"):
             keep = m + 8 + m * len(outs)
             if side == "dask":
-                dt, b, outs["dask"] = timed(client, lambda: dask_fft2(client, x, method), keep, x, where)
+                dt, b, outs["dask"] = W.timed(client, lambda: dask_fft2(client, x, method), keep, x, where)
                 dask_s.append(dt)
                 dask_b.append(b)
             else:
-                dt, b, outs["mpi"] = timed(client, lambda: mpi_fft2(x), keep, x, where)
+                dt, b, outs["mpi"] = W.timed(client, lambda: mpi_fft2(x), keep, x, where)
                 mpi_s.append(dt)
                 mpi_b.append(b)
                 prof = W.stashed(client)
@@ -198,14 +188,9 @@ def run_size(client, n: int, m: int, repeat: int, method: str) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", default="1024,2048,4096,8192")
-    ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--large-repeat", type=int, default=3, help="runs per side from 8192 up")
+    ap = W.arguments(__doc__, "fft", "1024,2048,4096,8192", "8192")
     ap.add_argument("--choose-repeat", type=int, default=3)
     ap.add_argument("--method", default=None, help="skip the choice: tasks or p2p")
-    ap.add_argument("--workers", type=int, default=4)
-    ap.add_argument("--out", default=None, help="results file (- for none); default bench/results/fft.json")
     args = ap.parse_args()
     W.by_value(sys.modules[__name__], W)
     cluster, client, _ = W.start(args.workers)

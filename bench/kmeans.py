@@ -26,7 +26,6 @@ in the Allreduces.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
@@ -182,12 +181,7 @@ def run_size(client, n: int, m: int, repeat: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", default="131072,1048576,4194304,16777216")
-    ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--large-repeat", type=int, default=3, help="runs per side from 4194304 points up")
-    ap.add_argument("--workers", type=int, default=4)
-    ap.add_argument("--out", default=None, help="results file (- for none); default bench/results/kmeans.json")
+    ap = W.arguments(__doc__, "kmeans", "131072,1048576,4194304,16777216", "4194304 points")
     args = ap.parse_args()
     W.by_value(sys.modules[__name__], W)
     cluster, client, _ = W.start(args.workers)

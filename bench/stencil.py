@@ -27,7 +27,6 @@ halo bytes the ranks sent each other over MPI.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
@@ -180,16 +179,6 @@ def make_input(client, n: int, grid: tuple[int, int]):
     )
 
 
-def timed(client, fn, keep: int, x, where) -> tuple[float, int, object]:
-    W.unreplicate(client, x, where)
-    W.settle(client, keep)
-    before = W.moved(client)
-    t0 = time.perf_counter()
-    y = fn()
-    dt = time.perf_counter() - t0
-    return dt, W.moved(client) - before, y
-
-
 def same(client, a, b) -> float:
     """Largest absolute difference between two persisted arrays (computed on the cluster)."""
     import dask.array as da
@@ -213,7 +202,7 @@ def run_size(client, n: int, grid: tuple[int, int], repeat: int, candidates: lis
     where = W.placement(client, u)
     tried = {}
     for v in candidates:
-        dt, b, y = timed(client, lambda v=v: dask_sweeps(client, u, ITERATIONS, *v), blocks + 8, u, where)
+        dt, b, y = W.timed(client, lambda v=v: dask_sweeps(client, u, ITERATIONS, *v), blocks + 8, u, where)
         tried[variant_name(v)] = {"seconds": round(dt, 4), "bytes_moved_between_workers": b}
         del y
     chosen = min(candidates, key=lambda v: tried[variant_name(v)]["seconds"])
@@ -226,11 +215,13 @@ def run_size(client, n: int, grid: tuple[int, int], repeat: int, candidates: lis
         for side in sides:
             keep = blocks * (2 + len(outs)) + 8
             if side == "dask":
-                dt, b, outs["dask"] = timed(client, lambda: dask_sweeps(client, u, ITERATIONS, *chosen), keep, u, where)
+                dt, b, outs["dask"] = W.timed(
+                    client, lambda: dask_sweeps(client, u, ITERATIONS, *chosen), keep, u, where
+                )
                 dask_s.append(dt)
                 dask_b.append(b)
             else:
-                dt, b, outs["mpi"] = timed(client, lambda: mpi_sweeps(u, ITERATIONS), keep, u, where)
+                dt, b, outs["mpi"] = W.timed(client, lambda: mpi_sweeps(u, ITERATIONS), keep, u, where)
                 mpi_s.append(dt)
                 mpi_b.append(b)
                 prof = W.stashed(client)
@@ -271,11 +262,8 @@ def run_size(client, n: int, grid: tuple[int, int], repeat: int, candidates: lis
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", default="512,1024,2048,4096,8192,11585")
+    ap = W.arguments(__doc__, "stencil", "512,1024,2048,4096,8192,11585", "4096")
     ap.add_argument("--grid", default="4x1", help="blocks, rows x columns (one per worker by default)")
-    ap.add_argument("--repeat", type=int, default=5, help="runs of each side per size (alternating)")
-    ap.add_argument("--large-repeat", type=int, default=3, help="runs per side from 4096 up")
     ap.add_argument(
         "--choose-up-to",
         type=int,
@@ -283,8 +271,6 @@ def main() -> None:
         help="every Dask variant tried up to this size; above it, the two fastest at the last size tried",
     )
     ap.add_argument("--dask", default=None, help="only this Dask variant: 'BOUNDARY,EVERY', e.g. 0,10")
-    ap.add_argument("--workers", type=int, default=4)
-    ap.add_argument("--out", default=None, help="results file (- for none); default bench/results/stencil.json")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     grid = tuple(int(g) for g in args.grid.split("x"))

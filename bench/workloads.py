@@ -175,6 +175,30 @@ def settle(client, keep: int, seconds: float = 0.5) -> None:
     time.sleep(seconds)
 
 
+def timed(client, fn: Callable, keep: int, x, where: dict[tuple, str]) -> tuple[float, int, Any]:
+    """(seconds, bytes moved between workers, result) of fn(), started from x's blocks on their
+    workers only (unreplicated) and a quiet cluster that keeps ``keep`` keys."""
+    unreplicate(client, x, where)
+    settle(client, keep)
+    before = moved(client)
+    t0 = time.perf_counter()
+    y = fn()
+    return time.perf_counter() - t0, moved(client) - before, y
+
+
+def arguments(doc: str, name: str, sizes: str, large: str):
+    """The options every workload takes; ``large`` says from which size --large-repeat applies."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default=sizes)
+    ap.add_argument("--repeat", type=int, default=5, help="runs of each side per size (alternating)")
+    ap.add_argument("--large-repeat", type=int, default=3, help=f"runs per side from {large} up")
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--out", default=None, help=f"results file (- for none); default bench/results/{name}.json")
+    return ap
+
+
 def stash(record: dict) -> None:
     """On a rank: a record of the job's own timing, kept in its worker (read back by stashed)."""
     import sys as _s
