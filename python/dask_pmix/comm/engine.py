@@ -25,6 +25,7 @@ fragments only when polled (the TCP BTL) must keep being polled by both ends.
 
 from __future__ import annotations
 
+import collections
 import logging
 import queue
 import threading
@@ -62,7 +63,19 @@ class Transfer:
     """The MPI side of one message in one direction: its frames' buffers, moved as chunks of at
     most chunk_bytes on one (communicator, peer, tag), completed together."""
 
-    __slots__ = ("send", "comm", "peer", "tag", "buffers", "on_done", "remaining", "error", "requests")
+    __slots__ = (
+        "send",
+        "comm",
+        "peer",
+        "tag",
+        "buffers",
+        "on_done",
+        "remaining",
+        "error",
+        "requests",
+        "pending",
+        "cancelled",
+    )
 
     def __init__(
         self,
@@ -82,6 +95,10 @@ class Transfer:
         self.remaining = 0
         self.error: BaseException | None = None
         self.requests: list = []
+        # A receive's chunks not posted yet, each with the event its populating sets (the progress
+        # thread posts them one by one as they are faulted in, testing those posted meanwhile)
+        self.pending: collections.deque | None = None
+        self.cancelled = False
 
 
 class Engine:
@@ -104,6 +121,7 @@ class Engine:
         self._queued: dict[tuple, int] = {}
         self._queued_lock = threading.Lock()
         self._ahead = prefault.Ahead()  # populates a large receive's chunks ahead of their posts
+        self._posting: list[Transfer] = []  # receives with chunks still to post (this thread's)
         self.posted_now = 0  # transfers posted by their caller, for the tests
         self.completed_now = 0  # ... and completed there
 
@@ -203,10 +221,13 @@ class Engine:
                 if self._take_inbox():
                     last_progress = last_post = time.monotonic()
                     backoff = BACKOFF_MIN
+                if self._posting and self._post_more():
+                    last_progress = last_post = time.monotonic()
+                    backoff = BACKOFF_MIN
                 if self._drains and time.monotonic() >= self._next_drain:
                     self._probe_drains()
                 tested = self._test() if self._requests else False
-            if self._requests or tested:
+            if self._requests or tested or self._posting:
                 if tested:
                     last_progress = time.monotonic()
                     backoff = BACKOFF_MIN
@@ -237,6 +258,7 @@ class Engine:
                 elif kind == "adopt":
                     self._adopt(item)
                 elif kind == "cancel":
+                    item.cancelled = True  # its chunks not posted yet never will be
                     for req in item.requests:
                         if req:
                             req.Cancel()
@@ -251,26 +273,43 @@ class Engine:
     def _post(self, t: Transfer) -> None:
         key = self._key(t)
         try:
-            self._post_requests(t)
+            self._post_requests(t, pipelined=True)
         except Exception as exc:  # an MPI error posting: fail that transfer (its posted chunks complete)
             t.error = t.error or _plain(exc)
+            t.pending = None
         finally:
-            with self._queued_lock:
-                left = self._queued.get(key, 1) - 1
-                if left > 0:
-                    self._queued[key] = left
-                else:
-                    self._queued.pop(key, None)
+            if not t.pending:
+                self._unqueue(key)
+        if t.pending:
+            # Later transfers of this connection wait in the inbox meanwhile (post_now refuses
+            # them: the key stays queued), so chunks keep their posting order.
+            self._posting.append(t)
         self._adopt(t)
 
-    def _post_requests(self, t: Transfer) -> None:
+    def _unqueue(self, key: tuple) -> None:
+        with self._queued_lock:
+            left = self._queued.get(key, 1) - 1
+            if left > 0:
+                self._queued[key] = left
+            else:
+                self._queued.pop(key, None)
+
+    def _post_requests(self, t: Transfer, pipelined: bool = False) -> None:
         """Posts the transfer's chunks (any thread; the requests are the transfer's until adopted).
-        A receive's fresh buffers are faulted in first, a chunk ahead of its post (prefault.py)."""
+        A receive's fresh buffers are faulted in first, a chunk ahead of its post (prefault.py).
+        pipelined (the progress thread): a receive of several chunks posts its first one only and
+        leaves the others in t.pending, for _post_more to post as the helper faults them in: the
+        copy of chunk k (inside MPI_Test: Open MPI's single-copy get) then runs beside the
+        populating of chunk k+1, instead of every chunk being populated before the first copy."""
         MPI = self.MPI
         op = t.comm.Isend if t.send else t.comm.Irecv
         step = self.chunk_bytes
         chunks = [buf[start : start + step] for buf in t.buffers for start in range(0, buf.nbytes, step)]
-        ready = [self._ahead.ask(c) for c in chunks] if not t.send and len(chunks) > 1 else None
+        ready = [self._ahead.ask(c, self._wake) for c in chunks] if not t.send and len(chunks) > 1 else None
+        if pipelined and ready is not None:
+            t.pending = collections.deque(zip(chunks, ready))
+            self._post_chunk(t, wait=True)
+            return
         for i, chunk in enumerate(chunks):
             # The helper may be slow to get the CPU on a loaded host: then this thread populates
             # the chunk itself (populating pages already in is cheap).
@@ -279,6 +318,50 @@ class Engine:
             req = op([chunk, MPI.BYTE], t.peer, t.tag)
             t.requests.append(req)
             t.remaining += 1
+
+    def _post_chunk(self, t: Transfer, wait: bool) -> bool:
+        """Posts t's next pending receive chunk once the helper has populated it; with wait, after
+        AHEAD_WAIT this thread populates it itself. True if one was posted (its request is t's,
+        not adopted yet)."""
+        chunk, ready = t.pending[0]
+        if not ready.is_set():
+            if not wait:
+                return False
+            if not ready.wait(AHEAD_WAIT):
+                prefault.populate(chunk)
+        t.pending.popleft()
+        req = t.comm.Irecv([chunk, self.MPI.BYTE], t.peer, t.tag)
+        t.requests.append(req)
+        t.remaining += 1
+        return True
+
+    def _post_more(self) -> bool:
+        """Posts the pending chunks of pipelined receives that are ready, and the next one of a
+        receive that has nothing in flight (waiting for it: there is nothing to copy meanwhile).
+        True if anything was posted."""
+        posted = False
+        keep = []
+        for t in self._posting:
+            if t.cancelled or t.error is not None:
+                t.pending = None
+            else:
+                try:
+                    while t.pending and self._post_chunk(t, wait=t.remaining == 0):
+                        self._requests.append(t.requests[-1])
+                        self._owners.append(t)
+                        posted = True
+                except Exception as exc:  # an MPI error posting: the transfer fails with its posted chunks
+                    t.error = t.error or _plain(exc)
+                    t.pending = None
+            if t.pending:
+                keep.append(t)
+                continue
+            t.pending = None
+            self._unqueue(self._key(t))
+            if t.remaining == 0:
+                self._finish(t)
+        self._posting = keep
+        return posted
 
     def _test_transfer(self, t: Transfer) -> None:
         """Tests the transfer's requests once (any thread that owns them)."""
@@ -299,7 +382,7 @@ class Engine:
             if req:
                 self._requests.append(req)
                 self._owners.append(t)
-        if t.remaining == 0:
+        if t.remaining == 0 and not t.pending:
             self._finish(t)
 
     def _test(self) -> bool:
@@ -318,7 +401,7 @@ class Engine:
             if done:
                 progressed = True
                 owner.remaining -= 1
-                if owner.remaining == 0:
+                if owner.remaining == 0 and not owner.pending:
                     self._finish(owner)
             else:
                 keep_r.append(req)
@@ -329,7 +412,7 @@ class Engine:
 
     def _fail(self, t: Transfer, exc: BaseException) -> None:
         t.error = exc
-        if t.remaining == 0:
+        if t.remaining == 0 and not t.pending:
             self._finish(t)
         # posted chunks complete or fail on their own; the transfer finishes with the last one
 

@@ -67,7 +67,9 @@ class Ahead:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def ask(self, buf) -> threading.Event:
+    def ask(self, buf, wake: threading.Event | None = None) -> threading.Event:
+        """wake, if given, is set too once the buffer is populated (the progress thread's own
+        event: it sleeps between polls and posts the chunk as soon as it is ready)."""
         done = threading.Event()
         if _madvise is None:
             done.set()
@@ -76,15 +78,17 @@ class Ahead:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="dask-pmix-prefault", daemon=True)
                 self._thread.start()
-        self._queue.put((buf, done))
+        self._queue.put((buf, done, wake))
         return done
 
     def _run(self) -> None:
         while True:
-            buf, done = self._queue.get()
+            buf, done, wake = self._queue.get()
             try:
                 populate(buf)
             except Exception:  # noqa: BLE001 - a buffer left as it is only costs its faults later
                 pass
             finally:
                 done.set()
+                if wake is not None:
+                    wake.set()
