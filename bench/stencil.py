@@ -201,11 +201,11 @@ def run_size(client, n: int, grid: tuple[int, int], repeat: int, candidates: lis
     load0 = W.loadavg()
     where = W.placement(client, u)
     tried = {}
-    for v in candidates:
+    for v in candidates if len(candidates) > 1 else ():  # one candidate: nothing to choose
         dt, b, y = W.timed(client, lambda v=v: dask_sweeps(client, u, ITERATIONS, *v), blocks + 8, u, where)
         tried[variant_name(v)] = {"seconds": round(dt, 4), "bytes_moved_between_workers": b}
         del y
-    chosen = min(candidates, key=lambda v: tried[variant_name(v)]["seconds"])
+    chosen = min(candidates, key=lambda v: tried[variant_name(v)]["seconds"]) if tried else candidates[0]
     print(f"[stencil] {n}^2 dask variants: {tried}; chosen {variant_name(chosen)}", file=sys.stderr)
     dask_s, mpi_s, dask_b, mpi_b, loops, diffs = [], [], [], [], [], []
     halo = None
@@ -268,8 +268,9 @@ def main() -> None:
         "--choose-up-to",
         type=int,
         default=2048,
-        help="every Dask variant tried up to this size; above it, the two fastest at the last size tried",
+        help="every Dask variant tried up to this size; above it, the fastest at the last size tried",
     )
+    ap.add_argument("--large-candidates", type=int, default=2, help="how many of those fastest (1: no choice)")
     ap.add_argument("--dask", default=None, help="only this Dask variant: 'BOUNDARY,EVERY', e.g. 0,10")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -289,7 +290,7 @@ def main() -> None:
             elif n <= args.choose_up_to:
                 candidates = list(VARIANTS)
             else:
-                candidates = best[:2]
+                candidates = best[: args.large_candidates]
             row = run_size(
                 client, n, grid, args.large_repeat if n >= 4096 else args.repeat, candidates, check_numpy=n <= 1024
             )
@@ -321,7 +322,8 @@ def main() -> None:
                 "dask_way": (
                     "per size, each candidate variant (boundary=0 or 'none', persisted every 1, 10 or 100 sweeps) "
                     f"is run once and the fastest is that size's Dask side; all six up to {args.choose_up_to}^2, "
-                    "above it the two fastest at the last size where all were tried"
+                    f"above it the {args.large_candidates} fastest at the last size where all were tried (one: "
+                    "taken without a trial run)"
                 ),
                 "bytes_moved": (
                     "dask: bytes the workers sent each other through Dask during the run "
