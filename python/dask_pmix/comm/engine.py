@@ -322,14 +322,16 @@ class Engine:
     def _post_chunk(self, t: Transfer, wait: bool) -> bool:
         """Posts t's next pending receive chunk once the helper has populated it; with wait, after
         AHEAD_WAIT this thread populates it itself. True if one was posted (its request is t's,
-        not adopted yet)."""
-        chunk, ready = t.pending[0]
+        not adopted yet). Called only while t.pending holds a chunk."""
+        pending = t.pending
+        assert pending, "no chunk left to post"
+        chunk, ready = pending[0]
         if not ready.is_set():
             if not wait:
                 return False
             if not ready.wait(AHEAD_WAIT):
                 prefault.populate(chunk)
-        t.pending.popleft()
+        pending.popleft()
         req = t.comm.Irecv([chunk, self.MPI.BYTE], t.peer, t.tag)
         t.requests.append(req)
         t.remaining += 1
