@@ -121,12 +121,22 @@ def _watch_pool_close(pool) -> None:
     pool.on_close(_leave_pool)
 
 
+# What else holds MPI objects of this process's session, each returning how many of its MPI calls
+# are still under way once it has let go (pairs.py registers its pair communicators here).
+_on_leave: list[Callable[[], int]] = []
+
+
+def on_leave(release: Callable[[], int]) -> None:
+    """Call ``release`` before the session is finalized (once per module that holds MPI objects)."""
+    if release not in _on_leave:
+        _on_leave.append(release)
+
+
 def _leave_pool() -> None:
     from .engine import stop_engine
-    from .pairs import drop_registries
 
     stop_engine()
-    pending = drop_registries()
+    pending = sum(release() for release in list(_on_leave))
     if pending:
         from ..worker import pool
 

@@ -32,7 +32,7 @@ import time
 
 from ..worker.activation import GATE
 from . import stats
-from .link import PoolLink
+from .link import PoolLink, on_leave
 
 NAME_PREFIX = "dask-pmix-comm"
 
@@ -211,3 +211,6 @@ def drop_registries(wait: float = 1.0) -> int:
             except Exception:
                 pass
     return pending
+
+
+on_leave(drop_registries)
