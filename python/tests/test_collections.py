@@ -11,6 +11,7 @@ import signal
 import threading
 import time
 
+import dask
 import numpy as np
 import pytest
 from distributed import futures_of, wait
@@ -18,12 +19,16 @@ from distributed import futures_of, wait
 from dask_pmix import MPIJobError, map_blocks_mpi
 from dask_pmix.blocks import Block, Blocks, Layout
 
-from .conftest import start_cluster
+from .conftest import IMPL, start_cluster
+from .test_inprocess import wait_pool_ready
 
 
 @pytest.fixture(scope="module")
 def cluster3():
-    cluster, client, sidecar = start_cluster(3)
+    # In process under both libraries: MPICH's pool is opt-in (dask-pmix.pool.mpich).
+    with dask.config.set({"dask-pmix.pool.mpich": IMPL == "mpich"}):
+        cluster, client, sidecar = start_cluster(3)
+    wait_pool_ready(sidecar, 3)
     yield cluster, client, sidecar
     client.close()
     cluster.close()
@@ -36,7 +41,9 @@ def workers_of(client):
 def transfers(client) -> list:
     """The worker-to-worker transfers of keys the workers have logged (incoming: each transfer
     is logged at both ends)."""
-    logs = client.run(lambda dask_worker: [sorted(map(str, e.get("keys", ()))) for e in dask_worker.transfer_incoming_log])
+    logs = client.run(
+        lambda dask_worker: [sorted(map(str, e.get("keys", ()))) for e in dask_worker.transfer_incoming_log]
+    )
     return sorted(k for keys in logs.values() for k in keys)
 
 
@@ -68,9 +75,7 @@ def check_positions_and_multiply(comm, x, *, layout_file):
     ],
     ids=["1d", "2d", "3d"],
 )
-def test_blocks_arrive_with_their_positions_and_come_back_where_they_were_made(
-    cluster3, impl, tmp_path, shape, chunks
-):
+def test_blocks_arrive_with_their_positions_and_come_back_where_they_were_made(cluster3, impl, tmp_path, shape, chunks):
     import dask.array as da
 
     _, client, _ = cluster3
@@ -144,7 +149,10 @@ def test_misaligned_inputs_are_refused_in_one_sentence_or_moved(cluster3, impl):
     def pairs(comm, X, y):
         return {b.index: b.data * y.get(b.index[0]).data[:, None] for b in X}
 
-    with pytest.raises(ValueError, match=r"^the inputs are not aligned: block \(0, 0\) of input 0 is on .* but block \(0,\) of input 1 on .*; .*align='move'") as err:
+    with pytest.raises(
+        ValueError,
+        match=r"^the inputs are not aligned: block \(0, 0\) of input 0 is on .* but block \(0,\) of input 1 on .*; .*align='move'",
+    ) as err:
         map_blocks_mpi(pairs, X, y, impl=impl)
     assert err.value.args[0].count(". ") == 0  # one sentence
     # Chunked differently along their common axis: said so, before any lookup.
@@ -168,7 +176,9 @@ def test_members_without_blocks(cluster3, impl, empty, size):
         return {b.index: np.array([comm.size]) for b in x}
 
     if size is None:
-        with pytest.raises(ValueError, match=r"^worker tcp://\S+ holds nothing of the inputs \(empty='error'\), nor do 1 more$"):
+        with pytest.raises(
+            ValueError, match=r"^worker tcp://\S+ holds nothing of the inputs \(empty='error'\), nor do 1 more$"
+        ):
             map_blocks_mpi(sizes, x, chunks=(1,), workers=w, empty=empty, impl=impl)
         return
     out = map_blocks_mpi(sizes, x, chunks=(1,), workers=w, empty=empty, impl=impl)
@@ -230,7 +240,9 @@ def test_a_wrong_output_block_fails_the_call_naming_the_rank_and_the_block(clust
         return blocks
 
     if match is None:  # dtype= given: a block of another dtype is refused on its rank
-        with pytest.raises(MPIJobError, match=r"rank 0 returned output block \(2,\) of dtype float32, not float64") as err:
+        with pytest.raises(
+            MPIJobError, match=r"rank 0 returned output block \(2,\) of dtype float32, not float64"
+        ) as err:
             map_blocks_mpi(wrong, x, dtype="f8", returns=returns, impl=impl)
     else:
         with pytest.raises(MPIJobError, match=match) as err:
@@ -270,6 +282,54 @@ def test_replicated_blocks_spread_over_their_holders(cluster3, impl):
     assert out == [302] * 6  # 3 ranks of 2 blocks each, not 1 rank of 6
 
 
+def slab_and_transfers_seen(comm, x, y):
+    """Each rank's blocks of x and y as one contiguous slab each (both inputs balanced alike),
+    doubled; the rank's block counts and slab offsets come back in block 0's output."""
+    sx, sy = x.contiguous(axis=0), y.contiguous(axis=0)
+    assert sx.offset == sy.offset and len(x) == len(y)
+    for b, c in zip(x, y):  # every block where its index says, whichever rank sent it
+        assert np.array_equal(b.data, np.arange(b.offset[0], b.offset[0] + b.shape[0]))
+        assert np.array_equal(c.data, -b.data)
+    counts = comm.allgather(len(x))
+    return {b.index: b.data * 2 + (1000 * max(counts) + min(counts) if b.index == (0,) else 0) for b in x}
+
+
+@pytest.mark.parametrize("how", ["dask", "mpi"])
+def test_skewed_blocks_are_rebalanced_by_dask_or_over_mpi(cluster3, impl, how):
+    import dask.array as da
+
+    _, client, _ = cluster3
+    w = workers_of(client)
+    # 7 aligned blocks of two inputs, all on one worker; 3 ranks (n=3): runs of 3, 2 and 2 blocks.
+    x = client.persist(da.arange(14, chunks=2), workers=[w[0]])
+    y = client.persist(-da.arange(14, chunks=2), workers=[w[0]])
+    wait([x, y])
+    out = map_blocks_mpi(slab_and_transfers_seen, x, y, n=3, rebalance=how, impl=impl)
+    got = out.compute()
+    assert got[0] == 3002, got[:2]  # counts 3, 2, 2: balanced
+    np.testing.assert_array_equal(got[2:], np.arange(2, 14) * 2)
+    holders = {tuple(ws) for ws in client.who_has(futures_of(out)).values()}
+    assert len({h for hs in holders for h in hs}) == 3, holders  # the output is on all three ranks
+    # Dask copied the blocks to the other two workers before the job, or nothing moved through Dask.
+    holding = {w for ws in client.who_has(futures_of(x) + futures_of(y)).values() for w in ws}
+    assert holding == (set(w[:3]) if how == "dask" else {w[0]}), holding
+
+
+def test_fewer_blocks_than_ranks_spread_one_each_and_bad_rebalance_is_refused(cluster3, impl):
+    import dask.array as da
+
+    _, client, _ = cluster3
+    x = client.persist(da.arange(4, chunks=2), workers=[workers_of(client)[1]])
+    wait(x)
+
+    def sizes(comm, x):
+        return {b.index: np.full(b.shape, comm.allreduce(len(x))) for b in x}
+
+    assert map_blocks_mpi(sizes, x, n=3, rebalance="mpi", empty="exclude", impl=impl).compute().tolist() == [2] * 4
+    with pytest.raises(ValueError, match="rebalance must be None, 'dask' or 'mpi'"):
+        map_blocks_mpi(sizes, x, rebalance="yes")
+
+
 def test_an_asynchronous_client_awaits_it(cluster3, impl):
     import asyncio
 
@@ -306,12 +366,23 @@ def test_blocks_contiguous_says_why_not():
     slab = blocks_of(1).contiguous(axis=0)
     assert slab.offset == (2, 0)
     np.testing.assert_array_equal(slab.data, a[2:4])
-    with pytest.raises(ValueError, match=r"^the blocks of input 0 on rank 0 are not contiguous: \(0, 0\) and \(2, 1\) are here, but \(1, 0\) between them is on rank 1$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^the blocks of input 0 on rank 0 are not contiguous: \(0, 0\) and \(2, 1\) are here, but \(1, 0\) between them is on rank 1$",
+    ):
         blocks_of(0).contiguous()
     with pytest.raises(ValueError, match=r"not a slab along axis 1: along axis 0 they cover blocks 1 to 1 of 3"):
         blocks_of(1).contiguous(axis=1)
-    one = Blocks([Block((0, 1), (0, 2), a[0:2, 2:4])], name="a", shape=a.shape, chunks=chunks, dtype=a.dtype,
-                 input=0, rank=0, layout=layout)
+    one = Blocks(
+        [Block((0, 1), (0, 2), a[0:2, 2:4])],
+        name="a",
+        shape=a.shape,
+        chunks=chunks,
+        dtype=a.dtype,
+        input=0,
+        rank=0,
+        layout=layout,
+    )
     assert one.contiguous().offset == (0, 2)
 
 
@@ -390,7 +461,9 @@ def test_a_wrong_output_partition_names_the_rank_and_the_partition(cluster3, imp
     def renames_one(comm, df):
         return {p.number: p.data.rename(columns={"v": "w"}) if p.number == 2 else p.data for p in df}
 
-    with pytest.raises(MPIJobError, match=r"rank 0 returned output partition 2 with other columns or dtypes than partition 0"):
+    with pytest.raises(
+        MPIJobError, match=r"rank 0 returned output partition 2 with other columns or dtypes than partition 0"
+    ):
         map_partitions_mpi(renames_one, df, impl=impl)
 
     def drops_one(comm, df):
@@ -398,6 +471,7 @@ def test_a_wrong_output_partition_names_the_rank_and_the_partition(cluster3, imp
 
     with pytest.raises(MPIJobError, match=r"rank 0 did not return output partition 1"):
         map_partitions_mpi(drops_one, df, impl=impl)
+
     # Divisions given: any rank may return any partition, but each exactly once.
     def all_on_rank_0(comm, df):
         return {0: df.concat()} if comm.rank == 0 else {}
@@ -438,7 +512,10 @@ def test_a_holder_gone_before_the_job_starts_is_named_and_a_member_lost_mid_job_
             whole = comm.allreduce(float(sum(b.data.sum() for b in x)))  # once on every rank
             return {b.index: np.full(1, whole) for b in x}
 
-        with pytest.raises(MPIJobError, match=rf"^MPI job .*failed \(worker {victim}\): worker {victim}, which held block \(\d,\).* of input 0, left the cluster before the job started[^;]*; the inputs are still in the cluster \(Dask keeps or recomputes what it held\): call again$"):
+        with pytest.raises(
+            MPIJobError,
+            match=rf"^MPI job .*failed \(worker {victim}\): worker {victim}, which held block \(\d,\).* of input 0, left the cluster before the job started[^;]*; the inputs are still in the cluster \(Dask keeps or recomputes what it held\): call again$",
+        ):
             map_blocks_mpi(total, x, chunks=(1,), impl=impl)
         monkeypatch.setattr(collections, "_holders", lookup)
         assert map_blocks_mpi(total, x, chunks=(1,), impl=impl).compute().tolist() == [435.0] * 6

@@ -29,6 +29,7 @@ from .run import _check_request, _gather, _settler, _start_job, _sync, _warn_soo
 MEMBER = "dask_pmix.member.collections"
 EMPTY = ("include", "exclude", "error")
 ALIGN = ("error", "move", "none")
+REBALANCE = (None, "dask", "mpi")
 
 
 def map_blocks_mpi(
@@ -38,6 +39,7 @@ def map_blocks_mpi(
     dtype: Any = None,
     empty: str = "include",
     align: str = "error",
+    rebalance: str | None = None,
     client=None,
     n: int | None = None,
     workers: list[str] | None = None,
@@ -73,6 +75,12 @@ def map_blocks_mpi(
     chunked alike along those axes; ``align="move"`` has Dask copy the blocks that are not to
     the worker holding most of their group first, ``align="none"`` treats the inputs apart.
 
+    ``rebalance`` spreads the blocks over the members, in contiguous runs of block indices of
+    sizes that differ by at most one (aligned blocks together), each run to the member that
+    holds most of it: ``"dask"`` has Dask copy the blocks that must move before the job starts,
+    ``"mpi"`` has the ranks send them to each other over the job's communicator before ``fn``
+    runs. ``fn`` then sees the balanced layout. ``None`` (the default) moves nothing.
+
     Members: the holders; ``workers`` (which must include them) or ``n`` (at least the holders,
     other workers added) make more. ``empty`` says what a member without blocks does:
     ``"include"`` takes part with no blocks, ``"exclude"`` leaves the job, ``"error"`` fails the
@@ -107,6 +115,8 @@ def map_blocks_mpi(
         raise ValueError(f"empty must be 'include', 'exclude' or 'error', not {empty!r}")
     if align not in ALIGN:
         raise ValueError(f"align must be 'error', 'move' or 'none', not {align!r}")
+    if rebalance not in REBALANCE:
+        raise ValueError(f"rebalance must be None, 'dask' or 'mpi', not {rebalance!r}")
     if align != "none":
         _check_chunks(arrays)
     out = output_spec(arrays[0], chunks, dtype)
@@ -121,7 +131,9 @@ def map_blocks_mpi(
     options = {"impl": impl, "mode": mode, "timeout": timeout, "wiring_timeout": wiring_timeout}
 
     async def attempt(labels: dict | None):
-        members, blocks_of = await _place(client, min(a.ndim for a in arrays), held, align, empty, workers, n)
+        members, blocks_of, targets_of = await _place(
+            client, min(a.ndim for a in arrays), held, align, empty, workers, n, rebalance
+        )
         spec = {
             "inputs": [{"name": a.name, "shape": a.shape, "chunks": a.chunks, "dtype": a.dtype} for a in arrays],
             "out": out,
@@ -135,6 +147,7 @@ def map_blocks_mpi(
             held,
             members,
             blocks_of,
+            targets_of,
             fallbacks,
             {**options, "labels": labels},
             _block,
@@ -148,19 +161,23 @@ def map_blocks_mpi(
 
 
 async def _run_job(
-    client, target: str, fn, spec, kwargs, held, members, blocks_of, fallbacks, options, piece
+    client, target: str, fn, spec, kwargs, held, members, blocks_of, targets_of, fallbacks, options, piece
 ) -> tuple[Any, list]:
     """The job over ``members``, each rank given its pieces of every input (``local=``) and the
-    layout once the rank order is known; returns it with its ranks' futures, all finished."""
+    layout once the rank order is known; returns it with its ranks' futures, all finished.
+    ``targets_of`` (rebalance="mpi"): where the pieces go; the ranks send them there first
+    (member.collections.exchanged), and ``fn`` sees that layout."""
 
     def local_for(ranked: list[dict]) -> dict[str, Any]:
         order = [m["workerId"] for m in ranked]
-        layout = Layout([blocks_of[w] for w in order], order)
+        source = Layout([blocks_of[w] for w in order], order)
+        layout = Layout([targets_of[w] for w in order], order) if targets_of is not None else source
         return {
             w: {
                 "rank": r,
                 "layout": layout,
-                "data": [[held[k][ix] for ix in layout.blocks(r, k)] for k in range(len(held))],
+                **({"source": source} if targets_of is not None else {}),
+                "data": [[held[k][ix] for ix in source.blocks(r, k)] for k in range(len(held))],
             }
             for r, w in enumerate(order)
         }
@@ -295,10 +312,11 @@ def _partition(ix: Index) -> str:
 
 
 async def _place(
-    client, common: int, held, align, empty, workers, n, piece: Callable[[Index], str] = _block
-) -> tuple[list[str], dict[str, list[list[Index]]]]:
-    """The members, and for each, the indices of the pieces (blocks, partitions) of each input it
-    holds; aligned pieces (indices that agree on the first ``common`` axes) on one member."""
+    client, common: int, held, align, empty, workers, n, rebalance=None, piece: Callable[[Index], str] = _block
+) -> tuple[list[str], dict[str, list[list[Index]]], dict[str, list[list[Index]]] | None]:
+    """The members; for each, the indices of the pieces (blocks, partitions) of each input it
+    holds, aligned pieces (indices that agree on the first ``common`` axes) on one member; and,
+    with rebalance="mpi", the pieces each is to hold once the ranks have sent them (else None)."""
     who_has = await _holders(client, held)
     nowhere = [(k, ix) for k, fs in enumerate(held) for ix, f in fs.items() if not who_has.get(f.key)]
     if nowhere:
@@ -368,22 +386,67 @@ async def _place(
         members = holders + extra
     else:
         members = holders
-    without = [w for w in members if w not in holders]
+    final = owner
+    if rebalance is not None:
+        final = _balanced(groups, owner, members)
+        if rebalance == "dask":
+            await _move(client, held, who_has, owner, final)
+            owner = final
+    holding = set(final.values())
+    without = [w for w in members if w not in holding]
     if without and empty == "error":
         raise ValueError(
             f"worker {without[0]} holds nothing of the inputs (empty='error'), nor do {len(without) - 1} more"
             if len(without) > 1
             else f"worker {without[0]} holds nothing of the inputs (empty='error')"
         )
-    if empty == "exclude":
-        members = [w for w in members if w in holders]
-    blocks_of: dict[str, list[list[Index]]] = {w: [[] for _ in held] for w in members}
+    if empty == "exclude":  # a member that sends its pieces away (rebalance="mpi") stays
+        members = [w for w in members if w in holding or (rebalance == "mpi" and w in holders)]
+    blocks_of = _per_member(owner, members, len(held))
+    return members, blocks_of, _per_member(final, members, len(held)) if final is not owner else None
+
+
+def _per_member(owner: dict[tuple[int, Index], str], members: list[str], inputs: int) -> dict[str, list[list[Index]]]:
+    """{member: [sorted indices of each input]}."""
+    out: dict[str, list[list[Index]]] = {w: [[] for _ in range(inputs)] for w in members}
     for (k, ix), w in owner.items():
-        blocks_of[w][k].append(ix)
-    for per_input in blocks_of.values():
+        out[w][k].append(ix)
+    for per_input in out.values():
         for ixs in per_input:
             ixs.sort()
-    return members, blocks_of
+    return out
+
+
+def _balanced(groups: dict[Any, list[tuple[int, Index]]], owner: dict, members: list[str]) -> dict:
+    """The pieces spread over ``members``: the groups in index order cut into contiguous runs
+    whose sizes differ by at most one, each run to the member (not given one yet) that holds most
+    of its pieces now (the first such member on a tie), so that as little as can be moves."""
+    keys = sorted(groups)
+    m = len(members)
+    runs = [keys[i * len(keys) // m : (i + 1) * len(keys) // m] for i in range(m)]
+    free = list(members)
+    final: dict[tuple[int, Index], str] = {}
+    for run in sorted(runs, key=len, reverse=True):  # the larger runs choose first
+        pieces = [b for g in run for b in groups[g]]
+        w = max(free, key=lambda x: (sum(owner[b] == x for b in pieces), -free.index(x)))
+        free.remove(w)
+        final.update({b: w for b in pieces})
+    return final
+
+
+async def _move(client, held, who_has: dict, owner: dict, final: dict) -> None:
+    """rebalance="dask": Dask copies each piece to its new member (as rebalance does)."""
+    to: dict[str, dict] = {}
+    for b, w in final.items():
+        key = held[b[0]][b[1]].key
+        if w != owner[b] and w not in who_has[key]:
+            to.setdefault(w, {})[key] = who_has[key]
+    for target, copy in sorted(to.items()):
+        failed = await client._run_on_scheduler(_copy_to, target, copy)
+        if failed:
+            raise MPIJobError(
+                f"Dask could not copy {len(failed)} blocks to {target} to rebalance the inputs; call again"
+            )
 
 
 async def _copy_to(target: str, who_has: dict, dask_scheduler=None) -> list:
@@ -500,6 +563,7 @@ def map_partitions_mpi(
     divisions: Any = "same",
     empty: str = "include",
     align: str = "error",
+    rebalance: str | None = None,
     client=None,
     n: int | None = None,
     workers: list[str] | None = None,
@@ -521,8 +585,8 @@ def map_partitions_mpi(
     divisions (``None``), or the divisions given (then ``npartitions = len(divisions) - 1`` and
     every partition comes from exactly one rank). ``meta=None`` takes the first partition's
     columns and dtypes; every partition must match them. Aligned inputs have the same number of
-    partitions (and the same divisions where both are known); ``empty``, ``align``, members,
-    failures and ``retries`` are as in map_blocks_mpi."""
+    partitions (and the same divisions where both are known); ``empty``, ``align``,
+    ``rebalance``, members, failures and ``retries`` are as in map_blocks_mpi."""
     import dask.dataframe as dd
     from distributed import default_client
 
@@ -540,6 +604,8 @@ def map_partitions_mpi(
         raise ValueError(f"empty must be 'include', 'exclude' or 'error', not {empty!r}")
     if align not in ALIGN:
         raise ValueError(f"align must be 'error', 'move' or 'none', not {align!r}")
+    if rebalance not in REBALANCE:
+        raise ValueError(f"rebalance must be None, 'dask' or 'mpi', not {rebalance!r}")
     first = frames[0]
     if align != "none":
         for k, f in enumerate(frames[1:], 1):
@@ -578,7 +644,7 @@ def map_partitions_mpi(
     options = {"impl": impl, "mode": mode, "timeout": timeout, "wiring_timeout": wiring_timeout}
 
     async def attempt(labels: dict | None):
-        members, blocks_of = await _place(client, 1, held, align, empty, workers, n, _partition)
+        members, blocks_of, targets_of = await _place(client, 1, held, align, empty, workers, n, rebalance, _partition)
         spec = {
             "inputs": [
                 {"name": f._name, "npartitions": f.npartitions, "divisions": tuple(f.divisions), "meta": f._meta}
@@ -595,6 +661,7 @@ def map_partitions_mpi(
             held,
             members,
             blocks_of,
+            targets_of,
             fallbacks,
             {**options, "labels": labels},
             _partition,

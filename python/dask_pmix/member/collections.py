@@ -20,7 +20,7 @@ def rank_blocks(fn: Callable, spec: dict, comm: Any, *args: Any, local: dict, **
     if rank != local["rank"]:  # the layout was made for the rank order the job was created with
         raise RuntimeError(f"this member is rank {rank} of the job, but its blocks were given to rank {local['rank']}")
     inputs = []
-    for k, (meta, values) in enumerate(zip(spec["inputs"], local["data"])):
+    for k, (meta, values) in enumerate(zip(spec["inputs"], exchanged(comm, local))):
         starts = block_starts(meta["chunks"])
         indices = layout.blocks(rank, k)
         blocks = [
@@ -40,6 +40,36 @@ def rank_blocks(fn: Callable, spec: dict, comm: Any, *args: Any, local: dict, **
             )
         )
     return check_output(fn(comm, *inputs, *args, **kwargs), spec["out"], rank, layout)
+
+
+# The tag of rebalance="mpi"'s messages: every one is received before fn runs, so fn's own
+# messages, whatever their tags, never meet one.
+EXCHANGE_TAG = 27
+
+
+def exchanged(comm: Any, local: dict) -> list[list[Any]]:
+    """This rank's pieces of each input, in the order of ``local["layout"]``. With
+    rebalance="mpi" (``local["source"]``, where the pieces are now), the ranks first send each
+    piece to the rank the layout gives it: each rank sends its leaving pieces to each rank in
+    index order and receives its arriving ones from each rank in the same order (MPI keeps the
+    order of messages between two ranks on one tag), all sends posted before any receive waits."""
+    source: Layout | None = local.get("source")
+    if source is None:
+        return local["data"]
+    layout: Layout = local["layout"]
+    rank, inputs = comm.rank, len(local["data"])
+    have = {(k, ix): v for k in range(inputs) for ix, v in zip(source.blocks(rank, k), local["data"][k])}
+    sends = [
+        comm.isend(have[(k, ix)], dest=layout.rank_of(ix, k), tag=EXCHANGE_TAG)
+        for k, ix in sorted(have)
+        if layout.rank_of(ix, k) != rank
+    ]
+    arriving = sorted((k, ix) for k in range(inputs) for ix in layout.blocks(rank, k) if (k, ix) not in have)
+    for k, ix in arriving:  # in index order overall, so in index order from each sender
+        have[(k, ix)] = comm.recv(source=source.rank_of(ix, k), tag=EXCHANGE_TAG)
+    for req in sends:
+        req.wait()
+    return [[have[(k, ix)] for ix in layout.blocks(rank, k)] for k in range(inputs)]
 
 
 def _index(key: Any, ndim: int) -> tuple[int, ...] | None:
@@ -126,7 +156,7 @@ def rank_partitions(fn: Callable, spec: dict, comm: Any, *args: Any, local: dict
             f"this member is rank {rank} of the job, but its partitions were given to rank {local['rank']}"
         )
     inputs = []
-    for k, (meta, values) in enumerate(zip(spec["inputs"], local["data"])):
+    for k, (meta, values) in enumerate(zip(spec["inputs"], exchanged(comm, local))):
         divisions = meta["divisions"]
         mine = [
             Partition(ix[0], (divisions[ix[0]], divisions[ix[0] + 1]), value)
