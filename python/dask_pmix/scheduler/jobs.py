@@ -39,6 +39,9 @@ class Entry:
     def rank_of(self, worker: str) -> int | None:
         return next((m["rank"] for m in self.view.get("members") or () if m["workerId"] == worker), None)
 
+    def worker_of(self, rank: int) -> str | None:
+        return next((m.get("workerId") for m in self.view.get("members") or () if m.get("rank") == rank), None)
+
 
 class JobMirror:
     def __init__(self) -> None:

@@ -14,7 +14,8 @@ import time
 
 
 class CohortJoining:
-    def __init__(self, bound: float):
+    def __init__(self, bound: float = 30.0):
+        # The plugin sets it from timeouts.pool-join when it starts on the scheduler.
         self.bound = bound
         self._epochs: dict[int, dict[str, bool]] = {}  # epoch -> {worker: its session is up}
         self._since: dict[int, float] = {}  # epoch -> when its last member was answered

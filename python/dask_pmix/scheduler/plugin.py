@@ -113,7 +113,7 @@ class SidecarPlugin(SchedulerPlugin):
         self._last_in_line: asyncio.Future | None = None
         self._admitted: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._psets: dict[str, list[str]] = {}  # the sidecar's process sets: name -> members
-        self.joining = CohortJoining(bound=30.0)  # its bound is timeouts.pool-join, read in start()
+        self.joining = CohortJoining()  # its bound is timeouts.pool-join, read in start()
         self._settling: dict[str, asyncio.TimerHandle | None] = {}  # jobs whose every rank returned
         self._background: set[asyncio.Future] = set()
         self._closed = False
@@ -165,7 +165,7 @@ class SidecarPlugin(SchedulerPlugin):
             self.url = await self.embedded.start()
             self.embedded.on_exit(self._sidecar_exited)
         self.rest = AsyncSidecarClient(self.url, self.token, timeout=config.seconds("timeouts.request") or 30.0)
-        self.joining.bound = config.seconds("timeouts.pool-join") or 30.0
+        self.joining.bound = config.seconds("timeouts.pool-join") or self.joining.bound
         self.comm_cache.bound = max(0, int(config.get("pool.comm-cache", 16)))
         await self._check_sidecar()
         self.replacer = Replacer(scheduler, lambda: self.rest, self._register_soon)
@@ -639,8 +639,7 @@ class SidecarPlugin(SchedulerPlugin):
             return
         if finish not in ("released", "forgotten") or start in ("memory", "erred", "released", "forgotten"):
             return
-        rank = int(match.group(2))
-        member = next((m.get("workerId") for m in entry.view.get("members") or () if m.get("rank") == rank), None)
+        member = entry.worker_of(int(match.group(2)))
         if member is not None and member not in self.scheduler.workers:
             # Its worker is gone (Dask removes it from its workers before it releases the worker's
             # tasks, whichever path told it: the worker's stream closing, its nanny, a restart),
