@@ -310,9 +310,25 @@ def test_skewed_blocks_are_rebalanced_by_dask_or_over_mpi(cluster3, impl, how):
     np.testing.assert_array_equal(got[2:], np.arange(2, 14) * 2)
     holders = {tuple(ws) for ws in client.who_has(futures_of(out)).values()}
     assert len({h for hs in holders for h in hs}) == 3, holders  # the output is on all three ranks
-    # Dask copied the blocks to the other two workers before the job, or nothing moved through Dask.
-    holding = {w for ws in client.who_has(futures_of(x) + futures_of(y)).values() for w in ws}
-    assert holding == (set(w[:3]) if how == "dask" else {w[0]}), holding
+    if how == "mpi":  # nothing moved through Dask (the ranks sent the blocks to each other)
+        holding = {w for ws in client.who_has(futures_of(x) + futures_of(y)).values() for w in ws}
+        assert holding == {w[0]}, holding
+
+
+def per_input_counts(comm, x, y):
+    return {(0,): np.array([len(x), len(y)])} if comm.rank == 0 else {}
+
+
+def test_inputs_not_aligned_are_each_spread(cluster3, impl):
+    import dask.array as da
+
+    _, client, _ = cluster3
+    w = workers_of(client)
+    x = client.persist(da.arange(8, chunks=2), workers=[w[1]])
+    y = client.persist(da.arange(12, chunks=3), workers=[w[1]])
+    wait([x, y])
+    out = map_blocks_mpi(per_input_counts, x, y, n=2, align="none", rebalance="mpi", chunks=((2,),), impl=impl)
+    assert out.compute().tolist() == [2, 2]  # rank 0 holds half of each input, not all of one
 
 
 def test_fewer_blocks_than_ranks_spread_one_each_and_bad_rebalance_is_refused(cluster3, impl):

@@ -75,11 +75,12 @@ def map_blocks_mpi(
     chunked alike along those axes; ``align="move"`` has Dask copy the blocks that are not to
     the worker holding most of their group first, ``align="none"`` treats the inputs apart.
 
-    ``rebalance`` spreads the blocks over the members, in contiguous runs of block indices of
-    sizes that differ by at most one (aligned blocks together), each run to the member that
-    holds most of it: ``"dask"`` has Dask copy the blocks that must move before the job starts,
-    ``"mpi"`` has the ranks send them to each other over the job's communicator before ``fn``
-    runs. ``fn`` then sees the balanced layout. ``None`` (the default) moves nothing.
+    ``rebalance`` spreads the blocks over the members, in contiguous runs of block indices
+    (row-major) of sizes that differ by at most one (aligned blocks together; with
+    ``align="none"`` each input on its own), each run to the member that holds most of it:
+    ``"dask"`` has Dask copy the blocks that must move before the job starts, ``"mpi"`` has the
+    ranks send them to each other over the job's communicator before ``fn`` runs. ``fn`` then
+    sees the balanced layout. ``None`` (the default) moves nothing.
 
     Members: the holders; ``workers`` (which must include them) or ``n`` (at least the holders,
     other workers added) make more. ``empty`` says what a member without blocks does:
@@ -388,10 +389,17 @@ async def _place(
         members = holders
     final = owner
     if rebalance is not None:
-        final = _balanced(groups, owner, members)
-        if rebalance == "dask":
-            await _move(client, held, who_has, owner, final)
-            owner = final
+        # Each piece's holders now (replicas count: a piece a target already holds does not move).
+        holders_of = {b: set(who_has[held[b[0]][b[1]].key]) | {w} for b, w in owner.items()}
+        # Inputs that are not aligned are spread each on its own, so that each is spread.
+        parts = (
+            [groups] if align != "none" else [{g: v for g, v in groups.items() if g[0] == k} for k in range(len(held))]
+        )
+        final = {}
+        for part in parts:
+            final.update(_balanced(part, holders_of, members))
+        if rebalance == "mpi":  # the source of a piece its target holds already is the target
+            owner = {b: final[b] if final[b] in holders_of[b] else w for b, w in owner.items()}
     holding = set(final.values())
     without = [w for w in members if w not in holding]
     if without and empty == "error":
@@ -400,8 +408,12 @@ async def _place(
             if len(without) > 1
             else f"worker {without[0]} holds nothing of the inputs (empty='error')"
         )
+    if rebalance == "dask":
+        await _move(client, held, who_has, final)
+        owner = final
     if empty == "exclude":  # a member that sends its pieces away (rebalance="mpi") stays
-        members = [w for w in members if w in holding or (rebalance == "mpi" and w in holders)]
+        sources = set(owner.values())
+        members = [w for w in members if w in holding or w in sources]
     blocks_of = _per_member(owner, members, len(held))
     return members, blocks_of, _per_member(final, members, len(held)) if final is not owner else None
 
@@ -417,10 +429,11 @@ def _per_member(owner: dict[tuple[int, Index], str], members: list[str], inputs:
     return out
 
 
-def _balanced(groups: dict[Any, list[tuple[int, Index]]], owner: dict, members: list[str]) -> dict:
-    """The pieces spread over ``members``: the groups in index order cut into contiguous runs
-    whose sizes differ by at most one, each run to the member (not given one yet) that holds most
-    of its pieces now (the first such member on a tie), so that as little as can be moves."""
+def _balanced(groups: dict[Any, list[tuple[int, Index]]], holders_of: dict, members: list[str]) -> dict:
+    """The pieces spread over ``members``: the groups in index order (row-major) cut into
+    contiguous runs whose sizes differ by at most one, each run to the member (not given one yet)
+    that holds most of its pieces now (the first such member on a tie), so that as little as can
+    be moves. A run is a slab of whole rows of blocks when the other axes have one block each."""
     keys = sorted(groups)
     m = len(members)
     runs = [keys[i * len(keys) // m : (i + 1) * len(keys) // m] for i in range(m)]
@@ -428,18 +441,18 @@ def _balanced(groups: dict[Any, list[tuple[int, Index]]], owner: dict, members: 
     final: dict[tuple[int, Index], str] = {}
     for run in sorted(runs, key=len, reverse=True):  # the larger runs choose first
         pieces = [b for g in run for b in groups[g]]
-        w = max(free, key=lambda x: (sum(owner[b] == x for b in pieces), -free.index(x)))
+        w = max(free, key=lambda x: (sum(x in holders_of[b] for b in pieces), -free.index(x)))
         free.remove(w)
         final.update({b: w for b in pieces})
     return final
 
 
-async def _move(client, held, who_has: dict, owner: dict, final: dict) -> None:
+async def _move(client, held, who_has: dict, final: dict) -> None:
     """rebalance="dask": Dask copies each piece to its new member (as rebalance does)."""
     to: dict[str, dict] = {}
     for b, w in final.items():
         key = held[b[0]][b[1]].key
-        if w != owner[b] and w not in who_has[key]:
+        if w not in who_has[key]:
             to.setdefault(w, {})[key] = who_has[key]
     for target, copy in sorted(to.items()):
         failed = await client._run_on_scheduler(_copy_to, target, copy)

@@ -56,9 +56,12 @@ def exchanged(comm: Any, local: dict) -> list[list[Any]]:
     source: Layout | None = local.get("source")
     if source is None:
         return local["data"]
+    from mpi4py.util import pkl5  # pickle protocol 5: a block's buffer travels out of band, any size
+
     layout: Layout = local["layout"]
     rank, inputs = comm.rank, len(local["data"])
     have = {(k, ix): v for k in range(inputs) for ix, v in zip(source.blocks(rank, k), local["data"][k])}
+    comm = pkl5.Intracomm(comm)
     sends = [
         comm.isend(have[(k, ix)], dest=layout.rank_of(ix, k), tag=EXCHANGE_TAG)
         for k, ix in sorted(have)
