@@ -122,6 +122,7 @@ class Engine:
         self._queued_lock = threading.Lock()
         self._ahead = prefault.Ahead()  # populates a large receive's chunks ahead of their posts
         self._posting: list[Transfer] = []  # receives with chunks still to post (this thread's)
+        self._parked: dict[tuple, collections.deque] = {}  # transfers waiting for one of _posting
         self.posted_now = 0  # transfers posted by their caller, for the tests
         self.completed_now = 0  # ... and completed there
 
@@ -272,6 +273,16 @@ class Engine:
 
     def _post(self, t: Transfer) -> None:
         key = self._key(t)
+        if t.cancelled:  # cancelled while parked: nothing of it was posted
+            self._unqueue(key)
+            t.error = t.error or ConnectionError("the transfer was cancelled")
+            self._finish(t)
+            return
+        if any(self._key(p) == key for p in self._posting):
+            # Its chunks would match the earlier transfer's that are not posted yet (one
+            # communicator, peer and tag): it waits until that one has posted its last.
+            self._parked.setdefault(key, collections.deque()).append(t)
+            return
         try:
             self._post_requests(t, pipelined=True)
         except Exception as exc:  # an MPI error posting: fail that transfer (its posted chunks complete)
@@ -281,8 +292,8 @@ class Engine:
             if not t.pending:
                 self._unqueue(key)
         if t.pending:
-            # Later transfers of this connection wait in the inbox meanwhile (post_now refuses
-            # them: the key stays queued), so chunks keep their posting order.
+            # Later transfers of this connection are parked meanwhile (post_now refuses them: the
+            # key stays queued), so chunks keep their posting order.
             self._posting.append(t)
         self._adopt(t)
 
@@ -342,9 +353,11 @@ class Engine:
         receive that has nothing in flight (waiting for it: there is nothing to copy meanwhile).
         True if anything was posted."""
         posted = False
-        keep = []
+        keep, unparked = [], []
         for t in self._posting:
             if t.cancelled or t.error is not None:
+                if t.cancelled and t.error is None:  # its buffer was never filled
+                    t.error = ConnectionError("the transfer was cancelled")
                 t.pending = None
             else:
                 try:
@@ -359,10 +372,19 @@ class Engine:
                 keep.append(t)
                 continue
             t.pending = None
-            self._unqueue(self._key(t))
+            key = self._key(t)
+            self._unqueue(key)
             if t.remaining == 0:
                 self._finish(t)
+            parked = self._parked.get(key)
+            if parked:
+                unparked.append(parked.popleft())
+                if not parked:
+                    del self._parked[key]
         self._posting = keep
+        for t in unparked:  # in the order they came, each once the one before it has posted all
+            self._post(t)
+            posted = True
         return posted
 
     def _test_transfer(self, t: Transfer) -> None:
