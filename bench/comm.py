@@ -775,7 +775,7 @@ def main():
     import dask_pmix.config  # noqa: F401 - dask-pmix's defaults into dask.config
 
     result = {"benchmark": "comm", "cluster": args.cluster, "host": platform.node(), "cpus": os.cpu_count(),
-              "settings": {k: dask.config.get(k, None) for k in ("dask-pmix.pool.cohort", "dask-pmix.comm.sm-threshold",
+              "settings": {k: dask.config.get(k, None) for k in ("dask-pmix.pool.cohort", "dask-pmix.comm.sm-threshold", "dask-pmix.comm.cma", "dask-pmix.comm.cma-threshold",
                                                                    "dask-pmix.comm.fabric", "dask-pmix.comm.chunk")},
               "python": platform.python_version(), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
               "load_avg_at_start": os.getloadavg()}

@@ -1,8 +1,9 @@
 """tcp+mpi:// in a real LocalCluster whose workers are ranks of the sidecar's in-process MPI pool:
 the workers that started together share memory (a cohort) and move worker-to-worker data over MPI,
 results are those of tcp://, a worker killed mid-transfer fails the reader within seconds and
-nobody else, and a worker added later, which Open MPI cannot reach through shared memory, keeps
-its frames in the TCP stream (each pair's path, paths.py)."""
+nobody else, and a worker added later or restarted by its nanny, which Open MPI cannot reach
+through shared memory, has its large frames copied straight out of its peer's memory (each pair's
+path, paths.py; cma.py)."""
 
 from __future__ import annotations
 
@@ -157,7 +158,8 @@ async def _listen_and_read(dask_worker=None):
             t0 = time.monotonic()
             try:
                 msg = await comm.read()
-                outcome.set_result(("read", len(msg["x"]), time.monotonic() - t0, comm.transport))
+                x = msg["x"]
+                outcome.set_result(("read", (len(x), int(x.sum())), time.monotonic() - t0, comm.transport))
             except Exception as exc:
                 outcome.set_result((type(exc).__name__, str(exc)[:200], time.monotonic() - t0, comm.transport))
         finally:
@@ -176,16 +178,18 @@ async def _outcome(dask_worker=None):
         listener.stop()
 
 
-async def _write_big_then_die(addr, nbytes, dask_worker=None):
+async def _write_big_then_die(addr, nbytes, transport="mpi", linger=0.05, dask_worker=None):
     """In worker B: connect, send a large frame, and die while it is in flight."""
     from distributed.comm import connect
     from distributed.protocol import to_serialize
 
     comm = await connect(addr)
-    assert comm.transport == "mpi"
+    assert comm.transport == transport
     await comm.write({"hello": 1})
-    await comm.write({"x": to_serialize(np.ones(nbytes, dtype="u1"))})
-    await asyncio.sleep(0.05)
+    # random bytes: Dask would send a compressed copy of ones, a few MiB
+    x = np.ones(nbytes, dtype="u1") if transport == "mpi" else np.random.default_rng(1).integers(0, 255, nbytes, "u1")
+    await comm.write({"x": to_serialize(x)})
+    await asyncio.sleep(linger)
     os._exit(1)
 
 
@@ -209,11 +213,29 @@ def test_peer_killed_mid_transfer_fails_the_read_within_seconds(mpi_cluster):
     client.wait_for_workers(4, timeout=120)  # the nanny replaced B
 
 
-def test_a_worker_added_later_keeps_its_frames_in_the_tcp_stream(mpi_cluster):
+def _copied_between(client, late, src, nbytes=64 << 20):
+    """A large dependency each way between a worker outside the cohort and a cohort member, right
+    bytes each way; returns the comm counters before and after."""
+    before = client.run(dask_pmix.comm_stats)
+    fut = client.submit(np.arange, nbytes // 8, dtype="i8", workers=[src], pure=False)
+    total = client.submit(lambda x: int(x.sum()), fut, workers=[late], pure=False).result(timeout=120)
+    assert total == (nbytes // 8) * (nbytes // 8 - 1) // 2
+    back = client.submit(lambda n: np.arange(n, dtype="i8")[::-1].copy(), nbytes // 16, workers=[late], pure=False)
+    first = client.submit(lambda x: int(x[0]), back, workers=[src], pure=False).result(timeout=120)
+    assert first == nbytes // 16 - 1
+    return before, client.run(dask_pmix.comm_stats)
+
+
+def _gained(before, after, w, transport):
+    return after[w][transport]["bytes_received"] - before[w][transport]["bytes_received"]
+
+
+def test_a_worker_added_later_copies_frames_out_of_its_peers_memory(mpi_cluster):
     """Open MPI 5.0.x shares memory only between ranks declared on one node when they initialised
     together; a worker that joins later is remote to the cohort, where MPI would run over its TCP
-    transport (slower than the TCP stream itself). Its pairs choose TCP: no pair communicator,
-    no MPI bytes; the cohort's own pairs go on choosing sm."""
+    transport (slower than the TCP stream itself). Its pairs on this host take the single-copy
+    path instead: no pair communicator, no MPI bytes, each large frame copied once out of the
+    sender's memory; the cohort's own pairs go on choosing sm."""
     cluster, client = mpi_cluster
     old = set(client.scheduler_info()["workers"])
     cluster.scale(len(old) + 1)
@@ -223,23 +245,52 @@ def test_a_worker_added_later_keeps_its_frames_in_the_tcp_stream(mpi_cluster):
     assert ranks[new] not in {ranks[w] for w in old}
     assert client.run(_local_peers, workers=[new])[new] == [ranks[new]]
     src, other = cohort_of(client)[:2]
-    before = client.run(dask_pmix.comm_stats)
-    fut = client.submit(np.ones, 64 << 20, dtype="u1", workers=[src], pure=False)
-    total = client.submit(lambda x: int(x.sum()), fut, workers=[new], pure=False).result(timeout=120)
-    assert total == 64 << 20
-    back = client.submit(lambda: np.ones(32 << 20, dtype="u1"), workers=[new], pure=False)
-    assert client.submit(lambda x: int(x.sum()), back, workers=[src], pure=False).result(timeout=120) == 32 << 20
-    # and between two cohort members, over MPI (data of its own: new holds a copy of fut by now)
+    before, after = _copied_between(client, new, src)
+    # and between two cohort members, over MPI (data of its own)
     mine = client.submit(np.ones, 64 << 20, dtype="u1", workers=[src], pure=False)
     there = client.submit(lambda x: int(x.sum()), mine, workers=[other], pure=False).result(timeout=120)
     assert there == 64 << 20
     after = client.run(dask_pmix.comm_stats)
     s = after[new]
-    assert s["paths"]["tcp"] > 0 and s["paths"]["sm"] == 0 and s["mpi"]["connections"] == 0, s
-    assert s["mpi"]["bytes_received"] == 0 and s["tcp"]["bytes_received"] >= 64 << 20, s
+    assert s["paths"]["cma"] > 0 and s["paths"]["sm"] == 0 and s["mpi"]["connections"] == 0, s
+    assert _gained(before, after, new, "cma") >= 64 << 20 and s["mpi"]["bytes_received"] == 0, s
+    assert _gained(before, after, src, "cma") >= 32 << 20, after[src]
     assert "pair_comms" not in s["events"], s
-    assert after[src]["paths"]["tcp"] > before[src]["paths"]["tcp"], after[src]
-    assert after[other]["mpi"]["bytes_received"] - before[other]["mpi"]["bytes_received"] >= 64 << 20, after[other]
+    assert _gained(before, after, other, "mpi") >= 64 << 20, after[other]
+
+
+def test_a_late_joiner_killed_mid_copy_fails_the_read_and_its_restart_copies_again(mpi_cluster):
+    """The sender dies as its peer copies its frame: the read either has every byte or raises
+    CommClosedError at once, and nobody else is touched. Its nanny restarts it, outside the cohort
+    again, and the restarted worker's pairs take the single-copy path too."""
+    _, client = mpi_cluster
+    cohort = cohort_of(client)
+    late = sorted(set(client.scheduler_info()["workers"]) - set(cohort))
+    assert late, "the test before adds a worker"
+    a, b = cohort[0], late[0]
+    addr = client.run(_listen_and_read, workers=[a])[a]
+    try:
+        client.run(_write_big_then_die, addr, 256 << 20, "cma", 0, workers=[b])
+    except Exception:
+        pass  # the worker died answering
+    kind, detail, seconds, transport = client.run(_outcome, workers=[a])[a]
+    assert transport == "cma"
+    # The copy either began before the sender's end (the kernel keeps the sender's memory for
+    # it: every byte right) or fails at once: never other bytes, never a wait.
+    if kind == "read":
+        x = np.random.default_rng(1).integers(0, 255, 256 << 20, "u1")
+        assert detail == (x.nbytes, int(x.sum())), detail
+    else:
+        assert kind == "CommClosedError" and "single copy" in detail, (kind, detail)
+    assert seconds < 10, seconds
+    n = len(cohort) + len(late)
+    client.wait_for_workers(n, timeout=120)  # the nanny replaced b
+    ranks = _wait_in_pool(client, n)
+    restarted = sorted(set(ranks) - set(cohort) - (set(late) - {b}))
+    assert restarted and restarted[0] != b, ranks
+    before, after = _copied_between(client, restarted[0], cohort[1])
+    assert _gained(before, after, restarted[0], "cma") >= 64 << 20, after[restarted[0]]
+    assert after[restarted[0]]["mpi"]["bytes_received"] == 0, after[restarted[0]]
 
 
 def _job_body(comm):

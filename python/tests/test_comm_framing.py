@@ -25,7 +25,7 @@ def roundtrip(frames, threshold):
 def test_the_shards_of_one_array_share_a_receive_buffer_and_two_arrays_do_not(threshold):
     a, b = np.arange(40 << 20, dtype="u1"), np.ones(3 << 20, dtype="u1")
     frames = dumps({"a": to_serialize(a), "b": to_serialize(b)}, frame_split_size=16 << 20)
-    sizes, where, (sizes2, where2, join, inside) = roundtrip(frames, threshold)
+    sizes, where, (sizes2, where2, join, inside, _) = roundtrip(frames, threshold)
     assert (sizes2, where2) == (sizes, where)
     big = [i for i, w in enumerate(where) if w != framing.INSIDE]
     assert [sizes[i] for i in big] == [16 << 20, 16 << 20, 8 << 20, 3 << 20]

@@ -1,6 +1,7 @@
 """The per-pair path choice of tcp+mpi:// (dask_pmix.comm.paths): shared memory only where both
-ends list each other on their node in one epoch, a fabric only where both were told so, else the
-TCP stream; the same answer at both ends; each path with its own threshold."""
+ends list each other on their node in one epoch, a single copy between other workers of one host,
+a fabric only where both were told so, else the TCP stream; the same answer at both ends; each
+path with its own threshold."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import pytest
 from dask_pmix.comm import paths
 
 
-def desc(rank, local=(), epoch="ns#0", fabric=False):
-    return {"epoch": epoch, "rank": rank, "local": sorted(local), "fabric": fabric, "pid": 100 + rank}
+def desc(rank, local=(), epoch="ns#0", fabric=False, host=None):
+    return {"epoch": epoch, "rank": rank, "local": sorted(local), "fabric": fabric, "pid": 100 + rank, "host": host}
 
 
 def both(a, b):
@@ -74,3 +75,25 @@ def test_the_description_names_what_the_choice_needs():
     d = paths.describe(link)
     assert d["epoch"] == "ns#0" and d["rank"] == 3 and d["local"] == [1, 3] and d["fabric"] is False
     assert paths.describe(None) == {"epoch": None, "rank": None}
+
+
+def test_workers_of_one_host_outside_each_others_node_copy_single():
+    # rank 3 joined later on the cohort's host: not on the cohort's node, same kernel and pid namespace
+    p = both(desc(0, {0, 1}, host="boot/pid:[1]"), desc(3, {3}, host="boot/pid:[1]"))
+    assert p is not None and p.name == "cma" and p.threshold == 1 << 20
+    # shared memory first where MPI has it; another host or pid namespace, or the path off: none
+    assert both(desc(0, {0, 1}, host="h"), desc(1, {0, 1}, host="h")).name == "sm"
+    assert both(desc(0, {0}, host="boot/pid:[1]"), desc(3, {3}, host="boot/pid:[2]")) is None
+    assert both(desc(0, {0}, host="h"), desc(3, {3})) is None
+    # and never across epochs (the hello is authenticated with the epoch's secret)
+    assert both(desc(0, {0}, host="h"), desc(3, {3}, epoch="ns#1", host="h")) is None
+
+
+def test_the_description_names_the_host_only_when_the_single_copy_is_on():
+    from dask_pmix.comm import cma
+    from dask_pmix.comm.link import PoolLink
+
+    link = PoolLink(epoch="ns#0", rank=3, MPI=None, create_comm=lambda r, t: None, local_peers=frozenset({3}))
+    assert paths.describe(link)["host"] == (cma.host() if cma.available() else None)
+    with dask.config.set({"dask-pmix.comm.cma": False}):
+        assert paths.describe(link)["host"] is None

@@ -17,6 +17,13 @@ DEFAULTS = {
     "fabric": False,
     # ... for frames at least this large
     "fabric-threshold": "1 MiB",
+    # whether workers of one host that do not share memory in Open MPI's eyes (a worker that joined
+    # after its host's cohort, or that its nanny restarted) copy frames straight out of each
+    # other's memory (process_vm_readv, as Open MPI's smsc/cma does), where the kernel allows it
+    "cma": True,
+    # ... for frames at least this large; smaller ones stay in the TCP stream (a copy out of the
+    # peer costs a thread hand-off and an acknowledgement, worth it only for large frames)
+    "cma-threshold": "1 MiB",
     # one frame moves as MPI messages of this size (Open MPI 5.0 counts are C ints); both ends of a
     # connection must use the same. A receiver faults a chunk in while the one before is copied
     "chunk": "8 MiB",
@@ -27,13 +34,14 @@ DEFAULTS = {
     "drain": "10 s",
 }
 
-_BYTES = ("sm-threshold", "fabric-threshold", "chunk")
+_BYTES = ("sm-threshold", "fabric-threshold", "cma-threshold", "chunk")
+_FLAGS = ("fabric", "cma")
 
 
 def get(key: str):
     value = dask.config.get(f"dask-pmix.comm.{key}", DEFAULTS[key])
     if key in _BYTES:
         return parse_bytes(value) if isinstance(value, str) else int(value)
-    if key == "fabric":
+    if key in _FLAGS:
         return value in (True, 1) or (isinstance(value, str) and value.lower() in ("true", "yes", "1"))
     return parse_timedelta(value, default="seconds")

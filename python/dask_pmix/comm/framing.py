@@ -5,13 +5,18 @@ Every message starts in the TCP stream with a block:
 
     u64 length of what follows in the block
     u32 n, n x u64 frame sizes, n x u8 where each frame goes
+    k + 2 x u64 with k frames copied out of the sender's memory (CMA): the address and token of
+                their guard (held.py), then the frames' addresses
     the frames that travel inside the block, concatenated
 
 A frame goes INSIDE the block when it is small (one copy is cheaper than another write), AFTER
 the block in the TCP stream (in order) when it is large and the connection has no MPI route, or
-over MPI when it is at least the path's threshold and the connection has a route: then the sender
-posts it before writing the block, and the receiver posts its receive into a fresh buffer when it
-reads the block.
+over MPI when it is at least the path's threshold and the connection has an MPI route: then the
+sender posts it before writing the block, and the receiver posts its receive into a fresh buffer
+when it reads the block. On a single-copy route (cma.py) such a frame stays where it is: the block
+says where it lies in the sender, the receiver copies it into a fresh buffer and answers with an
+acknowledgement, a length prefix with ACK set and nothing after it, until which the sender holds the
+frame.
 
 Fresh buffers: one per buffer of the sender, as tcp:// does. Dask cuts a large buffer into shards
 (distributed.comm.shard, 64 MiB) and joins them again before deserialising, without a copy only
@@ -28,26 +33,33 @@ from __future__ import annotations
 
 import struct
 
-INSIDE, AFTER, MPI = 0, 1, 2
+INSIDE, AFTER, MPI, CMA = 0, 1, 2, 3
 JOINED = 0x80  # this frame continues the previous one's buffer (a shard of the same buffer)
 INSIDE_MAX = 64 * 1024
 LENGTH = struct.Struct("<Q")
+ACK = 1 << 63  # a length prefix with this bit: the receiver has copied a message's CMA frames
 COUNT = struct.Struct("<I")
+_ACK = LENGTH.pack(ACK)
 
 
-def placement(sizes: list, mpi_threshold) -> list:
-    """Where each frame goes; mpi_threshold None when the connection has no MPI route."""
-    if max(sizes, default=0) < INSIDE_MAX and (mpi_threshold is None or max(sizes, default=0) < mpi_threshold):
+def ack() -> bytes:
+    return _ACK
+
+
+def placement(sizes: list, threshold, out=MPI) -> list:
+    """Where each frame goes; threshold None when the connection has no route out of the stream,
+    out the route's kind (MPI or CMA) for the frames of at least threshold bytes."""
+    if max(sizes, default=0) < INSIDE_MAX and (threshold is None or max(sizes, default=0) < threshold):
         return [INSIDE] * len(sizes)
-    out = []
+    result = []
     for n in sizes:
-        if n < INSIDE_MAX and (mpi_threshold is None or n < mpi_threshold):
-            out.append(INSIDE)
-        elif mpi_threshold is not None and n >= mpi_threshold:
-            out.append(MPI)
+        if n < INSIDE_MAX and (threshold is None or n < threshold):
+            result.append(INSIDE)
+        elif threshold is not None and n >= threshold:
+            result.append(out)
         else:
-            out.append(AFTER)
-    return out
+            result.append(AFTER)
+    return result
 
 
 def _base(frame):
@@ -74,30 +86,35 @@ def _sizes(n: int) -> struct.Struct:
     return st
 
 
-def pack_block(frames: list, sizes: list, where: list, join: list | None = None) -> bytes:
-    """The length prefix and the block (the inside frames copied in). On the path of every message:
-    no Python-level loop per frame where C can do it (a message costs what it costs on tcp://)."""
+def pack_block(
+    frames: list, sizes: list, where: list, join: list | None = None, addresses: list | None = None
+) -> bytes:
+    """The length prefix and the block (the inside frames copied in); addresses: with CMA frames,
+    their guard's address and token, then theirs in order. On the path of every message: no
+    Python-level loop per frame where C can do it (a message costs what it costs on tcp://)."""
     n = len(sizes)
     if not any(where):  # every frame inside (most messages: INSIDE is 0, nothing joined)
         body = b"".join([COUNT.pack(n), _sizes(n).pack(*sizes), bytes(n), *frames])
     else:
         codes = bytes([w | JOINED if j else w for w, j in zip(where, join)] if join and any(join) else where)
+        addrs = _sizes(len(addresses)).pack(*addresses) if addresses else b""
         body = b"".join(
-            [COUNT.pack(n), _sizes(n).pack(*sizes), codes, *[f for f, w in zip(frames, where) if w == INSIDE]]
+            [COUNT.pack(n), _sizes(n).pack(*sizes), codes, addrs, *[f for f, w in zip(frames, where) if w == INSIDE]]
         )
     return LENGTH.pack(len(body)) + body
 
 
-def parse_block(block: memoryview) -> tuple[list, list, list, list]:
-    """(sizes, where, joined, inside frames as views of block in order) of a block without its
-    prefix."""
+def parse_block(block: memoryview) -> tuple[list, list, list, list, list]:
+    """(sizes, where, joined, inside frames as views of block in order, the CMA frames' guard and
+    token and addresses) of a block without its prefix."""
     (n,) = COUNT.unpack_from(block, 0)
     off = COUNT.size
     sizes = list(_sizes(n).unpack_from(block, off))
     off += 8 * n
     codes = bytes(block[off : off + n])
     off += n
-    inside = []
+    inside: list = []
+    addresses: list = []
     if not any(codes):  # every frame inside
         where = [INSIDE] * n
         join = [False] * n
@@ -107,17 +124,23 @@ def parse_block(block: memoryview) -> tuple[list, list, list, list]:
     else:
         where = [c & ~JOINED for c in codes]
         join = [bool(c & JOINED) for c in codes]
-        if any(w not in (INSIDE, AFTER, MPI) for w in where):
+        if any(w not in (INSIDE, AFTER, MPI, CMA) for w in where):
             raise ValueError("malformed tcp+mpi block: unknown frame placement")
         if any(j and (i == 0 or where[i] == INSIDE or where[i] != where[i - 1]) for i, j in enumerate(join)):
             raise ValueError("malformed tcp+mpi block: a joined frame does not continue the one before")
+        k = where.count(CMA) + 2
+        if k > 2:
+            if off + 8 * k > len(block):
+                raise ValueError("malformed tcp+mpi block: frame sizes do not add up")
+            addresses = list(_sizes(k).unpack_from(block, off))
+            off += 8 * k
         for size, w in zip(sizes, where):
             if w == INSIDE:
                 inside.append(block[off : off + size])
                 off += size
     if off != len(block):
         raise ValueError("malformed tcp+mpi block: frame sizes do not add up")
-    return sizes, where, join, inside
+    return sizes, where, join, inside, addresses
 
 
 def buffers(sizes: list, where: list, join: list, host_array) -> list:

@@ -55,6 +55,13 @@ A TCP answer may only be for now: the connector was not in the pool yet but the 
 when to revisit (Revisit): once due, an idle connection reports itself closed, so that Dask's
 connection pool opens a new one, which negotiates again (workers join the pool a few seconds
 after they start, and Dask keeps its connections).
+On the single-copy path ("cma", paths.py) nothing is built: the hello and the answer each carry a
+probe, the address in the sender's memory of a copy of its nonce, and each end copies the other's
+probe out of its memory (cma.py) before it goes on, so a pair whose kernel forbids the copy (Yama,
+another user) stays TCP. The listener answers only an authenticated hello and probes before it
+answers; the connector probes the answer, then its choice ({"mpi": true, "path": "cma"}, MACed
+over the listener's nonce) ends the negotiation at both ends.
+
 Each message: b"DPMX", a 4-byte length, msgpack.
 """
 
@@ -74,7 +81,7 @@ from typing import Any
 import msgpack
 
 from ..worker.activation import GATE
-from . import stats
+from . import cma, stats
 from .engine import Engine
 from .link import PoolLink, current_link, pool_starting
 from .pairs import PairCancelled, peer_index, registry_for
@@ -131,6 +138,34 @@ class Route:
     peer_rank: int
     path: Path
     peer_pid: int | None = None  # on the sm path (one host): the peer's process, to tell a death at once
+
+
+@dataclass
+class CopyRoute:
+    """A connection whose receiver copies the large frames out of the sender's memory (cma.py)."""
+
+    path: Path
+    peer_pid: int
+
+
+def _probe_of(nonce: bytes | None):
+    """A copy of this end's nonce that stays put while the peer reads it (None: no single copy)."""
+    return bytearray(nonce) if nonce and cma.available() else None
+
+
+def _probed(desc: dict) -> bool:
+    """Whether this process can copy out of the peer's memory: it reads the peer's probe, which
+    must be the peer's nonce."""
+    pid, addr, nonce = _pid(desc), desc.get("probe"), desc.get("nonce")
+    if pid is None or not isinstance(addr, int) or not isinstance(nonce, bytes) or not nonce:
+        return False
+    got = bytearray(len(nonce))
+    try:
+        cma.read(pid, [memoryview(got)], [addr])
+    except (OSError, ValueError) as e:
+        logger.info("tcp+mpi: cannot copy out of pid %s's memory (%s): this pair keeps its frames in TCP", pid, e)
+        return False
+    return hmac.compare_digest(bytes(got), nonce)
 
 
 async def _write(stream, body: dict) -> None:
@@ -227,12 +262,16 @@ def _refused(stream, what: str, claim: dict) -> None:
     )
 
 
-async def offer(stream, timeout: float, chunk_bytes: int) -> tuple[Route | None, Revisit | None]:
+async def offer(stream, timeout: float, chunk_bytes: int) -> tuple[Route | CopyRoute | None, Revisit | None]:
     """Connector side: the MPI route, or None for a TCP connection and when to revisit that."""
     link = current_link()
     mine = describe(link)
     nonce = os.urandom(NONCE_BYTES) if link is not None and link.secret else None
-    await _write(stream, _signed(link, HELLO, {**mine, "nonce": nonce} if nonce else dict(mine)))
+    probe = _probe_of(nonce) if mine.get("host") else None
+    body = {**mine, "nonce": nonce} if nonce else dict(mine)
+    if probe is not None:
+        body["probe"] = cma.address(probe)
+    await _write(stream, _signed(link, HELLO, body))
     reply = await asyncio.wait_for(_read(stream), timeout)
     if not reply.get("mpi"):
         why = str(reply.get("why", "peer"))
@@ -257,6 +296,16 @@ async def offer(stream, timeout: float, chunk_bytes: int) -> tuple[Route | None,
         _fallback("path-mismatch")
         stats.path("tcp")
         return None, None
+    if path.name == "cma":
+        if not _probed(reply):
+            await _write(stream, {"mpi": False, "why": "cma-refused"})
+            _fallback("cma-refused")
+            stats.path("tcp")
+            return None, None
+        await _write(stream, _signed(link, CHOICE, {"mpi": True, "path": "cma"}, reply.get("nonce")))
+        stats.path("cma")
+        del probe  # the listener read it before it answered
+        return CopyRoute(path, int(reply["pid"])), None
     assert link is not None  # a path needs both ends in one epoch
     reg = registry_for(link)
     tag = None if reg.broken(peer) else reg.alloc_tag(peer)
@@ -318,7 +367,7 @@ async def offer(stream, timeout: float, chunk_bytes: int) -> tuple[Route | None,
     ), None
 
 
-async def answer(stream, timeout: float, chunk_bytes: int) -> Route | None:
+async def answer(stream, timeout: float, chunk_bytes: int) -> Route | CopyRoute | None:
     """Listener side. Returns the MPI route, or None for a TCP connection."""
     hello = await asyncio.wait_for(_read(stream), timeout)
     link = current_link()
@@ -338,6 +387,8 @@ async def answer(stream, timeout: float, chunk_bytes: int) -> Route | None:
         await _write(stream, {"mpi": False, "why": "unauthenticated", **status})
         _refused(stream, "hello", hello)
         return None
+    if path.name == "cma":
+        return await _answer_copy(stream, link, me, hello, status, path, timeout)
     peer = int(hello["rank"])
     reg = registry_for(link)
     tag = None if reg.broken(peer) else reg.alloc_tag(peer)
@@ -403,6 +454,32 @@ async def answer(stream, timeout: float, chunk_bytes: int) -> Route | None:
         path,
         _pid(hello),
     )
+
+
+async def _answer_copy(stream, link, me: dict, hello: dict, status: dict, path: Path, timeout: float):
+    """Listener side of the single-copy path, for an authenticated hello."""
+    if not _probed(hello):
+        await _write(stream, {"mpi": False, "why": "cma-refused", **status})
+        _fallback("cma-refused")
+        stats.path("tcp")
+        return None
+    nonce = os.urandom(NONCE_BYTES)
+    probe = _probe_of(nonce)
+    assert probe is not None  # _probed() read the peer's: this process has the call
+    answer = {"mpi": True, "path": path.name, **me, "nonce": nonce, "probe": cma.address(probe)}
+    await _write(stream, _signed(link, ANSWER, answer, hello.get("nonce")))
+    choice = await asyncio.wait_for(_read(stream), timeout)
+    if not choice.get("mpi"):
+        _fallback(str(choice.get("why", "connector")))
+        if choice.get("why") == "cma-refused":
+            stats.path("tcp")
+        return None
+    if not _authentic(link, CHOICE, choice, nonce):
+        _refused(stream, "choice", {**choice, "rank": hello.get("rank")})
+        raise HelloError("the connector's choice does not prove the pool's secret")
+    del probe  # read by the connector before its choice
+    stats.path("cma")
+    return CopyRoute(path, int(hello["pid"]))
 
 
 def _pid(desc: dict) -> int | None:

@@ -8,6 +8,10 @@ MPI carries a pair's frames only where its path beats the connection's own TCP s
   what Open MPI 5.0.x's sm transport and its single-copy mechanism serve). Both must say so, in one
   epoch: sm connects only processes of one namespace that each listed the other as local when
   they initialised.
+- "cma": the two processes run on one host (one kernel, one pid namespace) but do not share
+  memory in Open MPI's eyes: one of them joined the pool after its host's cohort, or its nanny
+  restarted it. The receiver copies each frame straight out of the sender's memory (cma.py): one
+  copy, with no communicator to build, which the kernel may still refuse (hello.py probes it).
 - "fabric": both ends were told (dask-pmix.comm.fabric) that their MPI library reaches the other
   over a network faster than TCP (UCX or OFI on InfiniBand, RoCE, EFA ...).
 - otherwise none: Open MPI would use its TCP transport, which moves the same bytes through the
@@ -24,7 +28,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from . import config
+from . import cma, config
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,7 @@ def describe(link) -> dict[str, Any]:
         "local": sorted(link.local_peers),
         "fabric": bool(config.get("fabric")),
         "pid": os.getpid(),
+        "host": cma.host() if config.get("cma") and cma.available() else None,
     }
 
 
@@ -56,6 +61,8 @@ def choose(mine: dict[str, Any], theirs: dict[str, Any]) -> Path | None:
         return None
     if peer in (mine.get("local") or ()) and me in (theirs.get("local") or ()):
         return Path("sm", config.get("sm-threshold"))
+    if mine.get("host") is not None and mine.get("host") == theirs.get("host"):
+        return Path("cma", config.get("cma-threshold"))
     if mine.get("fabric") and theirs.get("fabric"):
         return Path("fabric", config.get("fabric-threshold"))
     return None

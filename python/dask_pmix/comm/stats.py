@@ -1,7 +1,8 @@
 """Per-process counters of the tcp+mpi comm backend, per transport.
 
 Bytes are counted where they physically went ("tcp": the connection's socket, "mpi": MPI
-point-to-point); a message counts under "mpi" when at least one of its frames went over MPI.
+point-to-point, "cma": copied by the receiver out of the sender's memory); a message counts under
+"mpi" or "cma" when at least one of its frames went that way.
 "paths" counts the connections between two pool workers by the path they chose (paths.py).
 Read them in a worker with dask_pmix.comm_stats(); workers also report them as the
 "dask_pmix_comm" worker metric (scheduler side: WorkerState.metrics).
@@ -15,7 +16,7 @@ from collections import Counter
 _lock = threading.Lock()
 _counts: Counter = Counter()
 
-TRANSPORTS = ("tcp", "mpi")
+TRANSPORTS = ("tcp", "mpi", "cma")
 FIELDS = ("bytes_sent", "bytes_received", "messages_sent", "messages_received", "connections")
 
 
@@ -25,23 +26,29 @@ def add(transport: str, **fields: int) -> None:
             _counts[(transport, name)] += value
 
 
-def sent(tcp_bytes: int, mpi_bytes: int) -> None:
+def sent(tcp_bytes: int, mpi_bytes: int, cma_bytes: int = 0) -> None:
     """One message written (called on the event loop only: no lock on this hot path)."""
     c = _counts
     c[_TCP_SENT] += tcp_bytes
     if mpi_bytes:
         c[_MPI_SENT] += mpi_bytes
         c[_MPI_MSG_SENT] += 1
+    elif cma_bytes:
+        c[_CMA_SENT] += cma_bytes
+        c[_CMA_MSG_SENT] += 1
     else:
         c[_TCP_MSG_SENT] += 1
 
 
-def received(tcp_bytes: int, mpi_bytes: int) -> None:
+def received(tcp_bytes: int, mpi_bytes: int, cma_bytes: int = 0) -> None:
     c = _counts
     c[_TCP_RECV] += tcp_bytes
     if mpi_bytes:
         c[_MPI_RECV] += mpi_bytes
         c[_MPI_MSG_RECV] += 1
+    elif cma_bytes:
+        c[_CMA_RECV] += cma_bytes
+        c[_CMA_MSG_RECV] += 1
     else:
         c[_TCP_MSG_RECV] += 1
 
@@ -50,9 +57,11 @@ _TCP_SENT, _MPI_SENT = ("tcp", "bytes_sent"), ("mpi", "bytes_sent")
 _TCP_RECV, _MPI_RECV = ("tcp", "bytes_received"), ("mpi", "bytes_received")
 _TCP_MSG_SENT, _MPI_MSG_SENT = ("tcp", "messages_sent"), ("mpi", "messages_sent")
 _TCP_MSG_RECV, _MPI_MSG_RECV = ("tcp", "messages_received"), ("mpi", "messages_received")
+_CMA_SENT, _CMA_RECV = ("cma", "bytes_sent"), ("cma", "bytes_received")
+_CMA_MSG_SENT, _CMA_MSG_RECV = ("cma", "messages_sent"), ("cma", "messages_received")
 
 
-PATHS = ("sm", "fabric", "tcp")
+PATHS = ("sm", "fabric", "cma", "tcp")
 
 
 def path(name: str) -> None:

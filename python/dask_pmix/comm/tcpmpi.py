@@ -1,6 +1,7 @@
 """The tcp+mpi:// scheme: Dask connections that are TCP connections, whose bulk frames move over
 MPI point-to-point when both ends are ranks of the same pool epoch and MPI has a path between them
-that beats the TCP stream (paths.py).
+that beats the TCP stream, or with a single copy out of the sender's memory between ranks of one
+host that MPI cannot put in shared memory (paths.py, cma.py).
 
 The TCP connection stays open for the connection's whole life. It carries the negotiation
 (hello.py), Dask's handshake, every message's block (framing.py) and so the order of messages;
@@ -12,6 +13,7 @@ MPI frames notices (within LIVENESS_POLL) even though MPI alone may never report
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import socket
 import struct
@@ -24,7 +26,7 @@ from distributed.protocol.utils import host_array
 from distributed.utils import ensure_memoryview, nbytes
 from tornado.iostream import StreamClosedError
 
-from . import config, framing, hello, stats
+from . import cma, config, framing, held, hello, stats
 from .engine import INLINE_RECV_MAX, Transfer
 
 logger = logging.getLogger(__name__)
@@ -33,6 +35,20 @@ PREFIX = "tcp+mpi://"
 LIVENESS_POLL = 0.25  # how often a read waiting for MPI frames looks at the TCP connection
 READ_SLICE = 2**31 - 1  # largest single socket read
 _TCP_ESTABLISHED = 1
+COPY_INLINE_MAX = 1 << 20  # single copies up to this size run on the event loop; larger in a thread
+HOLD_MAX = 1 << 31  # bytes a connection's sender holds for single copies not yet acknowledged
+
+
+_copier: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _copy_executor() -> concurrent.futures.ThreadPoolExecutor:
+    """Where large single copies run, off the event loop (the copy releases the GIL): one thread,
+    as one TCP stream is read by one loop."""
+    global _copier
+    if _copier is None:
+        _copier = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dask-pmix-copy")
+    return _copier
 
 
 def _peer_connected(stream) -> bool:
@@ -77,21 +93,9 @@ def _write_after(stream, block: bytes, frames: list, sizes: list, where: list) -
     return total
 
 
-def _process_gone(pid) -> bool:
-    """Whether the process pid (of this host) has ended: gone, or a zombie its parent (the
-    nanny) has not reaped yet."""
-    if pid is None:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except FileNotFoundError:
-        return True
-    except OSError:
-        return False  # cannot be asked: rely on the grace
-    # "pid (comm) state ...": comm may hold spaces and parentheses, the state follows the last ")"
-    state = stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3]
-    return state in (b"Z", b"X", b"x")
+def _retrieved(fut) -> None:
+    if not fut.cancelled():
+        fut.exception()
 
 
 def _settle_from_thread(loop, fut):
@@ -113,6 +117,7 @@ class TCPMPI(TCP):
         self._revisit = None  # connector side: when a TCP connection should negotiate again
         self._ops = 0  # reads and writes in progress
         self._last_op = time.monotonic()
+        self._held = held.Held()  # single-copy route: frames the peer has yet to copy
         if hasattr(stream, "_dask_pmix_route"):  # negotiated by the listener before the comm existed
             self._use(stream._dask_pmix_route)
 
@@ -147,8 +152,12 @@ class TCPMPI(TCP):
 
     @property
     def transport(self) -> str:
-        """ "mpi" when this connection's bulk frames go over MPI, else "tcp"."""
-        return "mpi" if self._route is not None else "tcp"
+        """ "mpi" when this connection's bulk frames go over MPI, "cma" when the receiver copies them
+        out of the sender's memory, else "tcp"."""
+        route = self._route
+        if route is None:
+            return "tcp"
+        return "cma" if isinstance(route, hello.CopyRoute) else "mpi"
 
     async def write(self, msg, serializers=None, on_error="message"):
         stream = self.stream
@@ -165,11 +174,27 @@ class TCPMPI(TCP):
             )
             sizes = [nbytes(f) for f in frames]
             route = self._route
-            where = framing.placement(sizes, route.path.threshold if route is not None else None)
-            tcp_bytes = mpi_bytes = 0
+            if route is None:
+                where = framing.placement(sizes, None)
+            elif isinstance(route, hello.CopyRoute):
+                # Past the bound (a peer that does not read its replies), the frames go in the stream.
+                threshold = route.path.threshold if self._held.nbytes < HOLD_MAX else None
+                where = framing.placement(sizes, threshold, framing.CMA)
+            else:
+                where = framing.placement(sizes, route.path.threshold)
+            tcp_bytes = mpi_bytes = copy_bytes = 0
+            addresses = None
             try:
                 if self.stream is None:
                     raise StreamClosedError()
+                if framing.CMA in where:  # held before the block goes: the peer copies when it reads it
+                    kept = [ensure_memoryview(f) for f, w in zip(frames, where) if w == framing.CMA]
+                    guard = self._held.hold(kept, sum(f.nbytes for f in kept))
+                    if guard is None:  # no guard free: in the stream
+                        where = [framing.AFTER if w == framing.CMA else w for w in where]
+                    else:
+                        addresses = [*guard, *(cma.address(f) for f in kept)]
+                        copy_bytes = sum(f.nbytes for f in kept)
                 if framing.MPI in where:  # posted first: the receiver posts its receive when the block arrives
                     mpi_frames = [ensure_memoryview(f) for f, w in zip(frames, where) if w == framing.MPI]
                     mpi_bytes = sum(f.nbytes for f in mpi_frames)
@@ -183,7 +208,9 @@ class TCPMPI(TCP):
                     )
                     if not route.engine.post_now(send):
                         route.engine.submit(send)
-                block = framing.pack_block(frames, sizes, where, framing.joined(frames, where) if any(where) else None)
+                block = framing.pack_block(
+                    frames, sizes, where, framing.joined(frames, where) if any(where) else None, addresses
+                )
                 if framing.AFTER in where:
                     tcp_bytes = _write_after(stream, block, frames, sizes, where)
                 else:
@@ -197,8 +224,8 @@ class TCPMPI(TCP):
             except BaseException:
                 self.abort()
                 raise
-            stats.sent(tcp_bytes, mpi_bytes)
-            return tcp_bytes + mpi_bytes
+            stats.sent(tcp_bytes, mpi_bytes, copy_bytes)
+            return tcp_bytes + mpi_bytes + copy_bytes
         finally:
             self._ops -= 1
             self._last_op = time.monotonic()
@@ -220,14 +247,19 @@ class TCPMPI(TCP):
         try:
             try:
                 (n,) = framing.LENGTH.unpack(await stream.read_bytes(framing.LENGTH.size))
+                while n & framing.ACK:  # the peer has copied this end's oldest held message
+                    if n != framing.ACK:
+                        raise ValueError("tcp+mpi: a malformed acknowledgement")
+                    self._held.release()
+                    (n,) = framing.LENGTH.unpack(await stream.read_bytes(framing.LENGTH.size))
                 block = host_array(n)
                 if n <= READ_SLICE:
                     await stream.read_into(block)
                 else:
                     await _read_into(stream, block)
-                sizes, where, join, inside = framing.parse_block(block)
+                sizes, where, join, inside, addresses = framing.parse_block(block)
                 tcp_bytes = framing.LENGTH.size + n
-                mpi_bytes = 0
+                mpi_bytes = copy_bytes = 0
                 if len(inside) == len(sizes):
                     frames = inside
                 else:
@@ -240,10 +272,14 @@ class TCPMPI(TCP):
                         elif w == framing.AFTER:
                             await _read_into(stream, frames[i])
                             tcp_bytes += size
-                        else:
+                        elif w == framing.MPI:
                             mpi_bytes += size
+                        else:
+                            copy_bytes += size
                     if transfer is not None:
                         await self._await_mpi(arrived, transfer)
+                    if addresses:
+                        await self._copy(frames, where, addresses, copy_bytes)
             except (StreamClosedError, OSError) as e:
                 if transfer is not None:
                     self._route.engine.cancel(transfer)
@@ -258,7 +294,7 @@ class TCPMPI(TCP):
                     self._route.engine.cancel(transfer)
                 self.abort()
                 raise
-            stats.received(tcp_bytes, mpi_bytes)
+            stats.received(tcp_bytes, mpi_bytes, copy_bytes)
             try:
                 return await from_frames(
                     frames, deserialize=self.deserialize, deserializers=deserializers, allow_offload=self.allow_offload
@@ -270,6 +306,38 @@ class TCPMPI(TCP):
             self._ops -= 1
             self._last_op = time.monotonic()
 
+    async def _copy(self, frames, where, addresses, nbytes_) -> None:
+        """Copies a message's CMA frames out of the sender's memory, then lets it release them."""
+        route = self._route
+        if not isinstance(route, hello.CopyRoute):
+            raise ValueError("tcp+mpi: the peer sent single-copy frames on a connection without that route")
+        bufs = [f for f, w in zip(frames, where) if w == framing.CMA]
+        guard, token, places = addresses[0], addresses[1], addresses[2:]
+        if len(bufs) != len(places):
+            raise ValueError("tcp+mpi: a block's single-copy addresses do not match its frames")
+        pid = route.peer_pid
+        try:
+            if nbytes_ <= COPY_INLINE_MAX:
+                cma.read(pid, bufs, places)
+            else:
+                await asyncio.get_running_loop().run_in_executor(_copy_executor(), cma.read, pid, bufs, places)
+            held_all_along = held.still_held(pid, guard, token)
+        except cma.CopyError as e:
+            # The sender died (or its memory went), which the connection's end reports to Dask.
+            raise CommClosedError(f"in {self!r}: the single copy from the peer failed: {e}") from e
+        if not held_all_along:
+            raise CommClosedError(
+                f"in {self!r}: the peer let its frames go before they were copied (it closed the "
+                f"connection {held.LINGER:g} s or more before this end read them)"
+            )
+        stream = self.stream
+        if self._torn or stream is None:
+            raise CommClosedError(f"in {self!r}: closed here while copying frames")
+        try:
+            stream.write(framing.ack()).add_done_callback(_retrieved)
+        except StreamClosedError:
+            pass  # the message is whole; the sender learns of the close instead
+
     def _post_receives(self, frames, where):
         """The receives of a message's MPI frames (fresh buffers), posted at once (the sender
         posted its sends before it wrote the block)."""
@@ -277,8 +345,8 @@ class TCPMPI(TCP):
         if not bufs:
             return None, None
         route = self._route
-        if route is None:
-            raise ValueError("tcp+mpi: the peer sent MPI frames on a TCP connection")
+        if route is None or isinstance(route, hello.CopyRoute):
+            raise ValueError("tcp+mpi: the peer sent MPI frames on a connection without an MPI route")
         loop = asyncio.get_running_loop()
         arrived = loop.create_future()
         transfer = Transfer(False, route.comm, route.peer, route.recv_tag, bufs, _settle_from_thread(loop, arrived))
@@ -299,7 +367,7 @@ class TCPMPI(TCP):
             if self._torn:
                 raise CommClosedError(f"in {self!r}: closed while receiving MPI frames")
             if not _peer_connected(stream):
-                if self._route is not None and _process_gone(self._route.peer_pid):
+                if self._route is not None and cma.process_gone(self._route.peer_pid):
                     raise CommClosedError(f"in {self!r}: the peer process died with MPI frames in flight")
                 grace = config.get("liveness")
                 await asyncio.wait([arrived], timeout=grace)
@@ -313,12 +381,14 @@ class TCPMPI(TCP):
             raise CommClosedError(f"in {self!r}: MPI receive failed: {error}")
 
     def _teardown(self) -> None:
-        """Once per connection: stray MPI messages on this connection's receive tag get drained."""
+        """Once per connection: stray MPI messages on this connection's receive tag get drained, and
+        what the peer has not acknowledged copying goes after held.LINGER."""
         if self._torn:
             return
         self._torn = True
+        self._held.linger()
         route = self._route
-        if route is not None:
+        if route is not None and not isinstance(route, hello.CopyRoute):
             route.engine.drain(route.comm, route.peer, route.recv_tag, config.get("drain"))
 
     async def close(self):
