@@ -59,10 +59,12 @@ def headline_rows() -> list[tuple[str, str, str, str]]:
     if (RESULTS / "comm-tasks.json").exists():
         # What users feel: a whole task on one worker reading a result made on another.
         for r in load("comm-tasks.json")["tasks"]["rows"]:
-            if r["kind"] == "cohort" and r["row"] in ("1 KiB", "64 MiB", "512 MiB"):
+            late = r["kind"] == "late" and r["row"] == "64 MiB"
+            if late or (r["kind"] == "cohort" and r["row"] in ("1 KiB", "64 MiB", "512 MiB")):
+                who = "on a worker added later (single copy) " if late else ""
                 rows.append(
                     (
-                        f"Dask task reading a {r['row']} result from another worker of its host "
+                        f"Dask task {who}reading a {r['row']} result from another worker of its host "
                         "(`tcp+mpi://` vs `tcp://`)",
                         f"{r['tcp+mpi://']['better_s'] * 1e3:.1f} ms",
                         f"{r['tcp://']['better_s'] * 1e3:.1f} ms",
@@ -522,9 +524,10 @@ def tasks_section() -> str:
     return (
         "A task on worker B that reads results made on worker A, timed from the client's submit to its "
         "result, each scheme on its own `LocalCluster` in the default configuration, both alive for the whole "
-        "run and alternating round by round. Pairs: `cohort` (workers that started together), `late` (a "
-        "worker added 20 s later) and `restarted` (a worker its nanny restarted); the producers are cohort "
-        "workers. Each figure is the better of two alternations' medians; the ratio is `tcp://` over "
+        "run and alternating round by round. Pairs: `cohort` (workers that started together: MPI over shared "
+        "memory), `late` (a worker added 20 s later) and `restarted` (a worker its nanny restarted), whose "
+        "large frames the receiver copies out of the sender's memory (the single-copy path); the producers "
+        "are cohort workers. Each figure is the better of two alternations' medians; the ratio is `tcp://` over "
         "`tcp+mpi://` (above 1: `tcp+mpi://` is faster). The last column is a copy of the same bytes into fresh "
         "memory in the consumer, measured in the same run, over the task's time (1.0: the task costs one "
         f"copy). Load average {min(load_avg):.1f} to {max(load_avg):.1f}; {top['cpus']} cores; {top['machine']}; "

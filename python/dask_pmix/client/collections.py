@@ -363,9 +363,7 @@ async def _place(
                 count[w] = count.get(w, 0) + 1
         target = min(count, key=lambda w: (-count[w], w))
         copy = {held[k][ix].key: who_has[held[k][ix].key] for k, ix in group if target not in who_has[held[k][ix].key]}
-        failed = await client._run_on_scheduler(_copy_to, target, copy)
-        if failed:
-            raise MPIJobError(f"Dask could not copy {len(failed)} blocks to {target} to align the inputs; call again")
+        await _copy_or_fail(client, target, copy, "align the inputs")
         owner.update({b: target for b in group})
     holders = sorted(set(owner.values()))
     if workers is not None:
@@ -455,11 +453,14 @@ async def _move(client, held, who_has: dict, final: dict) -> None:
         if w not in who_has[key]:
             to.setdefault(w, {})[key] = who_has[key]
     for target, copy in sorted(to.items()):
-        failed = await client._run_on_scheduler(_copy_to, target, copy)
-        if failed:
-            raise MPIJobError(
-                f"Dask could not copy {len(failed)} blocks to {target} to rebalance the inputs; call again"
-            )
+        await _copy_or_fail(client, target, copy, "rebalance the inputs")
+
+
+async def _copy_or_fail(client, target: str, who_has: dict, why: str) -> None:
+    """Dask copies keys to one worker, or the call fails saying so (nothing of the job has run)."""
+    failed = await client._run_on_scheduler(_copy_to, target, who_has)
+    if failed:
+        raise MPIJobError(f"Dask could not copy {len(failed)} blocks to {target} to {why}; call again")
 
 
 async def _copy_to(target: str, who_has: dict, dask_scheduler=None) -> list:

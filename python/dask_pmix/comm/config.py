@@ -21,8 +21,9 @@ DEFAULTS = {
     # after its host's cohort, or that its nanny restarted) copy frames straight out of each
     # other's memory (process_vm_readv, as Open MPI's smsc/cma does), where the kernel allows it
     "cma": True,
-    # ... for frames at least this large; smaller ones stay in the TCP stream (a copy out of the
-    # peer costs a thread hand-off and an acknowledgement, worth it only for large frames)
+    # ... for frames at least this large; smaller ones stay in the TCP stream. A message and a
+    # reply between two tcp+mpi comms, median of 40 (loaded 2-core host): 512 KiB 0.21 ms in the
+    # stream vs 0.23 ms copied, 1 MiB 0.44 vs 0.27, 8 MiB 3.3 vs 0.75
     "cma-threshold": "1 MiB",
     # one frame moves as MPI messages of this size (Open MPI 5.0 counts are C ints); both ends of a
     # connection must use the same. A receiver faults a chunk in while the one before is copied
