@@ -97,3 +97,11 @@ def test_the_description_names_the_host_only_when_the_single_copy_is_on():
     assert paths.describe(link)["host"] == (cma.host() if cma.available() else None)
     with dask.config.set({"dask-pmix.comm.cma": False}):
         assert paths.describe(link)["host"] is None
+
+
+def test_a_cohort_can_take_the_single_copy_instead_of_mpi():
+    a, b = desc(0, {0, 1}, host="h"), desc(1, {0, 1}, host="h")
+    with dask.config.set({"dask-pmix.comm.same-host": "copy"}):
+        assert both(a, b).name == "cma"
+    with dask.config.set({"dask-pmix.comm.same-host": "bogus"}), pytest.raises(ValueError, match="same-host"):
+        paths.choose(a, b)

@@ -21,6 +21,10 @@ DEFAULTS = {
     # after its host's cohort, or that its nanny restarted) copy frames straight out of each
     # other's memory (process_vm_readv, as Open MPI's smsc/cma does), where the kernel allows it
     "cma": True,
+    # how the workers of a host's cohort, which share memory in MPI, move their large frames:
+    # "mpi" (over MPI's shared-memory transport, sm-threshold) or "copy" (the single copy above,
+    # as every other pair of the host does)
+    "same-host": "mpi",
     # ... for frames at least this large; smaller ones stay in the TCP stream. A message and a
     # reply between two tcp+mpi comms, median of 40 (loaded 2-core host): 512 KiB 0.21 ms in the
     # stream vs 0.23 ms copied, 1 MiB 0.44 vs 0.27, 8 MiB 3.3 vs 0.75
@@ -45,4 +49,8 @@ def get(key: str):
         return parse_bytes(value) if isinstance(value, str) else int(value)
     if key in _FLAGS:
         return value in (True, 1) or (isinstance(value, str) and value.lower() in ("true", "yes", "1"))
+    if key == "same-host":
+        if value not in ("mpi", "copy"):
+            raise ValueError(f"dask-pmix.comm.same-host must be 'mpi' or 'copy', not {value!r}")
+        return value
     return parse_timedelta(value, default="seconds")

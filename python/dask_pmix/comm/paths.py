@@ -59,7 +59,7 @@ def choose(mine: dict[str, Any], theirs: dict[str, Any]) -> Path | None:
     me, peer = mine.get("rank"), theirs.get("rank")
     if me is None or peer is None:
         return None
-    if peer in (mine.get("local") or ()) and me in (theirs.get("local") or ()):
+    if peer in (mine.get("local") or ()) and me in (theirs.get("local") or ()) and config.get("same-host") == "mpi":
         return Path("sm", config.get("sm-threshold"))
     if mine.get("host") is not None and mine.get("host") == theirs.get("host"):
         return Path("cma", config.get("cma-threshold"))
