@@ -1,5 +1,6 @@
-"""distributed's comm contract against tcp+mpi://, over TCP (this process is in no pool) and over
-MPI (processes started by Open MPI's own launcher, whose world is their pool).
+"""distributed's comm contract against tcp+mpi://, over TCP (this process is in no pool), over the
+single-copy path (this process as a pool member alone on its node) and over MPI (processes
+started by Open MPI's own launcher, whose world is their pool).
 
 What runs from a clean checkout: tests/comm_contract.py, which restates in our words each of
 distributed's own comm checks (distributed/comm/tests/test_comms.py: check_client_server,
@@ -21,7 +22,7 @@ import sys
 
 import pytest
 
-from dask_pmix.comm import comm_stats, link, stats
+from dask_pmix.comm import cma, comm_stats, link, stats
 
 from . import comm_contract
 from .comm_contract import CHECKS, scheme_addr, upstream_checks
@@ -54,6 +55,36 @@ def test_contract_over_tcp(name, no_pool):
 @pytest.mark.skipif(UPSTREAM is None, reason=NO_UPSTREAM)
 @pytest.mark.parametrize("name", sorted(CHECKS))
 def test_upstream_contract_over_tcp(name, no_pool):
+    asyncio.run(asyncio.wait_for(UPSTREAM[name](ADDR), 120))
+
+
+@pytest.fixture
+def copy_pool():
+    """This process as a pool member that shares memory with nobody in MPI's eyes (a worker added
+    after its host's cohort): each connection to itself negotiates the single-copy path (an
+    authenticated hello, each end's probe copied out of the other) and no MPI is used."""
+    link.set_link(link.PoolLink(epoch="ns#0", rank=5, MPI=None, create_comm=None, secret=os.urandom(32)))
+    stats.reset()
+    yield
+    link.set_link(None)
+    stats.reset()
+
+
+@pytest.mark.skipif(not cma.available(), reason="no process_vm_readv here")
+@pytest.mark.parametrize("name", sorted(CHECKS))
+def test_contract_over_the_single_copy_path(name, copy_pool):
+    asyncio.run(asyncio.wait_for(CHECKS[name](ADDR), 120))
+    s = comm_stats()
+    assert s["mpi"]["connections"] == 0 and s["events"].get("pair_comms") is None, s
+    if name not in ("connect_timeout", "many_listeners"):
+        assert s["cma"]["connections"] > 0 and s["tcp"]["connections"] == 0, s
+    if name in ("deserialize", "deserialize_roundtrip"):  # their 8 MiB frames were copied, not streamed
+        assert s["cma"]["bytes_received"] >= 8 << 20 and s["tcp"]["bytes_received"] < 1 << 20, s
+
+
+@pytest.mark.skipif(UPSTREAM is None or not cma.available(), reason=NO_UPSTREAM)
+@pytest.mark.parametrize("name", sorted(CHECKS))
+def test_upstream_contract_over_the_single_copy_path(name, copy_pool):
     asyncio.run(asyncio.wait_for(UPSTREAM[name](ADDR), 120))
 
 
