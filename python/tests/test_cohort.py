@@ -1,8 +1,8 @@
 """Cohorts (Open MPI): workers of one host that join the pool together have their ranks declared
 on one node and share memory; a later joiner, and a worker its nanny restarted, sit alone on their
 own nodes (Open MPI 5.0.x shares memory only among ranks that initialised together: see
-docs/design/scaling.md section 6), so tcp+mpi:// keeps their frames in the TCP stream while their
-in-process jobs still run; after every worker restarted, the new ones form a cohort again; a
+docs/design/scaling.md section 6), so tcp+mpi:// copies their large frames out of the other
+worker's memory instead of MPI while their in-process jobs still run; after every worker restarted, the new ones form a cohort again; a
 cohort member that dies before initialising does not break the others; and a worker of another
 user than the sidecar's joins the pool too (its client is registered as its own user)."""
 
@@ -82,8 +82,9 @@ def _path_view():
     from dask_pmix.comm.link import current_link
 
     link = current_link()
-    return {"rank": link.rank, "local": sorted(link.local_peers), "paths": dask_pmix.comm_stats()["paths"],
-            "mpi_received": dask_pmix.comm_stats()["mpi"]["bytes_received"]}
+    stats = dask_pmix.comm_stats()
+    return {"rank": link.rank, "local": sorted(link.local_peers), "paths": stats["paths"],
+            "mpi_received": stats["mpi"]["bytes_received"], "cma_received": stats["cma"]["bytes_received"]}
 
 
 def _move(client, src, dst, nbytes=8 * MiB):
@@ -107,7 +108,7 @@ def _restart_by_nanny(client, worker):
         time.sleep(0.2)
 
 
-def test_a_late_joiner_and_a_restarted_worker_keep_their_frames_in_tcp_and_still_run_in_process():
+def test_a_late_joiner_and_a_restarted_worker_copy_their_frames_and_still_run_in_process():
     cluster, client, sidecar = start_cluster(3, protocol="tcp+mpi://")
     try:
         wait_pool_ready(sidecar, 3)
@@ -129,7 +130,8 @@ def test_a_late_joiner_and_a_restarted_worker_keep_their_frames_in_tcp_and_still
         _move(client, stayed[0], stayed[1])  # the cohort's own pair still shares memory
         views = client.run(_path_view)
         for w in (late, restarted):
-            assert views[w]["paths"]["tcp"] >= 2 and views[w]["paths"]["sm"] == 0 and views[w]["mpi_received"] == 0, views
+            assert views[w]["paths"]["cma"] >= 2 and views[w]["paths"]["sm"] == 0 and views[w]["mpi_received"] == 0, views
+            assert views[w]["cma_received"] >= 8 * MiB, views
         assert views[stayed[1]]["paths"]["sm"] >= 1 and views[stayed[1]]["mpi_received"] >= 8 * MiB, views
         # Open MPI's own view, in an in-process job over all four: only the two that initialised
         # together share a node.

@@ -54,12 +54,15 @@ def available() -> bool:
 
 @lru_cache(maxsize=1)
 def host() -> str | None:
-    """What two processes must share for one to read the other by pid: the running kernel (its
-    boot id) and the pid namespace (containers on one host each have their own)."""
+    """What two processes must share to count as one host here: the running kernel (its boot id)
+    and the pid namespace, without which one cannot read the other by pid, and the network
+    namespace. The copy itself would work across network namespaces, but a network namespace of
+    its own is how a container (or this project's multi-host tests) stands for another host, and
+    Dask and the sidecar then see another address: the pair is treated as they treat it."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             boot = f.read().strip()
-        return f"{boot}/{os.readlink('/proc/self/ns/pid')}"
+        return f"{boot}/{os.readlink('/proc/self/ns/pid')}/{os.readlink('/proc/self/ns/net')}"
     except OSError:
         return None
 

@@ -8,8 +8,8 @@ MPI carries a pair's frames only where its path beats the connection's own TCP s
   what Open MPI 5.0.x's sm transport and its single-copy mechanism serve). Both must say so, in one
   epoch: sm connects only processes of one namespace that each listed the other as local when
   they initialised.
-- "cma": the two processes run on one host (one kernel, one pid namespace) but do not share
-  memory in Open MPI's eyes: one of them joined the pool after its host's cohort, or its nanny
+- "cma": the two processes run on one host (one kernel, pid and network namespace) but do not
+  share memory in Open MPI's eyes: one of them joined the pool after its host's cohort, or its nanny
   restarted it. The receiver copies each frame straight out of the sender's memory (cma.py): one
   copy, with no communicator to build, which the kernel may still refuse (hello.py probes it).
 - "fabric": both ends were told (dask-pmix.comm.fabric) that their MPI library reaches the other
