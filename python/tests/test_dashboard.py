@@ -166,6 +166,7 @@ def test_the_page_shows_jobs_across_workers_epochs_and_traffic_live(tmp_path):
         traffic = _until(browser, f"daskPmix.traffic().filter(t => t.worker === {short[1]!r} && t.mpi >= {8 << 20})",
                          "the MPI bytes of the transfer", timeout=60)
         assert traffic[0]["mpi"] > traffic[0]["tcp"], traffic
+        assert traffic[0]["cma"] == 0, traffic  # a cohort pair: nothing by single copy
         browser(screenshot=str(tmp_path / "dashboard.png"))
 
         # The relay carries the page's view and nothing else: no namespace, pid or uid, no other route.

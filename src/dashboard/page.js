@@ -205,13 +205,14 @@ function showEpochs(view) {
   });
 }
 
-// Bytes each worker's comm backend moved (sent + received), over MPI and over TCP.
+// Bytes each worker's comm backend moved (sent + received): over MPI, copied out of another
+// worker's memory (a worker outside its host's cohort), and over TCP.
 function showTraffic(view) {
   const ws = view.workers.filter((w) => w.traffic).sort((a, b) => a.id.localeCompare(b.id));
-  const total = (w, t) => w.traffic[t].bytesSent + w.traffic[t].bytesReceived;
-  const mpi = ws.reduce((a, w) => a + total(w, 'mpi'), 0),
-    tcp = ws.reduce((a, w) => a + total(w, 'tcp'), 0);
-  $('traffic-summary').textContent = ws.length ? `MPI ${bytes(mpi)}, TCP ${bytes(tcp)}` : '';
+  const total = (w, t) => (w.traffic[t] ? w.traffic[t].bytesSent + w.traffic[t].bytesReceived : 0);
+  const sum = (t) => ws.reduce((a, w) => a + total(w, t), 0);
+  const [mpi, cma, tcp] = [sum('mpi'), sum('cma'), sum('tcp')];
+  $('traffic-summary').textContent = ws.length ? `MPI ${bytes(mpi)}, single copy ${bytes(cma)}, TCP ${bytes(tcp)}` : '';
   $('traffic-note').textContent = ws.length
     ? ''
     : 'no worker reports: workers use the tcp+mpi:// comm backend (dask worker --protocol tcp+mpi)';
@@ -222,6 +223,7 @@ function showTraffic(view) {
       datasets: [
         { label: 'MPI', data: ws.map((w) => total(w, 'mpi')), backgroundColor: '#3b7dd8' },
         { label: 'TCP', data: ws.map((w) => total(w, 'tcp')), backgroundColor: '#e39b3b' },
+        { label: 'single copy', data: ws.map((w) => total(w, 'cma')), backgroundColor: '#5aa55a' },
       ],
     },
     options: {
@@ -323,6 +325,7 @@ window.daskPmix = {
           worker: label,
           mpi: charts.traffic.data.datasets[0].data[i],
           tcp: charts.traffic.data.datasets[1].data[i],
+          cma: charts.traffic.data.datasets[2].data[i],
         }))
       : [],
 };

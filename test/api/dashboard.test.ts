@@ -93,6 +93,20 @@ describe('PUT /v1/traffic', () => {
     expect(dash.workers.find((x: { id: string }) => x.id === 't1').traffic).toBeUndefined();
   });
 
+  it('keeps single copies apart, and shows none for a plugin that does not report them', async () => {
+    await fx.call('POST', '/v1/workers', worker('c1'));
+    await fx.call('POST', '/v1/workers', worker('c2'));
+    const copied = { id: 'c1', ...traffic(5, 0), cma: { bytesSent: 0, bytesReceived: 64 << 20 } };
+    const r = await fx.call('PUT', '/v1/traffic', { workers: [copied, { id: 'c2', ...traffic(7, 0) }] });
+    expect(r.status, JSON.stringify(r.body)).toBe(200);
+    const dash = (await fx.call('GET', '/v1/dashboard')).body;
+    const of = (id: string) => dash.workers.find((x: { id: string }) => x.id === id).traffic;
+    expect(of('c1').cma).toEqual({ bytesSent: 0, bytesReceived: 64 << 20 });
+    expect(of('c2').cma).toEqual({ bytesSent: 0, bytesReceived: 0 });
+    const bad = { workers: [{ ...copied, cma: { bytesSent: 1 } }] };
+    expect((await fx.call('PUT', '/v1/traffic', bad)).status).toBe(400);
+  });
+
   it('refuses a malformed report and a caller without the token', async () => {
     const bad = {
       workers: [{ id: 'd1', tcp: { bytesSent: -1, bytesReceived: 0 }, mpi: { bytesSent: 0, bytesReceived: 0 } }],

@@ -121,11 +121,13 @@ def install(scheduler) -> None:
 
 
 def _traffic(metric) -> dict | None:
-    """A worker's `dask_pmix_comm` metric as the sidecar takes it, or None."""
+    """A worker's `dask_pmix_comm` metric as the sidecar takes it, or None. "cma" (single copies) is
+    left out for a worker whose backend does not count them."""
     try:
         return {
             t: {"bytesSent": int(metric[t]["bytes_sent"]), "bytesReceived": int(metric[t]["bytes_received"])}
-            for t in ("tcp", "mpi")
+            for t in ("tcp", "mpi", "cma")
+            if t != "cma" or t in metric
         }
     except (KeyError, TypeError, ValueError):
         return None
@@ -137,7 +139,7 @@ class TrafficReport:
 
     def __init__(self, scheduler: Any, send: Callable[[list[dict]], Awaitable[object]]) -> None:
         self.scheduler = scheduler
-        self.send = send  # awaited: list of {"id", "tcp", "mpi"} -> None
+        self.send = send  # awaited: list of {"id", "tcp", "mpi", "cma"} -> None
         self.sent: dict[str, dict] = {}
         self.task: asyncio.Task | None = None
 

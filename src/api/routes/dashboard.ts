@@ -21,6 +21,8 @@ export interface DashboardOptions extends RouteOptions {
 export interface Traffic {
   tcp: { bytesSent: number; bytesReceived: number };
   mpi: { bytesSent: number; bytesReceived: number };
+  /** Copied by the receiver out of the sender's memory (workers outside their host's cohort). */
+  cma?: { bytesSent: number; bytesReceived: number };
 }
 
 const count: JsonSchema = { type: 'integer', minimum: 0, maximum: Number.MAX_SAFE_INTEGER };
@@ -38,7 +40,12 @@ const trafficSchema: JsonSchema = {
       maxItems: REQUEST_LIMITS.trafficWorkers,
       items: {
         type: 'object',
-        properties: { id: { type: 'string', minLength: 1, maxLength: REQUEST_LIMITS.idLength }, tcp: pair, mpi: pair },
+        properties: {
+          id: { type: 'string', minLength: 1, maxLength: REQUEST_LIMITS.idLength },
+          tcp: pair,
+          mpi: pair,
+          cma: pair,
+        },
         required: ['id', 'tcp', 'mpi'],
         additionalProperties: false,
       },
@@ -88,7 +95,8 @@ function jobView(j: Readonly<Job>) {
   };
 }
 
-const trafficView = ({ tcp, mpi, at }: Traffic & { at: string }) => ({ tcp, mpi, at });
+const NONE = { bytesSent: 0, bytesReceived: 0 };
+const trafficView = ({ tcp, mpi, cma, at }: Traffic & { at: string }) => ({ tcp, mpi, cma: cma ?? NONE, at });
 
 /** Something an operator should see: a worker left the pool or the cluster (and why), the PMIx server stalled. */
 interface Notice {
@@ -162,7 +170,8 @@ export const dashboardRoutes: FastifyPluginAsync<DashboardOptions> = async (app,
       for (const t of req.body.workers) {
         const w = tryWorker(t.id);
         if (!w) continue;
-        traffic.set(t.id, { tcp: t.tcp, mpi: t.mpi, at: new Date().toISOString(), registeredAt: w.registeredAt });
+        const seen = { at: new Date().toISOString(), registeredAt: w.registeredAt };
+        traffic.set(t.id, { tcp: t.tcp, mpi: t.mpi, ...(t.cma ? { cma: t.cma } : {}), ...seen });
         accepted++;
       }
       return { accepted };
