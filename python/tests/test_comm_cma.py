@@ -175,5 +175,5 @@ def test_the_block_names_where_each_copied_frame_lies():
     _, where2, _, inside, addrs2 = framing.parse_block(memoryview(block)[framing.LENGTH.size : framing.LENGTH.size + n])
     assert where2 == where and bytes(inside[0]) == b"head" and addrs2 == [1234, 5, *addrs]
     # an acknowledgement is a bare length prefix with ACK set, never a block's length
-    (ack,) = framing.LENGTH.unpack(framing.ack())
+    (ack,) = framing.LENGTH.unpack(framing.ACK_PREFIX)
     assert ack & framing.ACK and ack == framing.ACK

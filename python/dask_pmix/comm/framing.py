@@ -39,11 +39,7 @@ INSIDE_MAX = 64 * 1024
 LENGTH = struct.Struct("<Q")
 ACK = 1 << 63  # a length prefix with this bit: the receiver has copied a message's CMA frames
 COUNT = struct.Struct("<I")
-_ACK = LENGTH.pack(ACK)
-
-
-def ack() -> bytes:
-    return _ACK
+ACK_PREFIX = LENGTH.pack(ACK)  # what an acknowledgement is in the stream
 
 
 def placement(sizes: list, threshold, out=MPI) -> list:

@@ -334,7 +334,7 @@ class TCPMPI(TCP):
         if self._torn or stream is None:
             raise CommClosedError(f"in {self!r}: closed here while copying frames")
         try:
-            stream.write(framing.ack()).add_done_callback(_retrieved)
+            stream.write(framing.ACK_PREFIX).add_done_callback(_retrieved)
         except StreamClosedError:
             pass  # the message is whole; the sender learns of the close instead
 
