@@ -2,11 +2,14 @@
 // sidecar's PMIx side alone, with no Dask and no REST (issue 31: the soak's Open MPI sidecar grew
 // about 1 MB per client.restart(), and each restart is a new epoch). Each cycle opens an epoch of
 // --size ranks through the sidecar's own PmixPool (every rank on its own virtual node, every client
-// registered up front), starts --clients clients as its ranks 0.. and lets them end as --mode says,
-// with --jobs N, the clients build N communicators over themselves (each an in-process job's
-// PMIx group construct and destruct) before that; waits until libpmix has seen every connection
-// go, then closes the epoch as the sidecar does (every client deregistered, then the namespace). After each cycle: this process's anonymous RSS
-// minus V8's heap ("native"). Prints one JSON document with the least-squares slope per cycle.
+// registered up front), starts --clients clients as its ranks 0.. and lets them end as --mode says.
+// With --jobs N, the clients first build N communicators over themselves: with --build construct
+// (the default) each is an in-process job's PMIx group construct and destruct; with --build derive
+// each is derived from one communicator built once per epoch, as the communicator cache does
+// (MPI_Comm_dup, or MPI_Comm_create_group in another rank order). Then it waits until libpmix has
+// seen every connection go and closes the epoch as the sidecar does (every client deregistered,
+// then the namespace). After each cycle: this process's anonymous RSS minus V8's heap ("native").
+// Prints one JSON document with the least-squares slope per cycle.
 //
 // What it showed: with --cohort and 3 or more session clients, libpmix 5.0.11 keeps about 0.45 MB
 // per epoch of 1,024 ranks (0.14 MB at 256; 0.02 MB with 2 clients, and nothing without --cohort):
@@ -21,6 +24,12 @@
 // stops the growth but breaks group constructs once a member is killed. A server libpmix with the
 // two references dropped (as openpmix ccb7c1689 does; 5.0.5 from Debian's openmpi source, the only
 // 5.0.x source reachable here) measured 0.016 MB per epoch against 0.498 over cycles 8-24.
+//
+// Per job (--cohort --clients 4 --size 64 --cycles 6): --jobs 900 --build construct kept 7.1 MB
+// per epoch against 0.41 with --jobs 0, about 7.4 KB per job of 4 (heaptrack: the member list
+// that pmix_server_grpconstruct and _grpdestruct unpack from each member and never free, besides
+// the copy the tracker takes: openpmix frees it only on its main branch); --build derive kept
+// 0.44-0.53 MB per epoch, no more than no jobs at all.
 //
 //   --mode kill              test/.work/bin/pmix_client: PMIx_Init, then SIGKILL
 //   --mode finalize          test/.work/bin/pmix_client: PMIx_Init, a query, PMIx_Finalize
@@ -54,6 +63,7 @@ const { values: a } = parseArgs({
     mode: { type: 'string', default: 'session' },
     jobs: { type: 'string', default: '0' },
     cohort: { type: 'boolean', default: false },
+    build: { type: 'string', default: 'construct' },
     out: { type: 'string' },
   },
 });
@@ -62,20 +72,33 @@ const SIZE = Number(a.size);
 const CLIENTS = Number(a.clients);
 const MODE = a.mode;
 const JOBS = Number(a.jobs);
+const BUILD = a.build;
+if (!['construct', 'derive'].includes(BUILD)) throw new Error(`no --build ${BUILD}`);
 if (!['kill', 'finalize', 'session', 'session-finalize', 'none'].includes(MODE)) throw new Error(`no mode ${MODE}`);
 
 // A pool rank as a Dask worker process is one, then left to be killed or closed.
 const SESSION_PY = `
 import json, sys, time
 from dask_pmix.worker import pool
-seat, env, how, jobs, n = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+seat, env, how, jobs, n, build = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
 pool.start(seat, env)
 p = pool.current(60)
 st = dict(pool.status()); st.pop("pool", None)
 sums = []
+base = None
 for j in range(jobs if p is not None else 0):
-    # An in-process job's communicator, as a member builds it (dask_pmix.worker.pool.Pool.comm).
-    comm = p.comm(range(n), f"probe-{seat['epoch']}-{j}")
+    if build == "construct":
+        # An in-process job's communicator, as a member builds it (dask_pmix.worker.pool.Pool.comm).
+        comm = p.comm(range(n), f"probe-{seat['epoch']}-{j}")
+    else:
+        # As the communicator cache derives one from a kept communicator over all the clients: a
+        # Dup, or every other job a create_group of the ranks in reverse order.
+        base = base or p.comm(range(n), f"probe-{seat['epoch']}-kept")
+        order = list(range(n))[::-1]
+        comm = base.Create_group(base.group.Incl(order)) if j % 2 else base.Dup()
+        want = order.index(base.rank) if j % 2 else base.rank
+        if comm.rank != want:
+            sys.exit(f"rank {comm.rank}, not {want}")
     sums.append(comm.allreduce(1))
     comm.Free()
 print(json.dumps({"init": p is not None, "sums": sums, **st}), flush=True)
@@ -166,7 +189,7 @@ try {
         if (MODE.startsWith('session')) {
           const seat = JSON.stringify({ namespace: ns, rank, epoch: c, impl: 'openmpi' });
           const how = MODE === 'session' ? 'hang' : 'finalize';
-          const args = ['-c', SESSION_PY, seat, JSON.stringify(env), how, String(JOBS), String(CLIENTS)];
+          const args = ['-c', SESSION_PY, seat, JSON.stringify(env), how, String(JOBS), String(CLIENTS), BUILD];
           return start(join(ROOT, '.venv', 'bin', 'python'), args, {});
         }
         return start(join(ROOT, 'test', '.work', 'bin', 'pmix_client'), [MODE === 'kill' ? 'hang' : 'query-psets'], env);
@@ -198,6 +221,7 @@ const doc = {
   clients: CLIENTS,
   cycles: CYCLES,
   jobs_per_epoch: JOBS,
+  build: BUILD,
   cohort: a.cohort,
   load_avg: { start: load0.map((x) => Math.round(x * 10) / 10), end: loadavg().map((x) => Math.round(x * 10) / 10) },
   native_mb_per_epoch: Math.round(slope * 1000) / 1000,

@@ -2,8 +2,11 @@
 `dask scheduler --preload dask_pmix` and 4 nanny workers), sampled every --every jobs: RSS (and its
 anonymous part), V8's heap size and use and external memory (the sidecar's /metrics), "native"
 (anonymous RSS minus V8's heap size: libpmix, the addon, allocator arenas), the jobs it lists, and
-the seconds since the first job. Sizes 1-4 in turn, all in one --mode. Shows what grows per job
-and whether it levels off (the soak's memory check, bench/soaklib/rss.py, rests on it).
+the seconds since the first job. Sizes 1-4 (--sizes) in turn, all in one --mode; the scheduler picks the
+workers, or with --random-workers each job names its own, a random sample in a random order (as
+the soak's jobs and users who pass workers= do: most such sets are new to the communicator cache's
+exact match). Shows what grows per job and whether it levels off (the soak's memory check,
+bench/soaklib/rss.py, rests on it).
 
     .venv/bin/python bench/sidecar_memory.py --impl openmpi --mode inprocess --jobs 2000
     .venv-mpich/bin/python bench/sidecar_memory.py --impl mpich --mode fork --jobs 1000
@@ -14,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import re
 import sys
 import tempfile
@@ -42,8 +46,13 @@ def main() -> int:
     ap.add_argument("--mode", choices=("inprocess", "fork"), default="inprocess")
     ap.add_argument("--jobs", type=int, default=1000)
     ap.add_argument("--every", type=int, default=25)
+    ap.add_argument("--random-workers", action="store_true", help="each job names a random sample of the workers")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--sizes", default="1,2,3,4", help="the jobs' sizes, in turn")
     ap.add_argument("--out", help="write the JSON here too")
     args = ap.parse_args()
+    rng = random.Random(args.seed)
+    sizes = [int(x) for x in args.sizes.split(",")]
 
     import httpx
 
@@ -75,12 +84,18 @@ def main() -> int:
                 print(json.dumps(s), file=sys.stderr, flush=True)
             if i == args.jobs:
                 break
-            n = 1 + i % 4
-            result = run_mpi(cluster.client, bodies.healthy, f"m{i}", n=n, impl=args.impl, mode=args.mode, timeout=120)
+            n = sizes[i % len(sizes)]
+            if args.random_workers:
+                ws = rng.sample(sorted(cluster.client.scheduler_info()["workers"]), n)
+                kw = {"workers": ws}
+            else:
+                kw = {"n": n}
+            result = run_mpi(cluster.client, bodies.healthy, f"m{i}", **kw, impl=args.impl, mode=args.mode, timeout=120)
             assert len(result) == n and result[0]["sum"] == n * (n + 1) // 2, result
     finally:
         cluster.stop()
     doc = {"impl": args.impl, "mode": args.mode, "jobs": args.jobs, "workers": 4,
+           "random_workers": args.random_workers, "seed": args.seed, "sizes": sizes,
            "load_avg": {"start": [round(x, 1) for x in load0], "end": [round(x, 1) for x in os.getloadavg()]},
            "samples": samples}
     text = json.dumps(doc, indent=1)

@@ -169,8 +169,8 @@ class _Routes:
         return self._call("POST", f"/v1/jobs/{quote(job_id)}/complete")
 
     def job_reused(self, job_id: str, kept: str):
-        """In-process jobs: every member is there and duplicates the communicator kept since job
-        `kept` (the server sees no group construct): the job runs."""
+        """In-process jobs: every member is there and derives its communicator from the one kept
+        since job `kept` (the server sees no group construct): the job runs."""
         return self._call("POST", f"/v1/jobs/{quote(job_id)}/reused?from={quote(kept[:128])}")
 
     def leave_job(self, job_id: str, worker_id: str, ok: bool, reason: str = "", failed_ranks: list[int] | None = None):

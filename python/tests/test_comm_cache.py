@@ -40,9 +40,39 @@ def test_a_set_that_ran_before_reuses_its_communicator_once_that_job_completed()
     c.job_ended("j1", True)
     again, _ = c.plan("j3", ["a", "b"])
     assert (again["use"], again["keep"]) == ("j1", None)
-    other_order, _ = c.plan("j4", ["b", "a"])  # another rank order is another communicator
-    assert (other_order["use"], other_order["keep"]) == (None, "j4")
-    assert c.counts["reused"] == 1 and c.counts["busy"] == 1
+    busy_again, _ = c.plan("j4", ["b", "a"])  # the same workers: j3 holds their communicator
+    assert (busy_again["use"], busy_again["keep"]) == (None, "j4")
+    c.job_ended("j3", True)
+    other_order, _ = c.plan("j5", ["b", "a"])  # another rank order: a create_group of j1's ranks
+    assert (other_order["use"], other_order["keep"], other_order["ranks"]) == ("j1", None, [1, 0])
+    assert "ranks" not in again
+    assert c.counts["reused"] == 2 and c.counts["derived"] == 1 and c.counts["busy"] == 1
+
+
+def test_a_job_over_some_workers_of_a_kept_communicator_derives_its_own_from_the_smallest():
+    c = CommCache(bound=8)
+    # Planned while each other's runs, so each keeps its own.
+    for job, ws in (("all", ["a", "b", "c", "d"]), ("abc", ["a", "b", "c"]), ("cd", ["c", "d"])):
+        assert c.plan(job, ws)[0]["keep"] == job
+    for job in ("all", "abc", "cd"):
+        c.job_ended(job, True)
+    plan, _ = c.plan("j1", ["c", "a"])  # in abc and in all: the smaller one, its ranks in job order
+    assert (plan["use"], plan["keep"], plan["ranks"]) == ("abc", None, [2, 0])
+    plan, _ = c.plan("j2", ["b", "a"])  # abc is busy with j1: all's ranks
+    assert (plan["use"], plan["ranks"]) == ("all", [1, 0])
+    plan, _ = c.plan("j3", ["c", "d"])  # its own, exactly: a Dup, no ranks
+    assert plan["use"] == "cd" and "ranks" not in plan
+    plan, _ = c.plan("j4", ["a", "e"])  # no kept communicator holds e: built anew and kept
+    assert (plan["use"], plan["keep"]) == (None, "j4")
+    for job in ("j1", "j2", "j3", "j4"):
+        c.job_ended(job, True)
+    c.job_ended("j5", True)  # a job the cache never planned changes nothing
+    c.plan("j6", ["d", "b"])
+    c.job_ended("j6", False)  # failed on all: all is dropped, the others stay
+    assert sorted(e["id"] for e in c.view()["kept"]) == ["abc", "cd", "j4"]
+    plan, _ = c.plan("j7", ["d", "b"])
+    assert (plan["use"], plan["keep"]) == (None, "j7")
+    assert c.counts["derived"] == 3
 
 
 def test_a_failed_job_or_a_member_leaving_drops_the_communicator():
@@ -116,6 +146,8 @@ def cache(client) -> dict:
 def set_cache(client, **attrs) -> None:
     def apply(dask_scheduler):
         c = dask_scheduler.plugins[SCHEDULER_PLUGIN].comm_cache
+        if attrs.get("clear"):
+            c.clear("the test cleared it")
         if "bound" in attrs:
             c.bound = attrs["bound"]
         if "busy" in attrs:
@@ -273,6 +305,51 @@ def test_a_kept_communicator_in_use_is_not_shared_the_other_job_builds_its_own(c
     replay_since(client, *replay)
 
 
+def ranks_and_workers(comm, offset):
+    from distributed import get_worker
+
+    return comm.rank, comm.size, get_worker().address, comm.allreduce(comm.rank + offset)
+
+
+def test_a_job_over_some_workers_of_a_kept_communicator_derives_its_own(cluster):
+    _, client, sidecar = cluster
+    w = sorted(client.scheduler_info()["workers"])
+    set_cache(client, bound=16)
+    run(client, w)  # keeps a communicator over all four
+    kept, use, keep = last_plan(client)
+    assert (use, keep) == (None, kept)
+    before = held(client)
+    # Some of them, in another order: each rank is the job's rank on the worker asked for it.
+    for i, ws in enumerate(([w[2], w[0]], [w[3], w[1], w[2]], list(reversed(w)))):
+        n = len(ws)
+        got = run(client, ws, ranks_and_workers, 100 * i)
+        assert got == [(r, n, ws[r], 100 * i * n + n * (n - 1) // 2) for r in range(n)], got
+        job, use, keep = last_plan(client)
+        assert (use, keep) == (kept, None)
+    after = held(client)
+    for x in w:
+        assert after[x]["built"] == before[x]["built"], (before[x], after[x])  # no group construct
+    assert sum(after[x]["derived"] - before[x]["derived"] for x in w) == 2 + 3 + 4
+    # The sidecar still sees the job run.
+    assert run(client, [w[1], w[3]], sleep_then_sum, REUSED_AFTER + 0.5) == [1, 1]
+    job, use, _ = last_plan(client)
+    assert use == kept
+    view = sidecar.job(job)
+    assert view["state"] == "completed"
+    if OPENMPI:
+        assert view.get("startedAt"), view
+    # A job that fails on a derived communicator drops the kept one; the next builds anew.
+    with pytest.raises(MPIJobError, match="rank 1 fails on purpose"):
+        run(client, [w[0], w[3]], fail_on_rank_1)
+    assert last_plan(client)[1] == kept
+    deadline = time.monotonic() + 10
+    while ["drop", kept, "failed"] not in cache(client)["history"]:
+        assert time.monotonic() < deadline, cache(client)
+        time.sleep(0.05)
+    assert run(client, [w[0], w[3]], rank_sum, 1) == [3, 3]
+    assert last_plan(client)[1] is None
+
+
 def test_alternating_jobs_over_overlapping_sets_keep_the_cache_bounded(cluster):
     _, client, _ = cluster
     w = sorted(client.scheduler_info()["workers"])
@@ -310,11 +387,14 @@ def test_alternating_jobs_over_overlapping_sets_keep_the_cache_bounded(cluster):
 def test_a_worker_that_leaves_takes_its_communicators_with_it(cluster):
     _, client, _ = cluster
     w = sorted(client.scheduler_info()["workers"])
+    set_cache(client, clear=True)
     replay = start_replay(client)
-    run(client, w[0:3])
-    with_leaver = last_plan(client)[0]
     run(client, w[0:2])
     without = last_plan(client)
+    assert without[1:] == (None, without[0])
+    run(client, w[0:3])  # holds w[0:2]: it keeps its own all the same
+    with_leaver, use, keep = last_plan(client)
+    assert (use, keep) == (None, with_leaver)
     client.retire_workers([w[2]])
     deadline = time.monotonic() + 30
     while any(w[2] in e["workers"] for e in cache(client)["kept"]):
@@ -324,7 +404,7 @@ def test_a_worker_that_leaves_takes_its_communicators_with_it(cluster):
     # The others go on with what does not include it, and free the rest at their next job.
     run(client, w[0:2])
     _, use, _ = last_plan(client)
-    assert use == (without[1] or without[0])
+    assert use == without[0]
     stats = held(client)
     assert all(with_leaver not in stats[x]["held"] for x in w[0:2]), stats
     replay_since(client, *replay)

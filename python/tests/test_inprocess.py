@@ -354,12 +354,13 @@ def test_a_timeout_fails_the_job_and_a_member_stuck_outside_mpi_is_restarted(poo
 def never_builds(dask_worker):
     """Makes this worker's member never get its communicator, as when MPI_Comm_create_from_group
     (Open MPI) or a connect/accept of the merge tree (MPICH) hangs, which cannot be provoked at
-    will: Pool.comm / Tree.build blocks, and so does the Dup of a communicator kept from an
-    earlier job over the same workers (the communicator cache); the worker is restarted anyway."""
+    will: Pool.comm / Tree.build blocks, and so does the derivation of a communicator kept from
+    an earlier job over these workers (the communicator cache); the worker is restarted anyway."""
     from dask_pmix import pool
     from dask_pmix.member import comm_cache, merge_tree
 
     comm_cache.dup = lambda comm: threading.Event().wait(3600)
+    comm_cache.derive = lambda comm, ranks: threading.Event().wait(3600)
     p = pool.current()
     if isinstance(p, pool.World):
         merge_tree.Tree.build = lambda self, *args, **kwargs: threading.Event().wait(3600)

@@ -747,8 +747,9 @@ export class JobLifecycle {
 
   /**
    * Every member of in-process job `jobId` is there (they met at the scheduler's join barrier)
-   * and duplicates the communicator they kept since job `from`, over the same members
-   * (MPI_Comm_dup, which the server does not see, in place of a group construct): the job runs.
+   * and derives its communicator from the one they kept since job `from`, over the same members
+   * or more (MPI_Comm_dup or MPI_Comm_create_group, which the server does not see, in place of a
+   * group construct): the job runs.
    */
   reused(jobId: string, from: string): Readonly<Job> {
     const { rt } = this.inprocessJob(jobId);
@@ -758,7 +759,7 @@ export class JobLifecycle {
     if (rt.job.state === 'running') return rt.job;
     for (const m of rt.job.members) if (m.state === 'assigned') this.setMember(rt, m, 'connected');
     rt.joined?.resolve();
-    this.started(rt, `its members duplicate the communicator kept since job ${from}`);
+    this.started(rt, `its members derive their communicator from the one kept since job ${from}`);
     return rt.job;
   }
 

@@ -527,8 +527,9 @@ export class ResourceManager {
   }
 
   /**
-   * In-process jobs: every member is there and duplicates the communicator kept since job `from`
-   * over the same members (the server sees no group construct for it): the job runs.
+   * In-process jobs: every member is there and derives its communicator from the one kept since
+   * job `from`, over the same members or more (the server sees no group construct for it): the
+   * job runs.
    */
   reusedJob(jobId: string, from: string): Readonly<Job> {
     return this.jobs.reused(jobId, from);

@@ -432,7 +432,7 @@ describe('in-process jobs', () => {
         kind: 'jobStateChanged',
         jobId: job.id,
         to: 'running',
-        reason: 'its members duplicate the communicator kept since job job-before',
+        reason: 'its members derive their communicator from the one kept since job job-before',
       }),
     );
     expect(rm.reusedJob(job.id, 'job-before').state).toBe('running'); // said twice: no change

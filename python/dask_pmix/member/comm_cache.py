@@ -1,9 +1,10 @@
 """The communicators this worker process keeps across in-process jobs (the member half of the
 communicator cache; the scheduler half, which decides, is dask_pmix.scheduler.comm_cache).
 
-The scheduler's plan for a job (its join answer's ``comm``) says whether the members duplicate a
-kept communicator (``use``), build anew and keep what they built (``keep``), or build anew and
-keep nothing; and which ids are still kept anywhere (``live``). A member never drops an entry on
+The scheduler's plan for a job (its join answer's ``comm``) says whether the members derive the
+job's communicator from a kept one (``use``: a Dup, or with ``ranks`` MPI_Comm_create_group over
+those of its ranks), build anew and keep what they built (``keep``), or build anew and keep
+nothing; and which ids are still kept anywhere (``live``). A member never drops an entry on
 its own: only the plan does (an id no longer live), or the session's close. An entry whose job
 went wrong here (its function raised, the job was revoked, its duplicate failed) is marked so,
 and is left behind like a failed job's communicator (dask_pmix.member.ending.give_up) instead of
@@ -93,16 +94,48 @@ def dup(comm: Any) -> Any:
         return comm.Dup()
 
 
+# MPI_Comm_create_group's tag. One tag serves every job: a kept communicator serves one job at a
+# time (scheduler.comm_cache), so two groups created from it at once never share a member.
+CREATE_TAG = 0
+
+
+def derive(comm: Any, ranks: list[int] | None) -> Any:
+    """The job's communicator from kept ``comm``: a duplicate (``ranks`` None), else the
+    communicator of ``comm``'s ranks ``ranks``, ranked in that order (MPI_Comm_create_group,
+    collective over those ranks only), as a construction (activation.py)."""
+    if ranks is None:
+        return dup(comm)
+    group = comm.Get_group()
+    try:
+        sub = group.Incl(ranks)
+    finally:
+        group.Free()
+    try:
+        with GATE.building():
+            return comm.Create_group(sub, CREATE_TAG)
+    finally:
+        sub.Free()
+
+
+def what(plan: dict) -> str:
+    """How a job on a kept communicator derives its own, for the stuck-call evidence."""
+    if plan.get("ranks"):
+        return "MPI_Comm_create_group of a kept communicator"
+    return "MPI_Comm_dup of a kept communicator"
+
+
 def count(what: str) -> None:
     _counts[what] += 1
 
 
 def stats() -> dict:
-    """How this process built its job communicators: ``built`` (anew), ``reused`` (a Dup of a
-    kept one), ``kept`` (entries made), ``dropped``, and the ids held now."""
+    """How this process built its job communicators: ``built`` (anew), ``reused`` (derived from a
+    kept one), ``derived`` (of those, the ones over other ranks or another order than the kept
+    one's), ``kept`` (entries made), ``dropped``, and the ids held now."""
     with _lock:
         held = sorted(_kept)
-    return {**{k: _counts.get(k, 0) for k in ("built", "reused", "kept", "dropped")}, "held": held}
+    counted = ("built", "reused", "derived", "kept", "dropped")
+    return {**{k: _counts.get(k, 0) for k in counted}, "held": held}
 
 
 def clear() -> None:

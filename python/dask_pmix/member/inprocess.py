@@ -208,16 +208,16 @@ def _run_pool_member(
 
 
 def build(p, ranks: list[int], tag: str, plan: dict):
-    """The job's communicator, as the scheduler planned it (dask_pmix.scheduler.comm_cache): a Dup
-    of the communicator kept from an earlier job over these members (``use``), or
-    MPI_Comm_create_from_group over ``ranks``, kept (``keep``, the job then gets a Dup of it) or
-    not. A Dup is left alone as a group construct is (the watcher's build bound and stuck
-    evidence hold for both): revoking a communicator while a Dup of it activates is where Open MPI
-    5.0.x was seen to crash (ompi_comm_revoke_local during ompi_comm_activate)."""
+    """The job's communicator, as the scheduler planned it (dask_pmix.scheduler.comm_cache):
+    derived from the communicator kept from an earlier job over these members or more (``use``),
+    or MPI_Comm_create_from_group over ``ranks``, kept (``keep``, the job then gets a Dup of it)
+    or not. A derivation is left alone as a group construct is (the watcher's build bound and
+    stuck evidence hold for both): revoking a communicator while a Dup of it activates is where
+    Open MPI 5.0.x was seen to crash (ompi_comm_revoke_local during ompi_comm_activate)."""
     use, keep = plan.get("use"), plan.get("keep")
     if use is not None:
         parent = comm_cache.take(use)
-        what = "MPI_Comm_dup of a kept communicator"
+        what = comm_cache.what(plan)
     else:
         with tracking.within("MPI_Comm_create_from_group"):
             parent = p.comm(ranks, tag)
@@ -227,7 +227,9 @@ def build(p, ranks: list[int], tag: str, plan: dict):
         comm_cache.put(keep, parent)
         what = "MPI_Comm_dup of the communicator just kept"
     with tracking.within(what):
-        comm = comm_cache.dup(parent)
+        comm = comm_cache.derive(parent, plan.get("ranks") if use is not None else None)
     if use is not None:
         comm_cache.count("reused")
+        if plan.get("ranks"):
+            comm_cache.count("derived")
     return comm

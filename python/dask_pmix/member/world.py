@@ -119,15 +119,17 @@ def run_world_member(
 
 def build(MPI, tree: merge_tree.Tree, rank: int, size: int, peers: list, deadline: float, plan: dict):
     """(the job's communicator, what the job gives up at its end), as the scheduler planned it
-    (dask_pmix.scheduler.comm_cache): a Dup of the merged communicator of a tree kept from an
-    earlier job over these members (``use``), or the merge tree, kept (``keep``: the job then gets
-    a Dup of its communicator) or not (the job gives the whole tree up)."""
+    (dask_pmix.scheduler.comm_cache): derived from the merged communicator of a tree kept from an
+    earlier job over these members or more (``use``), or the merge tree, kept (``keep``: the job
+    then gets a Dup of its communicator) or not (the job gives the whole tree up)."""
     use, keep = plan.get("use"), plan.get("keep")
     if use is not None:
         kept = comm_cache.take(use)
-        with tracking.within("MPI_Comm_dup of a kept communicator"):
-            comm = comm_cache.dup(kept.comm)
+        with tracking.within(comm_cache.what(plan)):
+            comm = comm_cache.derive(kept.comm, plan.get("ranks"))
         comm_cache.count("reused")
+        if plan.get("ranks"):
+            comm_cache.count("derived")
         return comm, comm
     with tracking.within("the merge tree's connect/accept"):
         merged = tree.build(rank, size, peers, timeout=max(1.0, deadline - time.monotonic()))

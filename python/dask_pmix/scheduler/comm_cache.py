@@ -1,32 +1,43 @@
-"""Which in-process jobs build their communicator anew and which duplicate one kept from an
-earlier job over the same members (the communicator cache, issue 29).
+"""Which in-process jobs build their communicator anew and which derive it from one kept from an
+earlier job (the communicator cache, issue 29).
 
 Building a job's communicator with MPI_Comm_create_from_group is a PMIx group construct through
-the sidecar (about 2.5 ms alone, more beside the job's other traffic); MPI_Comm_dup of a
-communicator the members already share is a context id agreed among them (about 0.14 ms). So the
-members of a job keep the communicator they built and the next job over the same workers, in the
-same rank order, duplicates it.
+the sidecar (about 2.5 ms alone, more beside the job's other traffic), and libpmix 5.0.x keeps
+part of every group construct and destruct in the server for good: each member's copy of the
+member list, about 0.5 KB per member per member (8 KB for a job of 4, 130 KB for 16;
+docs/operations/sidecar.md). A communicator derived from one the members already share is a
+context id agreed among them (about 0.14 ms) and reaches no PMIx server. So the members of a job
+keep the communicator they built, and a later job whose workers are all among a kept one's
+derives its own from it:
+
+- over the same workers in the same rank order, MPI_Comm_dup;
+- over the same workers in another order, or some of them, MPI_Comm_create_group with those
+  ranks in the job's order (collective over them only: the kept communicator's other members
+  take no part, and may be in other jobs meanwhile).
 
 Every member must take the same path (a Dup waits for the Dup of every other member, a group
 construct for theirs), so the choice is made here, once per job, when its members meet at the
 join barrier, and each member gets the same plan in its join answer:
 
-- ``use``: the id of a kept communicator: each member duplicates it (the job's communicator is
-  the duplicate, freed at the job's end as before);
+- ``use``: the id of a kept communicator each member derives the job's from; with ``ranks``,
+  the kept communicator's ranks of the job's members in job rank order (MPI_Comm_create_group),
+  without it a Dup (the job's communicator is freed at the job's end as before);
 - ``keep``: build anew and keep the result under this id (the job's communicator is a duplicate
   of it too: code in the job can never free or revoke the kept one);
 - neither: build anew, keep nothing (the cache is off, full of busy entries, or the plugin does not
   know the job's members);
 - ``live``: every id still kept: a member frees whatever else it holds.
 
-A kept communicator serves one job at a time (two jobs over the same members at once would
-interleave their Dups on one parent: the second builds anew and keeps nothing). It serves again
-only once its job has completed; it is dropped when a job on it fails or is aborted, when any of
-its members leaves the pool or the cluster, when the sidecar restarts, and, least recently used
-first, beyond ``dask-pmix.pool.comm-cache`` entries (idle ones only).
+Of the kept communicators that hold every worker of a job, the one over exactly its workers in its
+order comes first, then the one with the fewest members (leaving larger ones to other jobs). A
+kept communicator serves one job at a time (two jobs deriving from one at once could overlap: the
+second builds anew and keeps nothing). It serves again only once its job has completed; it is
+dropped when a job on it fails or is aborted, when any of its members leaves the pool or the
+cluster, when the sidecar restarts, and, least recently used first, beyond
+``dask-pmix.pool.comm-cache`` entries (idle ones only).
 
-The sidecar still admits and freezes every job; it does not see a Dup, so the plugin tells it
-that a job built from a kept communicator runs (SidecarPlugin.join_job).
+The sidecar still admits and freezes every job; it does not see a derived communicator, so the
+plugin tells it that a job built from a kept communicator runs (SidecarPlugin.join_job).
 
 Plain Python on the scheduler's event loop: no I/O, no locks."""
 
@@ -68,17 +79,20 @@ class CommCache:
         made = self._plans.get(job_id)
         if made is not None:
             return made, False
-        use = keep = None
+        use = keep = ranks = None
         if workers and self.bound > 0:
             key = tuple(workers)
-            e = self._kept.get(key)
-            if e is not None and e.ready and e.busy is None:
+            e = self._covering(key)
+            if e is not None:
                 e.busy, use = job_id, e.id
                 e.uses += 1
-                self._kept.move_to_end(key)
-                self._on[job_id] = key
+                self._kept.move_to_end(e.key)
+                self._on[job_id] = e.key
                 self.counts["reused"] += 1
-            elif e is not None:
+                if e.key != key:
+                    ranks = [e.key.index(w) for w in key]
+                    self.counts["derived"] += 1
+            elif key in self._kept:
                 self.counts["busy"] += 1  # another job holds it: this one builds its own
             elif self._room():
                 self._kept[key] = Kept(job_id, key, busy=job_id)
@@ -89,12 +103,29 @@ class CommCache:
                 self.counts["full"] += 1
         if use is None:
             self.counts["built"] += 1
-        plan = {"use": use, "keep": keep, "live": [e.id for e in self._kept.values()]}
+        plan: dict = {"use": use, "keep": keep, "live": [e.id for e in self._kept.values()]}
+        if ranks is not None:
+            plan["ranks"] = ranks
         self._record(("plan", job_id, use, keep))
         self._plans[job_id] = plan
         while len(self._plans) > PLANS_KEPT:
             self._plans.popitem(last=False)
         return plan, True
+
+    def _covering(self, key: tuple[str, ...]) -> Kept | None:
+        """The idle kept communicator to derive a job over ``key`` from: the one over exactly
+        these workers in this order, else the smallest that holds them all (the most recently
+        used of equals), else None."""
+        e = self._kept.get(key)
+        if e is not None and e.ready and e.busy is None:
+            return e
+        want = set(key)
+        best = None
+        for e in reversed(self._kept.values()):
+            if e.ready and e.busy is None and len(e.key) >= len(want) and want.issubset(e.key):
+                if best is None or len(e.key) < len(best.key):
+                    best = e
+        return best
 
     def _room(self) -> bool:
         """Makes room for one more entry (evicting the least recently used idle ones)."""

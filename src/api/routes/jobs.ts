@@ -213,7 +213,7 @@ export const jobRoutes: FastifyPluginAsync<RouteOptions> = async (app, { rm, aut
       schema: {
         security: auth.security.write,
         summary:
-          'In-process jobs: every member is there and duplicates the communicator kept since job from=<id> (no group construct reaches the server): the job runs',
+          'In-process jobs: every member is there and derives its communicator from the one kept since job from=<id> (a Dup or a create_group: no group construct reaches the server): the job runs',
         tags: ['jobs'],
         params: params('id'),
         querystring: {
