@@ -31,7 +31,8 @@ does not hold; --check exits 1 on any):
     the soak's processes, none left once the clusters stop (soaklib/shm.py: a private /dev/shm),
     no process left behind, and the sidecar's memory flat: outside V8's heap (RSS minus the heap's
     size) and the heap in use, each a least-squares line over each process's life after a warm-up
-    (soaklib/rss.py says why not RSS itself, which is reported beside them).
+    that fills its job history (soaklib/rss.py says why not RSS itself, which is reported beside
+    them).
 Prints one JSON document (and writes it to --out): the invariants, the violations, the findings
 (what went wrong, by the fault it followed), the faults by kind, the sidecar's RSS, each job's record.
 """
@@ -56,7 +57,12 @@ from soaklib.plan import HEALTHY_FAULTS  # noqa: E402
 
 WORKERS = 4
 SAMPLE_EVERY = 10        # RSS and /dev/shm samples every this many jobs (fewer jobs: more often)
-RSS_WARMUP = 50          # jobs of a sidecar's life before its memory counts as steady
+# The sidecars keep this many ended jobs (serve --job-history; 1,000 by default): their memory
+# grows with that history, by about 6 KB a job, until it is full, which a 1,000-job soak never saw
+# with the default, so that a leak of that size hid in it. With 100, it is full after about 200 of
+# the soak's jobs (two clusters share them), and the warm-up covers that.
+JOB_HISTORY = 100
+RSS_WARMUP = 250         # jobs of a sidecar's life before its memory counts as steady
 RSS_LIMIT_MB = 10.0      # the fitted growth allowed per 1,000 jobs (stretches of 300 jobs or more)
 RSS_SHORT_MARGIN_MB = 16.0  # shorter stretches: the second half's peak over the first half's
 SETTLE = 30.0            # the end: how long frozen workers, jobs and namespaces may take to clear
@@ -310,7 +316,9 @@ def main() -> int:
     load0 = os.getloadavg()
     t_start = time.monotonic()
     venvs = {"openmpi": ROOT / ".venv", "mpich": ROOT / ".venv-mpich"}
-    clusters = {n: DaskCluster(n, venvs[n], workdir, WORKERS) for n in names}
+    clusters = {
+        n: DaskCluster(n, venvs[n], workdir, WORKERS, sidecar_args=["--job-history", str(JOB_HISTORY)]) for n in names
+    }
     # The forged hellos go to workers that listen on tcp+mpi://: two of their own, in one cohort
     # (the sm path between them), since the soak's clusters stay tcp:// (tcp+mpi would put the
     # comm backend under every job and transfer they measure).

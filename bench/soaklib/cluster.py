@@ -40,8 +40,9 @@ class DaskCluster:
     """One scheduler (with the dask-pmix plugin and its sidecar) and `n_workers` nanny workers."""
 
     def __init__(self, name: str, venv: Path, workdir: Path, n_workers: int, nthreads: int = 2,
-                 protocol: str | None = None):
+                 protocol: str | None = None, sidecar_args: list[str] | None = None):
         self.name = name
+        self.sidecar_args = list(sidecar_args or ())  # dask-pmix.sidecar.args of its scheduler
         self.protocol = protocol  # the workers' (`dask worker --protocol`); None: Dask's default, tcp
         self.venv = venv
         self.workdir = workdir / name
@@ -75,6 +76,7 @@ class DaskCluster:
         env.update(PATH=f"{self.venv / 'bin'}:{env.get('PATH', '')}", VIRTUAL_ENV=str(self.venv),
                    DASK_PMIX_TMPDIR=str(self.pmix_tmpdir), DASK_DASK_PMIX__SIDECAR__LOG=str(self.sidecar_log),
                    PYTHONUNBUFFERED="1",
+                   **({"DASK_DASK_PMIX__SIDECAR__ARGS": repr(self.sidecar_args)} if self.sidecar_args else {}),
                    # The jobs' functions (soaklib.bodies) are imported by reference where they run.
                    PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
                                                             env.get("PYTHONPATH")])))

@@ -32,6 +32,7 @@ const HELP = `usage: dask-pmix serve [options]
   --max-workers N          registered workers             [default 4096]
   --max-psets N            defined process sets           [default 1024]
   --max-names N            name-service entries (published names)  [default 4096]
+  --job-history N          ended jobs kept for GET /v1/jobs and the state directory  [default 1000]
   --release-grace SECS     how long members of a failed job may linger before it is released [10]
   --pool-size N            ranks per epoch of the in-process pool (Open MPI; 0: no pool)
                                                           [DASK_PMIX_POOL_SIZE, default 1024]
@@ -125,6 +126,7 @@ export async function serve(argv: string[]): Promise<number> {
       'max-workers': { type: 'string' },
       'max-psets': { type: 'string' },
       'max-names': { type: 'string' },
+      'job-history': { type: 'string' },
       'release-grace': { type: 'string' },
       'pool-size': { type: 'string' },
       'pool-cohort': { type: 'string' },
@@ -172,6 +174,9 @@ export async function serve(argv: string[]): Promise<number> {
     throw new Error(`--pmix-tools must be same-uid or refuse, not '${tools}'`);
   const wiring = num('wiring-timeout', values['wiring-timeout']);
   const maxJobs = num('max-jobs', values['max-jobs']);
+  const history = num('job-history', values['job-history']);
+  if (history !== undefined && !(Number.isInteger(history) && history >= 0))
+    throw new Error(`--job-history must be a whole number, 0 or more, not '${values['job-history']}'`);
   const grace = num('release-grace', values['release-grace']);
   const poolSize = num('pool-size', values['pool-size'] ?? env.DASK_PMIX_POOL_SIZE, 1024)!;
   if (!Number.isInteger(poolSize)) throw new Error(`--pool-size must be a whole number, not '${poolSize}'`);
@@ -228,6 +233,7 @@ export async function serve(argv: string[]): Promise<number> {
       ...(stateDir ? { stateDir } : {}),
       ...(wiring !== undefined ? { wiringTimeoutSeconds: wiring } : {}),
       ...(maxJobs !== undefined ? { maxActiveJobs: maxJobs } : {}),
+      ...(history !== undefined ? { jobHistory: history } : {}),
       ...(grace !== undefined ? { releaseGraceMs: grace * 1000 } : {}),
       ...(values.remote || values['pmix-if'] ? { remoteConnections: true } : {}),
       ...(values['pmix-if'] ? { tcpIfInclude: interfaceFor(values['pmix-if']) } : {}),

@@ -37,6 +37,8 @@ export interface SidecarOptions {
   logger?: pino.Logger;
   wiringTimeoutSeconds?: number;
   maxActiveJobs?: number;
+  /** Ended jobs kept (GET /v1/jobs, the state directory); the oldest released one goes first. */
+  jobHistory?: number;
   releaseGraceMs?: number;
   /** Accept PMIx clients on other hosts over TCP, on these interfaces, at this port. */
   remoteConnections?: boolean;
@@ -103,6 +105,7 @@ export class Sidecar {
         ...(opts.releaseGraceMs !== undefined ? { releaseGraceMs: opts.releaseGraceMs } : {}),
       }),
       ...(opts.wiringTimeoutSeconds !== undefined ? { wiringTimeoutSeconds: opts.wiringTimeoutSeconds } : {}),
+      ...(opts.jobHistory !== undefined ? { historySize: opts.jobHistory } : {}),
       onCollective: (name, seconds, outcome) =>
         metrics?.collectiveSeconds.observe({ name: name.replace(/:.*/, ''), outcome }, seconds),
       onError: (what, err) => log.warn({ err, what }, 'the core survived an error'),

@@ -33,6 +33,26 @@ async function connectAll(ns: string, n: number) {
   for (let r = 0; r < n; r++) rm.memberConnected(ns, r);
 }
 
+describe('ResourceManager: job history', () => {
+  it('keeps the last historySize released jobs, the oldest going first, and never an active one', async () => {
+    clock = new ManualClock();
+    backend = new RecordingBackend(['openmpi']);
+    rm = new ResourceManager({ clock, backends: [backend], policy: defaultPolicy(), historySize: 2 });
+    rm.registerWorker({ id: 'w0', host: 'h1' });
+    rm.registerWorker({ id: 'w1', host: 'h1' });
+    const ids: string[] = [];
+    for (let i = 0; i < 4; i++) {
+      const job = await rm.createJob({ impl: 'openmpi', members: ['w0'] });
+      rm.memberConnected(job.namespace, 0);
+      rm.memberFinalized(job.namespace, 0);
+      await rm.released(job.id);
+      ids.push(job.id);
+    }
+    const active = await rm.createJob({ impl: 'openmpi', members: ['w1'] });
+    expect(rm.listJobs().map((j) => j.id)).toEqual([...ids.slice(2), active.id]);
+  });
+});
+
 describe('ResourceManager: workers and psets', () => {
   it('registers, lists and removes workers; refuses duplicates', () => {
     expect(rm.listWorkers().map((w) => w.id)).toEqual(['w0', 'w1', 'w2', 'w3']);
