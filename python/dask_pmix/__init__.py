@@ -20,6 +20,8 @@ __version__ = (Path(__file__).resolve().parent / "VERSION").read_text().strip()
 _LAZY: dict[str, tuple[str, str | None]] = {
     "run_mpi": ("dask_pmix.client.run", "run_mpi"),
     "submit_mpi": ("dask_pmix.client.run", "submit_mpi"),
+    "run_elastic": ("dask_pmix.client.elastic", "run_elastic"),
+    "ElasticContext": ("dask_pmix.member.elastic", "ElasticContext"),
     "map_blocks_mpi": ("dask_pmix.client.collections", "map_blocks_mpi"),
     "map_partitions_mpi": ("dask_pmix.client.collections", "map_partitions_mpi"),
     "Partitions": ("dask_pmix.blocks", "Partitions"),
@@ -68,6 +70,7 @@ if TYPE_CHECKING:
     from .blocks import Slab as Slab
     from .client.collections import map_blocks_mpi as map_blocks_mpi
     from .client.collections import map_partitions_mpi as map_partitions_mpi
+    from .client.elastic import run_elastic as run_elastic
     from .client.plugin_check import wait_for_plugin as wait_for_plugin
     from .client.run import run_mpi as run_mpi
     from .client.run import submit_mpi as submit_mpi
@@ -75,6 +78,7 @@ if TYPE_CHECKING:
     from .errors import MPIFallbackWarning as MPIFallbackWarning
     from .errors import MPIJobError as MPIJobError
     from .errors import SidecarError as SidecarError
+    from .member.elastic import ElasticContext as ElasticContext
     from .rest import SidecarClient as SidecarClient
     from .scheduler.plugin import SidecarPlugin as SidecarPlugin
     from .scheduler.plugin import dask_setup as dask_setup

@@ -49,6 +49,8 @@ class Scheduler:
     PSET = "dask_pmix_pset"
     # Waits until Dask has removed the workers given (a job retried after a member was lost).
     WORKERS_GONE = "dask_pmix_workers_gone"
+    # An elastic job's rank 0 at a commit: should its members change (scheduler/elastic.py)?
+    ELASTIC_CHANGE = "dask_pmix_elastic_change"
 
 
 # -- a job submitted before it is admitted (submit_mpi) ---------------------------------------------
@@ -60,6 +62,15 @@ QUEUED_ANNOTATION = "dask_pmix_queued"
 HOLD = "dask-pmix-waits-for-admission"
 #: What a held rank task has for its first argument until it is admitted.
 NOT_ADMITTED = {"dask-pmix": "not admitted"}
+
+
+# -- elastic jobs (run_elastic): the labels of each generation's job on the sidecar ----------------
+#: The elastic job (its family) that the generation belongs to: the scheduler's drains look for it.
+ELASTIC_LABEL = "dask-pmix.elastic"
+#: The generation's number, 0 first.
+GENERATION_LABEL = "dask-pmix.generation"
+#: What changed since the last generation ("+w" joined, "-w" left, "lost w"), for the dashboard.
+CHANGE_LABEL = "dask-pmix.change"
 
 
 # -- operations on Dask's batched streams -------------------------------------------------------------
@@ -82,11 +93,13 @@ class Topic:
 
 
 def job_view(job: dict) -> dict:
-    """What members and clients are told of a job: its state, why, its mode and its members (each
-    with why it left, when it did not finalize: errors.classify reads it)."""
+    """What members and clients are told of a job: its state, why, its mode, its labels (an elastic
+    job's generation says so) and its members (each with why it left, when it did not finalize:
+    errors.classify reads it)."""
     return {
         "id": job.get("id"),
         "state": job.get("state"),
+        "labels": dict(job.get("labels") or {}),
         "error": job.get("error") or "",
         "mode": job.get("mode"),
         "timeoutSeconds": job.get("timeoutSeconds") or 0,

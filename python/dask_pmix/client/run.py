@@ -171,10 +171,12 @@ async def _start_job(
     local: Iterable | None = None,
     local_for: Callable[[list[dict]], dict[str, Any]] | None = None,
     labels: dict[str, str] | None = None,
+    wait: float | None = None,
 ) -> MPIJob:
     """``local_for`` (map_blocks_mpi's): given the members in rank order, what each worker's rank
     gets as ``local=``, with futures in it resolved where they are (in place of ``local``).
-    ``labels``: the job's labels on the sidecar (an attempt's family and number, with retries)."""
+    ``labels``: the job's labels on the sidecar (an attempt's family and number, with retries).
+    ``wait``: how long the request may wait for busy members (dask-pmix.timeouts.admission)."""
     impl, timeout, wiring_timeout = _check_request(n, workers, mode, impl, timeout, wiring_timeout)
     asked = mode or config.get("job.mode")
     await _check_plugin(client)
@@ -202,6 +204,7 @@ async def _start_job(
         mode=asked or "inprocess",
         strict=asked == "inprocess",
         **({"labels": labels} if labels else {}),
+        **({"wait": wait} if wait is not None else {}),
     )
     if "error" in created:
         pickling.cancel()
@@ -721,19 +724,24 @@ def run_mpi(
             local=local,
             labels=labels,
         )
-        _warn_soon(fallbacks, job)
-        try:
-            return await _gather(client, job, job.job.get("timeoutSeconds") or None)
-        except BaseException:
-            await job._release()
-            raise
-        finally:
-            job_ends(client).forget(job.id)
+        return await _finish(client, job, fallbacks)
 
     async def run() -> list:
         return await with_retries(client, retries, attempt, settle_with=_settler(client))
 
     return _sync(client, fallbacks, run)
+
+
+async def _finish(client, job: MPIJob, fallbacks: list) -> list:
+    """The results of a started job, in rank order; its members are released whatever happens."""
+    _warn_soon(fallbacks, job)
+    try:
+        return await _gather(client, job, job.job.get("timeoutSeconds") or None)
+    except BaseException:
+        await job._release()
+        raise
+    finally:
+        job_ends(client).forget(job.id)
 
 
 def _settler(client) -> Callable[[MPIJobError], Any]:

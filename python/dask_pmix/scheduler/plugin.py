@@ -42,6 +42,7 @@ from ..protocol import (
 from ..rest import AsyncSidecarClient
 from . import dashboard, queued
 from .comm_cache import CommCache
+from .elastic import Elastic
 from .events import EventStream
 from .jobs import ENDED_KEPT, Entry, JobMirror
 from .join_barrier import JoinBarriers
@@ -99,6 +100,7 @@ class SidecarPlugin(SchedulerPlugin):
         self.comm_cache = CommCache()  # its bound is pool.comm-cache, read in start()
         self._reused_at: dict[str, asyncio.TimerHandle] = {}  # jobs on a kept communicator, until told running
         self.replacer: Replacer | None = None
+        self.elastic: Elastic | None = None  # made in start()
         self._listening: set[str] = set()  # workers whose plugin handles Stream.JOB
         self._registrations: dict[str, asyncio.Future] = {}
         self._removals: dict[str, asyncio.Future] = {}  # workers the sidecar is being told are gone
@@ -168,6 +170,14 @@ class SidecarPlugin(SchedulerPlugin):
         self.joining.bound = config.seconds("timeouts.pool-join") or self.joining.bound
         self.comm_cache.bound = max(0, int(config.get("pool.comm-cache", 16)))
         await self._check_sidecar()
+        self.elastic = Elastic(
+            scheduler,
+            self.jobs.active,
+            self.frozen_workers,
+            lambda: self.sidecar.workers(),
+            config.seconds("timeouts.drain") or 30.0,
+        )
+        self.elastic.install()
         self.replacer = Replacer(scheduler, lambda: self.rest, self._register_soon)
         for address in scheduler.workers:
             self.replacer.added(address)
@@ -186,6 +196,7 @@ class SidecarPlugin(SchedulerPlugin):
                 Scheduler.REPLACE_WORKER: self.replace_worker,
                 Scheduler.PSET: self.pset,
                 Scheduler.WORKERS_GONE: self.workers_gone,
+                Scheduler.ELASTIC_CHANGE: self.elastic.change,
             }
         )
         scheduler.stream_handlers[Stream.HELLO] = self._hello
@@ -409,6 +420,8 @@ class SidecarPlugin(SchedulerPlugin):
         if entry.active or before is None:
             return
         self.comm_cache.job_ended(entry.id, entry.state == "completed")
+        if self.elastic is not None:
+            self.elastic.wake()
         reused = self._reused_at.pop(entry.id, None)
         if reused is not None:
             reused.cancel()
@@ -462,6 +475,8 @@ class SidecarPlugin(SchedulerPlugin):
         self._listening.discard(worker)
         self.joining.gone(worker)
         self.comm_cache.worker_left(worker)
+        if self.elastic is not None:
+            self.elastic.forget(worker)
         self._wake_gone()
         pending = self._registrations.pop(worker, None)
         host, nanny = self._known.pop(worker, ("", False))
@@ -710,6 +725,8 @@ class SidecarPlugin(SchedulerPlugin):
         keep = set(self.jobs.frozen) | self.joining.held()
         for entry in self.jobs.active():
             keep.update(entry.workers)
+        if self.elastic is not None:
+            self.elastic.adaptive(workers)  # elastic members leave at their next commit
         need = 0
         for request in self._waiting:
             named = request.get("members") or self._psets.get(str(request.get("pset") or ""))

@@ -1,0 +1,224 @@
+"""Elastic jobs (dask_pmix.run_elastic): what a change of members costs, beside restarting the job.
+
+For each size M: a LocalCluster of M + 1 workers (one thread each, the default configuration: Open
+MPI's in-process pool) and one elastic job of M members (min M - 1, max M) whose ranks commit every
+--step-ms. Figures:
+
+- reconfiguration: the bench asks the scheduler to drain the job's last member, as Dask's
+  retirement does but without retiring the worker (scheduler/elastic.py, Elastic.request). At the
+  next commit that member leaves and the spare worker joins in its place. Timed from the moment
+  rank 0 entered that commit (time.time(), kept in the committed state) to the moment the next
+  generation's communicator has carried one allreduce on every member, measured by rank 0 after
+  that allreduce. It includes the old generation's end, the new job's admission on the sidecar, its
+  ranks' tasks, the communicator (built or derived from a kept one) and the state's restore (a few
+  numbers). --changes per size: median, p99 and max.
+- killed member: kill -9 of a member's worker process mid-job (its nanny restarts it); from the kill
+  to the next generation's first allreduce on every member. --kills per size.
+- restart baseline: what a launcher without elasticity does on the same event (torchrun and
+  mpirun restart the job's processes and start it again from its checkpoint): the member's worker
+  restarted (client.restart_workers), then a run_mpi job over the same M members started again,
+  timed from the restart call to that job's first allreduce on every member. --restarts per size.
+
+The ratio of the baseline's median to the reconfiguration's median is the time lost per event,
+restart against elastic. Prints one JSON document (and writes --out).
+
+    .venv/bin/python bench/elastic.py --sizes 4 8 16 --changes 50 [--out bench/results/elastic.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def looper(ctx, step: float):
+    """Commits every ``step`` s until the bench says stop; rank 0 keeps, in the committed state,
+    when each generation's communicator was first usable and when the commit behind it began."""
+    import time as t
+
+    s = ctx.state
+    ctx.comm.allreduce(0)  # usable on every member once this returns everywhere
+    ctx.comm.Barrier()
+    if ctx.rank == 0:
+        s["starts"].append({"generation": ctx.generation, "size": ctx.size, "at": t.time(), "entered": s["entered"]})
+    while not os.path.exists(s["stop"]):
+        t.sleep(step)
+        s["entered"] = t.time() if ctx.rank == 0 else None
+        ctx.commit(s)
+    return s if ctx.rank == 0 else None
+
+
+def percentile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]
+
+
+def stats_ms(xs: list[float]) -> dict:
+    if not xs:
+        return {}
+    return {
+        "n": len(xs),
+        "median_ms": round(statistics.median(xs) * 1000, 1),
+        "p99_ms": round(percentile(xs, 0.99) * 1000, 1),
+        "max_ms": round(max(xs) * 1000, 1),
+    }
+
+
+def current(sidecar, family: str | None = None) -> dict | None:
+    """The running generation of an elastic job (of ``family``)."""
+    for j in sidecar.jobs():
+        labels = j.get("labels") or {}
+        if labels.get("dask-pmix.elastic") and (family is None or labels["dask-pmix.elastic"] == family):
+            if j["state"] == "running":
+                return j
+    return None
+
+
+def wait_for(cond, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = cond()
+        if v:
+            return v
+        time.sleep(0.01)
+    raise TimeoutError(f"{what} within {timeout} s")
+
+
+def one_size(m: int, args) -> dict:
+    sys.path.insert(0, str(ROOT / "python"))
+    from tests.conftest import start_cluster
+    from tests.test_inprocess import wait_pool_ready
+
+    from dask_pmix import run_elastic, run_mpi
+    from dask_pmix.protocol import SCHEDULER_PLUGIN
+
+    cluster, client, sidecar = start_cluster(m + 1, threads_per_worker=1)
+    out: dict = {"members": m, "workers": m + 1}
+    try:
+        wait_pool_ready(sidecar, m + 1, timeout=300)
+        stop = Path(f"/tmp/dask-pmix-elastic-bench-{os.getpid()}-{m}")
+        stop.unlink(missing_ok=True)
+        state = {"starts": [], "entered": None, "stop": str(stop)}
+        box: dict = {}
+
+        def run() -> None:
+            try:
+                box["state"] = run_elastic(client, looper, args.step_ms / 1000, state=state, n=m, min=m - 1, max=m)
+            except BaseException as e:  # noqa: BLE001
+                box["error"] = e
+
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        job = wait_for(lambda: current(sidecar), 120, "the first generation running")
+        family = job["labels"]["dask-pmix.elastic"]
+
+        def drain(worker: str) -> None:
+            def ask(dask_scheduler, worker=worker):
+                dask_scheduler.plugins[SCHEDULER_PLUGIN].elastic.request(worker, "bench", 0.2)
+
+            client.run_on_scheduler(ask)
+
+        # Planned changes: the last member leaves, the spare joins in its place.
+        for i in range(args.changes):
+            gen = int(job["labels"]["dask-pmix.generation"])
+            last = sorted(job["members"], key=lambda x: x["rank"])[-1]["workerId"]
+            time.sleep(0.25)  # the last drain has passed: the worker it named may join again
+            drain(last)
+            job = wait_for(
+                lambda gen=gen: (j := current(sidecar, family)) and int(j["labels"]["dask-pmix.generation"]) > gen and j,
+                60,
+                f"change {i}",
+            )
+        # Killed members.
+        kills = []
+        for _ in range(args.kills):
+            gen = int(job["labels"]["dask-pmix.generation"])
+            victim = sorted(job["members"], key=lambda x: x["rank"])[-1]["workerId"]
+            pid = client.run(os.getpid, workers=[victim])[victim]
+            at = time.time()
+            os.kill(pid, signal.SIGKILL)
+            kills.append((at, gen))
+            job = wait_for(
+                lambda gen=gen: (j := current(sidecar, family)) and int(j["labels"]["dask-pmix.generation"]) > gen and j,
+                60,
+                "the generation after a kill",
+            )
+            wait_pool_ready(sidecar, m + 1, timeout=120)  # the killed one is back before the next
+            time.sleep(1.0)
+        stop.touch()
+        t.join(120)
+        stop.unlink(missing_ok=True)
+        if "error" in box:
+            raise box["error"]
+        final = next(s for s in box["state"] if s is not None)
+        starts = final["starts"]
+        by_gen = {s["generation"]: s for s in starts}
+        planned = [s["at"] - s["entered"] for s in starts if s["entered"] is not None]
+        killed = []
+        for at, gen in kills:
+            after = min((s for s in starts if s["generation"] > gen), key=lambda s: s["generation"], default=None)
+            if after is not None:
+                killed.append(after["at"] - at)
+        out["reconfiguration"] = stats_ms(planned)
+        out["killed_member"] = stats_ms(killed)
+        out["generations"] = len(by_gen)
+
+        # The restart baseline: the member's process restarted, the job started again.
+        def first_allreduce(comm):
+            comm.allreduce(0)
+            comm.Barrier()
+            return time.time()
+
+        restarts = []
+        for _ in range(args.restarts):
+            ws = sorted(client.scheduler_info()["workers"])[:m]
+            t0 = time.time()
+            client.restart_workers([ws[-1]])
+            wait_pool_ready(sidecar, m + 1, timeout=120)
+            ws = sorted(client.scheduler_info()["workers"])[:m]
+            usable = run_mpi(client, first_allreduce, workers=ws, mode="inprocess")
+            restarts.append(max(usable) - t0)
+        out["restart_baseline"] = stats_ms(restarts)
+        if planned and restarts:
+            out["restart_over_reconfiguration"] = round(statistics.median(restarts) / statistics.median(planned), 1)
+    finally:
+        client.close()
+        cluster.close()
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", type=int, nargs="+", default=[4, 8, 16])
+    ap.add_argument("--changes", type=int, default=50)
+    ap.add_argument("--kills", type=int, default=5)
+    ap.add_argument("--restarts", type=int, default=3)
+    ap.add_argument("--step-ms", type=float, default=20.0)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    load0 = os.getloadavg()
+    doc = {
+        "benchmark": "elastic",
+        "cpus": os.cpu_count(),
+        "step_ms": args.step_ms,
+        "sizes": [one_size(m, args) for m in args.sizes],
+        "load_avg": {"start": [round(x, 1) for x in load0], "end": [round(x, 1) for x in os.getloadavg()]},
+    }
+    text = json.dumps(doc, indent=1)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""Elastic jobs at the scheduler: Dask decides which workers go, the jobs comply at their commits.
+
+An elastic job (dask_pmix.run_elastic) runs as generations, each a job on the sidecar labelled
+with the job's family (protocol.ELASTIC_LABEL). At each commit its rank 0 asks here whether the
+members should change (Scheduler.ELASTIC_CHANGE):
+
+- **leave**: members that Dask wants to retire. ``client.retire_workers()``, ``cluster.scale()``
+  and a worker's lifetime all reach the scheduler's ``retire_workers`` handler, which this wraps:
+  a worker that is a member of an elastic job is asked to leave at the job's next commit, and the
+  retirement waits for that, at most ``dask-pmix.timeouts.drain``, then goes on as Dask's own
+  (after the bound, the job loses the member and goes on from its last commit). Adaptive scaling
+  asks the plugin which workers it may close (valid_workers_downscaling): members stay this
+  round, and are asked to leave at the next commit, so that a later round finds them free. Never
+  below the job's minimum.
+- **join**: while the job is below its maximum, workers that could serve it and serve nobody:
+  in the cluster and running, in the same pool epoch as the members with a ready seat, in no job,
+  not being retired.
+
+Plain Python on the scheduler's event loop; the only waits are the retirement's (bounded) and the
+sidecar's worker list (cached for a second)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ..protocol import ELASTIC_LABEL
+
+logger = logging.getLogger("dask_pmix")
+
+# The sidecar's worker list, as the offers read it, is this fresh at most.
+WORKERS_FRESH = 1.0
+# An Adaptive proposal's drain request lasts this long (Adaptive proposes again every interval).
+ADAPTIVE_DRAIN = 10.0
+
+
+class Elastic:
+    def __init__(
+        self,
+        scheduler,
+        active_jobs: Callable[[], list],
+        busy: Callable[[], set[str]],
+        sidecar_workers: Callable[[], Awaitable[list[dict]]],
+        drain_bound: float,
+    ) -> None:
+        self.scheduler = scheduler
+        self._active_jobs = active_jobs  # the plugin's mirror of the sidecar's active jobs
+        self._busy = busy  # workers in a job or frozen for one
+        self._sidecar_workers = sidecar_workers
+        self.drain_bound = drain_bound
+        self.drains: dict[str, tuple[str, float]] = {}  # worker -> (why, until: monotonic)
+        self._waiters: set[asyncio.Future] = set()
+        self._workers: tuple[float, list[dict]] = (0.0, [])
+        self.changes = 0  # changes answered (for tests and the curious)
+
+    # -- who is in an elastic job -------------------------------------------------------------------
+    def members(self) -> dict[str, str]:
+        """worker -> the family of the elastic job whose generation it is in now."""
+        out: dict[str, str] = {}
+        for entry in self._active_jobs():
+            family = (entry.view.get("labels") or {}).get(ELASTIC_LABEL)
+            if family:
+                for w in entry.workers:
+                    out[w] = family
+        return out
+
+    # -- drains -------------------------------------------------------------------------------------
+    def _draining(self, worker: str) -> bool:
+        d = self.drains.get(worker)
+        if d is not None and d[1] < time.monotonic():
+            del self.drains[worker]
+            return False
+        return d is not None
+
+    def request(self, worker: str, why: str, seconds: float) -> None:
+        until = time.monotonic() + seconds
+        old = self.drains.get(worker)
+        self.drains[worker] = (why, max(until, old[1]) if old else until)
+
+    async def drain(self, workers: list[str], why: str) -> None:
+        """Asks the elastic jobs holding any of ``workers`` to give them back at their next commit,
+        and waits (at most the drain bound) until none of them is in a job."""
+        held = [w for w in workers if w in self.members()]
+        if not held:
+            return
+        for w in held:
+            self.request(w, why, self.drain_bound)
+        logger.info("dask-pmix: %s: asking elastic jobs to give back %s at their next commit", why, held)
+        deadline = time.monotonic() + self.drain_bound
+        loop = asyncio.get_running_loop()
+        while set(held) & self._busy():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                logger.warning(
+                    "dask-pmix: %s: elastic jobs did not give back %s within %g s; retiring them anyway",
+                    why,
+                    sorted(set(held) & self._busy()),
+                    self.drain_bound,
+                )
+                break
+            waiter = loop.create_future()
+            self._waiters.add(waiter)
+            try:
+                await asyncio.wait([waiter], timeout=left)
+            finally:
+                self._waiters.discard(waiter)
+        for w in held:
+            self.drains.pop(w, None)
+
+    def wake(self) -> None:
+        """A job changed (the plugin's mirror): drains waiting for its members look again."""
+        for w in list(self._waiters):
+            if not w.done():
+                w.set_result(None)
+
+    def adaptive(self, candidates: list) -> None:
+        """Adaptive would close these workers (WorkerState): the elastic members among them are
+        asked to leave at their jobs' next commit (they stay this round)."""
+        members = self.members()
+        for ws in candidates:
+            if ws.address in members:
+                self.request(ws.address, "Adaptive scaling down", ADAPTIVE_DRAIN)
+
+    def forget(self, worker: str) -> None:
+        self.drains.pop(worker, None)
+
+    def install(self) -> None:
+        """Wraps the scheduler's retire_workers handler (what clients, clusters and workers call)."""
+        original = self.scheduler.handlers["retire_workers"]
+        scheduler = self.scheduler
+
+        async def retire_workers(workers: list[str] | None = None, *, names: list | None = None, **kwargs: Any):
+            if workers is not None:
+                targets = list(workers)
+            elif names is not None:
+                wanted = {str(n) for n in names}
+                targets = [ws.address for ws in scheduler.workers.values() if str(ws.name) in wanted]
+            else:
+                targets = []  # Dask chooses (workers_to_close): valid_workers_downscaling keeps members
+            await self.drain(targets, "retired by Dask")
+            return await original(workers=workers, names=names, **kwargs)
+
+        self.scheduler.handlers["retire_workers"] = retire_workers
+
+    # -- the commit's question ----------------------------------------------------------------------
+    async def change(self, family: str, workers: list[str], min: int, max: int) -> dict:  # noqa: A002
+        """Who leaves and who joins the elastic job ``family`` (its members ``workers``) now."""
+        workers = [str(w) for w in workers or ()]
+        lo, hi = int(min), int(max)
+        leave = [w for w in workers if self._draining(w) or w not in self.scheduler.workers]
+        leave = leave[: max_(0, len(workers) - lo)]
+        stay = len(workers) - len(leave)
+        join = await self._offers(workers, hi - stay) if stay < hi else []
+        if leave or join:
+            self.changes += 1
+            logger.info("dask-pmix: elastic job %s: %s leave, %s join at this commit", family, leave, join)
+        return {"leave": leave, "join": join}
+
+    async def _offers(self, workers: list[str], room: int) -> list[str]:
+        seen, listed = self._workers
+        if time.monotonic() - seen > WORKERS_FRESH:
+            try:
+                listed = await self._sidecar_workers()
+            except Exception as e:  # noqa: BLE001 - no offer this time
+                logger.debug("dask-pmix: the sidecar's workers could not be read: %r", e)
+                return []
+            self._workers = (time.monotonic(), listed)
+        by_id = {w.get("id"): w for w in listed}
+        epochs = {(by_id.get(w) or {}).get("pool", {}).get("epoch") for w in workers}
+        busy = self._busy() | set(workers) | set(self.members())
+        offers = []
+        for w in listed:
+            address = str(w.get("id") or "")
+            ws = self.scheduler.workers.get(address)
+            seat = w.get("pool") or {}
+            if (
+                ws is None
+                or str(getattr(ws.status, "name", ws.status)) != "running"
+                or address in busy
+                or self._draining(address)
+                or w.get("state") != "available"
+                or seat.get("state") != "ready"
+                or seat.get("epoch") not in epochs
+            ):
+                continue
+            offers.append(address)
+        return sorted(offers)[: max_(0, room)]
+
+
+max_ = max  # the builtin, under a name that the handler's keyword `max` does not hide

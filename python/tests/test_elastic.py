@@ -1,0 +1,235 @@
+"""Elastic jobs (run_elastic): a job that gives a worker back when Dask retires it, takes idle
+workers up to its maximum, and goes on after a member is killed, in the same worker processes, with
+the result of a run without changes.
+
+The workload is deterministic whatever the membership: every rank steps the same counter and the
+ranks check, over the communicator of the moment, that they all hold the same step. Open MPI's
+pool (in process); MPICH's worlds are opt-in (dask-pmix.pool.mpich), covered by the other modules."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from dask_pmix import MPIJobError, run_elastic
+from dask_pmix.client.elastic import TOPIC
+from dask_pmix.protocol import ELASTIC_LABEL
+
+from .conftest import IMPL, start_cluster
+from .test_inprocess import wait_pool_ready
+
+pytestmark = pytest.mark.skipif(IMPL != "openmpi", reason="elastic jobs run in process: Open MPI's pool here")
+
+STEPS = 40
+EXPECTED = sum(i * i for i in range(STEPS))
+
+
+def counter(ctx, steps, pause, flag=None):
+    """Steps a counter to ``steps``, committing after each step; sleeps ``pause`` per step (and
+    while ``flag`` names a file that exists, so that a test can hold the job mid-way)."""
+    from distributed import get_worker
+    from mpi4py import MPI
+
+    state = ctx.state or {"step": 0, "acc": 0}
+    while state["step"] < steps:
+        lo = ctx.comm.allreduce(state["step"], op=MPI.MIN)
+        hi = ctx.comm.allreduce(state["step"], op=MPI.MAX)
+        if lo != hi:
+            raise RuntimeError(f"the members disagree on the step: {lo} against {hi}")
+        state["acc"] += state["step"] * state["step"]
+        state["step"] += 1
+        time.sleep(pause)
+        while flag and os.path.exists(flag) and state["step"] == steps // 2:
+            time.sleep(0.02)
+        ctx.commit(state)
+    return {
+        "acc": state["acc"],
+        "rank": ctx.rank,
+        "size": ctx.size,
+        "generation": ctx.generation,
+        "worker": get_worker().address,
+        "pid": os.getpid(),
+    }
+
+
+@pytest.fixture
+def cluster():
+    cluster, client, sidecar = start_cluster(4)
+    try:
+        wait_pool_ready(sidecar, 4)
+        yield cluster, client, sidecar
+    finally:
+        client.close()
+        cluster.close()
+
+
+def pids(client) -> dict:
+    return client.run(os.getpid)
+
+
+def generations(client) -> list[dict]:
+    return [msg for _, msg in client.get_events(TOPIC)]
+
+
+def in_background(call) -> tuple[threading.Thread, dict]:
+    out: dict = {}
+
+    def run() -> None:
+        try:
+            out["results"] = call()
+        except BaseException as e:  # noqa: BLE001 - the test looks at it
+            out["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, out
+
+
+def running_generation(sidecar, at_least: int = 0, timeout: float = 60) -> dict:
+    """The running job of an elastic job's generation ``at_least`` or later."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for j in sidecar.jobs():
+            labels = j.get("labels") or {}
+            if labels.get(ELASTIC_LABEL) and j["state"] in ("pending", "wiring", "running"):
+                if int(labels.get("dask-pmix.generation", 0)) >= at_least:
+                    return j
+        time.sleep(0.05)
+    raise AssertionError(f"no running generation {at_least} within {timeout} s: {sidecar.jobs()}")
+
+
+def check_done(results, size: int) -> None:
+    assert [r["acc"] for r in results] == [EXPECTED] * size, results
+    assert [r["rank"] for r in results] == list(range(size))
+    assert {r["size"] for r in results} == {size}
+
+
+def test_a_job_below_its_maximum_takes_idle_workers_at_a_commit(cluster):
+    _, client, _ = cluster
+    before = pids(client)
+    results = run_elastic(client, counter, STEPS, 0.01, n=2, max=4)
+    check_done(results, 4)
+    assert results[0]["generation"] >= 1
+    gens = generations(client)
+    assert len(gens[0]["workers"]) == 2 and len(gens[-1]["workers"]) == 4, gens
+    assert sum(g["change"].count("+") for g in gens) == 2, gens
+    # The same processes: no worker was started or restarted.
+    assert pids(client) == before
+    assert {r["pid"] for r in results} == {before[r["worker"]] for r in results}
+
+
+def test_a_member_retired_by_dask_leaves_at_the_next_commit_and_its_data_moves(cluster, tmp_path):
+    _, client, sidecar = cluster
+    w = sorted(client.scheduler_info()["workers"])
+    before = pids(client)
+    held = client.scatter(list(range(1000)), workers=[w[1]])
+    flag = tmp_path / "hold"
+    flag.touch()
+    t, out = in_background(lambda: run_elastic(client, counter, STEPS, 0.01, str(flag), workers=w[:3], min=2))
+    running_generation(sidecar)
+    # Dask's retirement waits for the job to give the worker back, then moves its data.
+    retiring, retired = in_background(lambda: client.retire_workers(workers=[w[1]]))
+    time.sleep(0.5)
+    assert retiring.is_alive()  # the job holds it until its next commit
+    t0 = time.monotonic()
+    flag.unlink()  # the job goes on, and commits
+    retiring.join(60)
+    retired_in = time.monotonic() - t0
+    assert not retiring.is_alive() and w[1] in retired.get("results", {}), retired
+    t.join(120)
+    assert not t.is_alive()
+    assert "error" not in out, out.get("error")
+    results = out["results"]
+    # It left, and the idle worker took its place (the job was below its maximum, 3, again).
+    check_done(results, 3)
+    assert [r["worker"] for r in results] == [w[0], w[2], w[3]]
+    assert w[1] not in client.scheduler_info()["workers"]
+    assert retired_in < 20, retired_in  # the next commit, not the drain bound (30 s)
+    assert client.gather(held) == list(range(1000))  # moved before the worker closed
+    now = pids(client)
+    assert all(now[x] == before[x] for x in w if x != w[1])
+    gens = generations(client)
+    assert any(f"-{w[1]}" in g["change"] and f"+{w[3]}" in g["change"] for g in gens), gens
+
+
+def test_a_killed_member_is_survived_from_the_last_commit(cluster, tmp_path):
+    _, client, sidecar = cluster
+    w = sorted(client.scheduler_info()["workers"])
+    before = pids(client)
+    flag = tmp_path / "hold"
+    flag.touch()
+    t, out = in_background(lambda: run_elastic(client, counter, STEPS, 0.01, str(flag), workers=w[:3], min=2))
+    running_generation(sidecar)
+    time.sleep(0.3)  # every member waits at the middle step, its commit behind it
+    victim = w[2]
+    t0 = time.monotonic()
+    os.kill(before[victim], signal.SIGKILL)
+    flag.unlink()
+    resumed = running_generation(sidecar, at_least=1, timeout=30)
+    resumed_in = time.monotonic() - t0
+    t.join(120)
+    assert not t.is_alive()
+    assert "error" not in out, out.get("error")
+    results = out["results"]
+    check_done(results, len(results))
+    assert victim not in {r["worker"] for r in results}
+    assert victim not in {m["workerId"] for m in resumed["members"]}
+    assert all(pids(client).get(x) == before[x] for x in w[:2])  # the survivors' own processes
+    gens = generations(client)
+    assert any(g["change"].startswith("lost ") and victim in g["change"] for g in gens), gens
+    print(f"a killed member: the next generation was running {resumed_in:.2f} s after the kill")
+    assert resumed_in < 10, resumed_in  # the failure is seen in about 1 s; the rest is the next start
+
+
+def test_a_member_lost_below_min_fails_the_job(cluster, tmp_path):
+    _, client, sidecar = cluster
+    w = sorted(client.scheduler_info()["workers"])
+    before = pids(client)
+    flag = tmp_path / "hold"
+    flag.touch()
+    t, out = in_background(lambda: run_elastic(client, counter, STEPS, 0.01, str(flag), workers=w[:2], min=2))
+    running_generation(sidecar)
+    os.kill(before[w[1]], signal.SIGKILL)
+    flag.unlink()
+    t.join(120)
+    assert not t.is_alive()
+    err = out.get("error")
+    assert isinstance(err, MPIJobError) and err.kind == "member-lost", out
+    assert "fewer than min=2" in str(err)
+
+
+def test_a_rank_that_raises_fails_the_job_as_run_mpi_does(cluster):
+    _, client, _ = cluster
+
+    def fails(ctx):
+        ctx.commit({"x": 1})
+        if ctx.rank == 1:
+            raise ValueError("rank 1 fails on purpose")
+        return ctx.rank
+
+    with pytest.raises(MPIJobError, match="rank 1 fails on purpose") as info:
+        run_elastic(client, fails, n=2)
+    assert info.value.kind == "rank"
+
+
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [
+        ({}, "exactly one of n"),
+        ({"n": 2, "workers": ["a"]}, "exactly one of n"),
+        ({"n": 0}, "n must be a whole number"),
+        ({"n": 2, "min": 3}, "within min=3 and max="),
+        ({"n": 3, "max": 2}, "within min=1 and max=2"),
+        ({"n": 2, "min": True}, "min must be a whole number"),
+        ({"n": 2, "max": 2.5}, "max must be a whole number"),
+    ],
+)
+def test_bad_bounds_are_refused_before_the_cluster_is_asked(kwargs, error):
+    with pytest.raises(ValueError, match=error):
+        run_elastic(None, counter, 1, 0, **kwargs)
+    with pytest.raises(TypeError, match="fn must be callable"):
+        run_elastic(None, "counter", n=1)
