@@ -14,10 +14,11 @@ MPI's in-process pool) and one elastic job of M members (min M - 1, max M) whose
   numbers). --changes per size: median, p99 and max.
 - killed member: kill -9 of a member's worker process mid-job (its nanny restarts it); from the kill
   to the next generation's first allreduce on every member. --kills per size.
-- restart baseline: what a launcher without elasticity does on the same event (torchrun and
-  mpirun restart the job's processes and start it again from its checkpoint): the member's worker
-  restarted (client.restart_workers), then a run_mpi job over the same M members started again,
-  timed from the restart call to that job's first allreduce on every member. --restarts per size.
+- restart baseline: what a launcher without elasticity does on the same event (torchrun restarts
+  every process of the job and starts it again from its checkpoint): the M members' workers
+  restarted (client.restart_workers; their nannies start new processes, which join the pool),
+  then a run_mpi job over M workers started again, timed from the restart call to that job's
+  first allreduce on every member. --restarts per size.
 
 The ratio of the baseline's median to the reconfiguration's median is the time lost per event,
 restart against elastic. Prints one JSON document (and writes --out).
@@ -93,15 +94,29 @@ def wait_for(cond, timeout: float, what: str):
     raise TimeoutError(f"{what} within {timeout} s")
 
 
-def one_size(m: int, args) -> dict:
-    sys.path.insert(0, str(ROOT / "python"))
-    from tests.conftest import start_cluster
-    from tests.test_inprocess import wait_pool_ready
+def wait_pool_ready(sidecar, n: int, timeout: float) -> None:
+    try:
+        wait_for(
+            lambda: sum((w.get("pool") or {}).get("state") == "ready" for w in sidecar.workers()) >= n,
+            timeout,
+            f"{n} workers ready in the pool",
+        )
+    except TimeoutError as e:
+        seats = [(w["id"], w.get("state"), w.get("pool")) for w in sidecar.workers()]
+        raise TimeoutError(f"{e}: {seats}") from None
 
-    from dask_pmix import run_elastic, run_mpi
+
+def one_size(m: int, args) -> dict:
+    from distributed import Client, LocalCluster
+
+    from dask_pmix import MPIJobError, SidecarClient, SidecarPlugin, run_elastic, run_mpi, wait_for_plugin
     from dask_pmix.protocol import SCHEDULER_PLUGIN
 
-    cluster, client, sidecar = start_cluster(m + 1, threads_per_worker=1)
+    cluster = LocalCluster(n_workers=m + 1, threads_per_worker=1, dashboard_address=":0")
+    client = Client(cluster)
+    client.register_plugin(SidecarPlugin())
+    info = wait_for_plugin(client)
+    sidecar = SidecarClient(info["url"], info.get("token"))
     out: dict = {"members": m, "workers": m + 1}
     try:
         wait_pool_ready(sidecar, m + 1, timeout=300)
@@ -118,7 +133,13 @@ def one_size(m: int, args) -> dict:
 
         t = threading.Thread(target=run, daemon=True)
         t.start()
-        job = wait_for(lambda: current(sidecar), 120, "the first generation running")
+
+        def current_or_error(family=None):
+            if "error" in box:
+                raise box["error"]
+            return current(sidecar, family)
+
+        job = wait_for(lambda: current_or_error(), 120, "the first generation running")
         family = job["labels"]["dask-pmix.elastic"]
 
         def drain(worker: str) -> None:
@@ -134,13 +155,16 @@ def one_size(m: int, args) -> dict:
             time.sleep(0.25)  # the last drain has passed: the worker it named may join again
             drain(last)
             job = wait_for(
-                lambda gen=gen: (j := current(sidecar, family)) and int(j["labels"]["dask-pmix.generation"]) > gen and j,
+                lambda gen=gen: (
+                    (j := current_or_error(family)) and int(j["labels"]["dask-pmix.generation"]) > gen and j
+                ),
                 60,
                 f"change {i}",
             )
         # Killed members.
         kills = []
         for _ in range(args.kills):
+            job = wait_for(lambda: current_or_error(family), 60, "a generation running")
             gen = int(job["labels"]["dask-pmix.generation"])
             victim = sorted(job["members"], key=lambda x: x["rank"])[-1]["workerId"]
             pid = client.run(os.getpid, workers=[victim])[victim]
@@ -148,11 +172,25 @@ def one_size(m: int, args) -> dict:
             os.kill(pid, signal.SIGKILL)
             kills.append((at, gen))
             job = wait_for(
-                lambda gen=gen: (j := current(sidecar, family)) and int(j["labels"]["dask-pmix.generation"]) > gen and j,
+                lambda gen=gen: (
+                    (j := current_or_error(family)) and int(j["labels"]["dask-pmix.generation"]) > gen and j
+                ),
                 60,
                 "the generation after a kill",
             )
-            wait_pool_ready(sidecar, m + 1, timeout=120)  # the killed one is back before the next
+            # The killed one back (a new process, in Dask and ready in the pool) before the next kill:
+            # a worker killed while it starts is not restarted by its nanny.
+            wait_for(
+                lambda pid=pid: (now := client.run(os.getpid)) and len(now) == m + 1 and pid not in now.values(),
+                120,
+                "the killed worker restarted",
+            )
+
+            def all_ready() -> bool:
+                seats = {w["id"]: (w.get("pool") or {}).get("state") for w in sidecar.workers()}
+                return all(seats.get(a) == "ready" for a in client.run(os.getpid))
+
+            wait_for(all_ready, 120, "the restarted worker ready in the pool")
             time.sleep(1.0)
         stop.touch()
         t.join(120)
@@ -162,7 +200,17 @@ def one_size(m: int, args) -> dict:
         final = next(s for s in box["state"] if s is not None)
         starts = final["starts"]
         by_gen = {s["generation"]: s for s in starts}
-        planned = [s["at"] - s["entered"] for s in starts if s["entered"] is not None]
+        # What each generation followed: a planned change ("-w +w"), or a loss ("lost w").
+        changes = {
+            int(j["labels"]["dask-pmix.generation"]): j["labels"].get("dask-pmix.change", "")
+            for j in sidecar.jobs()
+            if (j.get("labels") or {}).get("dask-pmix.elastic") == family
+        }
+        planned = [
+            s["at"] - s["entered"]
+            for s in starts
+            if s["entered"] is not None and not changes.get(s["generation"], "lost").startswith("lost")
+        ]
         killed = []
         for at, gen in kills:
             after = min((s for s in starts if s["generation"] > gen), key=lambda s: s["generation"], default=None)
@@ -172,22 +220,45 @@ def one_size(m: int, args) -> dict:
         out["killed_member"] = stats_ms(killed)
         out["generations"] = len(by_gen)
 
-        # The restart baseline: the member's process restarted, the job started again.
+        # The restart baseline: the job's processes restarted, the job started again.
         def first_allreduce(comm):
             comm.allreduce(0)
             comm.Barrier()
             return time.time()
 
-        restarts = []
+        def workers_now() -> dict:
+            return client.run(os.getpid)  # asked now, not the client's cached scheduler_info
+
+        restarts: list[float] = []
+        failed: list[str] = []
         for _ in range(args.restarts):
-            ws = sorted(client.scheduler_info()["workers"])[:m]
+            old = workers_now()
+            members = sorted(old)[:m]
             t0 = time.time()
-            client.restart_workers([ws[-1]])
-            wait_pool_ready(sidecar, m + 1, timeout=120)
-            ws = sorted(client.scheduler_info()["workers"])[:m]
-            usable = run_mpi(client, first_allreduce, workers=ws, mode="inprocess")
+            client.restart_workers(members)
+            gone = {old[w] for w in members}
+
+            def back(gone=gone) -> dict | None:
+                now = workers_now()
+                return now if len(now) == m + 1 and not set(now.values()) & gone else None
+
+            fresh = wait_for(back, 120, "the restarted workers back")
+
+            def in_pool(fresh=fresh) -> bool:
+                seats = {w["id"]: (w.get("pool") or {}).get("state") for w in sidecar.workers()}
+                return all(seats.get(a) == "ready" for a in fresh)
+
+            wait_for(in_pool, 120, "the restarted workers in the pool")
+            members = sorted(set(fresh) - (set(old) - set(members)))[:m]
+            try:
+                usable = run_mpi(client, first_allreduce, workers=members, mode="inprocess")
+            except MPIJobError as e:
+                # Not timed: the restart's own trouble (a worker restarted again), recorded.
+                failed.append(str(e))
+                continue
             restarts.append(max(usable) - t0)
         out["restart_baseline"] = stats_ms(restarts)
+        out["restart_baseline_failed"] = failed
         if planned and restarts:
             out["restart_over_reconfiguration"] = round(statistics.median(restarts) / statistics.median(planned), 1)
     finally:

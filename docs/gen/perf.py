@@ -314,7 +314,11 @@ def soak_section() -> str:
         "| --- | --- | --- | --- |",
         *(f"| {k} | {c} | {a} | {n} |" for k, (c, a, n) in sorted(kinds.items())),
     ]
-    native = {name: segs[0]["checked"]["native"]["growth_mb_per_1000_jobs"] for name, segs in doc["rss"].items()}
+    native = {
+        name: segs[0]["checked"]["native"].get("growth_mb_per_1000_jobs", "-")
+        for name, segs in doc["rss"].items()
+        if segs and segs[0].get("checked", {}).get("native")
+    }
     by_restart = inv.get("canary_recomputed_by_client_restart")
     restarted = f", or {by_restart} dropped by client.restart(), which drops every key" if by_restart else ""
     return (
@@ -335,6 +339,40 @@ def soak_section() -> str:
         + "\n".join(rows)
         + "\n"
         + "".join(f"\nViolation: {v}\n" for v in doc["violations"])
+    )
+
+
+def elastic_section() -> str:
+    """Elastic jobs (bench/elastic.py): a change of members against restarting the job."""
+    doc = load("elastic.json")
+    rows = [
+        "| members | reconfiguration: median / p99 (n) | killed member: resumed after, median / max (n) | "
+        "restart baseline: median (n) | baseline over reconfiguration |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+
+    def ms(d: dict, a: str, b: str) -> str:
+        return f"{d[a]:.0f} / {d[b]:.0f} ms ({d['n']})" if d else "-"
+
+    for size in doc["sizes"]:
+        base = size.get("restart_baseline") or {}
+        restart = f"{base['median_ms']:.0f} ms ({base['n']})" if base else "-"
+        rows.append(
+            f"| {size['members']} | {ms(size.get('reconfiguration') or {}, 'median_ms', 'p99_ms')} | "
+            f"{ms(size.get('killed_member') or {}, 'median_ms', 'max_ms')} | {restart} | "
+            f"{size.get('restart_over_reconfiguration', '-')}x |"
+        )
+    return (
+        "An elastic job (`run_elastic`) of M members on M + 1 workers, committing every "
+        f"{doc['step_ms']:.0f} ms, in the default configuration (Open MPI's in-process pool), on a "
+        f"{doc['cpus']}-core machine at load average {_loads(doc['load_avg']['start'], doc['load_avg']['end'])}. "
+        "A reconfiguration: the job's last member is drained (as Dask's retirement does), leaves at the next "
+        "commit and the spare worker takes its place; timed from rank 0 entering that commit to the next "
+        "generation's communicator having carried an allreduce on every member (the state is a few numbers). "
+        "A killed member: kill -9 of a member's worker; from the kill to the next generation's first allreduce. "
+        "The restart baseline is what a launcher without elasticity does on the same event (torchrun restarts "
+        "every process of the job): the M members' workers restarted, then the job started again over M "
+        "workers, to its first allreduce. Source: `bench/results/elastic.json`.\n\n" + "\n".join(rows) + "\n"
     )
 
 
@@ -568,6 +606,7 @@ def write_page(out: Path) -> None:
     for title, (path, caption) in sections:
         body.append(f"## {title}\n\n```{{figure}} {path}\n:width: 100%\n\n{caption}\n```\n")
     body.append("## A job against Dask's own floor\n\n" + floor_section())
+    body.append("## Elastic jobs\n\n" + elastic_section())
     body.append("## Workloads: MPI on Dask's data\n\n" + workloads_section(plt, out))
     body.append("## Reliability soak\n\n" + soak_section())
     (out / "performance.md").write_text("\n".join(body))

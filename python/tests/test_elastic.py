@@ -156,6 +156,60 @@ def test_a_member_retired_by_dask_leaves_at_the_next_commit_and_its_data_moves(c
     assert any(f"-{w[1]}" in g["change"] and f"+{w[3]}" in g["change"] for g in gens), gens
 
 
+def test_cluster_scale_down_during_a_job_shrinks_it(cluster, tmp_path):
+    # Dask's ordinary call: the workers it closes leave the job at its next commit.
+    lc, client, sidecar = cluster
+    w = sorted(client.scheduler_info()["workers"])
+    flag = tmp_path / "hold"
+    flag.touch()
+    t, out = in_background(lambda: run_elastic(client, counter, STEPS, 0.01, str(flag), workers=w, min=1))
+    running_generation(sidecar)
+    lc.scale(2)
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    flag.unlink()
+    deadline = time.monotonic() + 60
+    while len(client.run(os.getpid)) != 2:
+        assert time.monotonic() < deadline, client.run(os.getpid)
+        time.sleep(0.05)
+    scaled_in = time.monotonic() - t0
+    t.join(120)
+    assert not t.is_alive()
+    assert "error" not in out, out.get("error")
+    results = out["results"]
+    check_done(results, 2)
+    assert {r["worker"] for r in results} == set(client.run(os.getpid))
+    assert scaled_in < 20, scaled_in  # the next commit, not the drain bound (30 s)
+
+
+def test_adaptive_scaling_down_drains_members_at_their_commits(cluster):
+    # Adaptive counts each member's rank task as work (its target stays at 4 here), so it scales
+    # down when its maximum says so. Dask never offers it a worker running a long-running task
+    # (every rank task): the job gives workers back at its commits instead, down to its minimum,
+    # and Adaptive retires them in its next rounds.
+    lc, client, _ = cluster
+    before = pids(client)
+    t, out = in_background(lambda: run_elastic(client, counter, 400, 0.01, n=4, min=2))
+    time.sleep(0.5)
+    adaptive = lc.adapt(minimum=2, maximum=2, interval="200ms", wait_count=2)
+    try:
+        t.join(120)
+        assert not t.is_alive()
+        assert "error" not in out, out.get("error")
+        results = out["results"]
+        assert [r["acc"] for r in results] == [sum(i * i for i in range(400))] * len(results)
+        assert len(results) == 2, [r["worker"] for r in results]
+        deadline = time.monotonic() + 30
+        while len(client.run(os.getpid)) != 2:
+            assert time.monotonic() < deadline, client.run(os.getpid)
+            time.sleep(0.1)
+        now = pids(client)
+        assert all(now[x] == before[x] for x in now)  # the workers left are the same processes
+        assert {r["worker"] for r in results} == set(now)
+    finally:
+        adaptive.stop()
+
+
 def test_a_killed_member_is_survived_from_the_last_commit(cluster, tmp_path):
     _, client, sidecar = cluster
     w = sorted(client.scheduler_info()["workers"])

@@ -144,7 +144,8 @@ async def _drive(client, fn, args, kwargs, state, n, workers, lo: int, hi: int, 
             survivors = [w for w in ranks if w in alive and w not in lost]
             if len(survivors) < lo:
                 raise MPIJobError(
-                    f"{e.reason} (the elastic job had {len(survivors)} of its members left, fewer than min={lo})",
+                    f"{e.reason} (the elastic job had {len(survivors)} of its members left, fewer than min={lo}; "
+                    f"gone: {', '.join(sorted(set(ranks) - set(survivors)))})",
                     job_id=e.job_id,
                     rank=e.rank,
                     worker=e.worker,

@@ -9,9 +9,11 @@ members should change (Scheduler.ELASTIC_CHANGE):
   a worker that is a member of an elastic job is asked to leave at the job's next commit, and the
   retirement waits for that, at most ``dask-pmix.timeouts.drain``, then goes on as Dask's own
   (after the bound, the job loses the member and goes on from its last commit). Adaptive scaling
-  asks the plugin which workers it may close (valid_workers_downscaling): members stay this
-  round, and are asked to leave at the next commit, so that a later round finds them free. Never
-  below the job's minimum.
+  asks ``workers_to_close`` which workers it may close, and Dask never offers one running a
+  long-running task, which every member's rank task is: this wraps that handler too, and when it
+  gives fewer workers than Adaptive wants, that many elastic members (the highest ranks first) are
+  asked to leave at their jobs' next commit, so that a later round finds them free. Never below a
+  job's minimum.
 - **join**: while the job is below its maximum, workers that could serve it and serve nobody:
   in the cluster and running, in the same pool epoch as the members with a ready seat, in no job,
   not being retired.
@@ -116,13 +118,20 @@ class Elastic:
             if not w.done():
                 w.set_result(None)
 
-    def adaptive(self, candidates: list) -> None:
-        """Adaptive would close these workers (WorkerState): the elastic members among them are
-        asked to leave at their jobs' next commit (they stay this round)."""
-        members = self.members()
-        for ws in candidates:
-            if ws.address in members:
-                self.request(ws.address, "Adaptive scaling down", ADAPTIVE_DRAIN)
+    def short_of(self, missing: int, chosen: list) -> None:
+        """Adaptive wanted ``missing`` more workers to close than Dask could give (members run
+        long-running tasks): as many elastic members, highest ranks first, are asked to leave."""
+        ranked: list[tuple[int, str]] = []
+        for entry in self._active_jobs():
+            if (entry.view.get("labels") or {}).get(ELASTIC_LABEL):
+                for m in entry.view.get("members") or ():
+                    ranked.append((int(m.get("rank") or 0), str(m.get("workerId"))))
+        for _, worker in sorted(ranked, reverse=True):
+            if missing <= 0:
+                break
+            if worker not in chosen and not self._draining(worker):
+                self.request(worker, "Adaptive scaling down", ADAPTIVE_DRAIN)
+                missing -= 1
 
     def forget(self, worker: str) -> None:
         self.drains.pop(worker, None)
@@ -144,6 +153,19 @@ class Elastic:
             return await original(workers=workers, names=names, **kwargs)
 
         self.scheduler.handlers["retire_workers"] = retire_workers
+        choose = self.scheduler.handlers["workers_to_close"]
+
+        def workers_to_close(*args: Any, **kwargs: Any):
+            chosen = choose(*args, **kwargs)
+            n, target = kwargs.get("n"), kwargs.get("target")
+            wanted = n if n is not None else (len(scheduler.workers) - target if target is not None else None)
+            if wanted and len(chosen) < wanted and self.members():
+                by = kwargs.get("attribute", "address")
+                addresses = [ws.address for ws in scheduler.workers.values() if getattr(ws, by, None) in chosen]
+                self.short_of(wanted - len(chosen), addresses)
+            return chosen
+
+        self.scheduler.handlers["workers_to_close"] = workers_to_close
 
     # -- the commit's question ----------------------------------------------------------------------
     async def change(self, family: str, workers: list[str], min: int, max: int) -> dict:  # noqa: A002

@@ -725,8 +725,6 @@ class SidecarPlugin(SchedulerPlugin):
         keep = set(self.jobs.frozen) | self.joining.held()
         for entry in self.jobs.active():
             keep.update(entry.workers)
-        if self.elastic is not None:
-            self.elastic.adaptive(workers)  # elastic members leave at their next commit
         need = 0
         for request in self._waiting:
             named = request.get("members") or self._psets.get(str(request.get("pset") or ""))
