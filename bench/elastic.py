@@ -20,6 +20,9 @@ MPI's in-process pool) and one elastic job of M members (min M - 1, max M) whose
   then a run_mpi job over M workers started again, timed from the restart call to that job's
   first allreduce on every member. --restarts per size.
 
+- plain job start: a run_mpi job over M of the same workers, none restarted, from the call to
+  its first allreduce on every member: the least a generation's start costs.
+
 The ratio of the baseline's median to the reconfiguration's median is the time lost per event,
 restart against elastic. Prints one JSON document (and writes --out).
 
@@ -107,11 +110,15 @@ def wait_pool_ready(sidecar, n: int, timeout: float) -> None:
 
 
 def one_size(m: int, args) -> dict:
+    import dask
     from distributed import Client, LocalCluster
 
     from dask_pmix import MPIJobError, SidecarClient, SidecarPlugin, run_elastic, run_mpi, wait_for_plugin
     from dask_pmix.protocol import SCHEDULER_PLUGIN
 
+    # The baseline restarts M workers at once; on 2 cores one can take longer than the 15 s after
+    # which a LocalCluster closes a worker for good (distributed.deploy.lost-worker-timeout).
+    dask.config.set({"distributed.deploy.lost-worker-timeout": "300s"})  # read while the cluster runs
     cluster = LocalCluster(n_workers=m + 1, threads_per_worker=1, dashboard_address=":0")
     client = Client(cluster)
     client.register_plugin(SidecarPlugin())
@@ -235,7 +242,7 @@ def one_size(m: int, args) -> dict:
             old = workers_now()
             members = sorted(old)[:m]
             t0 = time.time()
-            client.restart_workers(members)
+            client.restart_workers(members, timeout=300)
             gone = {old[w] for w in members}
 
             def back(gone=gone) -> dict | None:
@@ -258,6 +265,15 @@ def one_size(m: int, args) -> dict:
                 continue
             restarts.append(max(usable) - t0)
         out["restart_baseline"] = stats_ms(restarts)
+        # A plain job's start over M members (no restart): from run_mpi's call to its first
+        # allreduce on every member; what a generation's start costs at least.
+        starts_plain = []
+        for _ in range(args.changes // 2):
+            members = sorted(workers_now())[:m]
+            t0 = time.time()
+            usable = run_mpi(client, first_allreduce, workers=members, mode="inprocess")
+            starts_plain.append(max(usable) - t0)
+        out["plain_job_start"] = stats_ms(starts_plain)
         out["restart_baseline_failed"] = failed
         if planned and restarts:
             out["restart_over_reconfiguration"] = round(statistics.median(restarts) / statistics.median(planned), 1)

@@ -138,8 +138,10 @@ async def _drive(client, fn, args, kwargs, state, n, workers, lo: int, hi: int, 
         except MPIJobError as e:
             if e.kind != Failure.MEMBER_LOST:
                 raise
-            lost = set(e.lost_workers or ()) | ({e.worker} if e.worker else set())
-            await _gone(client, lost)
+            # The lost workers only: the error's rank may be a survivor whose MPI call failed first.
+            lost = set(e.lost_workers or ())
+            if lost:
+                await _gone(client, lost)
             alive = set((await client.scheduler.identity()).get("workers") or ())
             survivors = [w for w in ranks if w in alive and w not in lost]
             if len(survivors) < lo:
