@@ -49,6 +49,7 @@ def main() -> int:
     ap.add_argument("--random-workers", action="store_true", help="each job names a random sample of the workers")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--sizes", default="1,2,3,4", help="the jobs' sizes, in turn")
+    ap.add_argument("--job-history", type=int, help="serve --job-history (ended jobs the sidecar keeps)")
     ap.add_argument("--out", help="write the JSON here too")
     args = ap.parse_args()
     rng = random.Random(args.seed)
@@ -61,7 +62,10 @@ def main() -> int:
     from soaklib.cluster import DaskCluster
 
     venv = ROOT / (".venv" if args.impl == "openmpi" else ".venv-mpich")
-    cluster = DaskCluster(args.impl, venv, Path(tempfile.mkdtemp(prefix="dask-pmix-sidecar-memory-")), 4)
+    history = ["--job-history", str(args.job_history)] if args.job_history is not None else []
+    cluster = DaskCluster(
+        args.impl, venv, Path(tempfile.mkdtemp(prefix="dask-pmix-sidecar-memory-")), 4, sidecar_args=history
+    )
     samples = []
     load0 = os.getloadavg()
     try:
@@ -96,6 +100,7 @@ def main() -> int:
         cluster.stop()
     doc = {"impl": args.impl, "mode": args.mode, "jobs": args.jobs, "workers": 4,
            "random_workers": args.random_workers, "seed": args.seed, "sizes": sizes,
+           "job_history": args.job_history,
            "load_avg": {"start": [round(x, 1) for x in load0], "end": [round(x, 1) for x in os.getloadavg()]},
            "samples": samples}
     text = json.dumps(doc, indent=1)

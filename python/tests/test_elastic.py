@@ -102,6 +102,23 @@ def running_generation(sidecar, at_least: int = 0, timeout: float = 60) -> dict:
     raise AssertionError(f"no running generation {at_least} within {timeout} s: {sidecar.jobs()}")
 
 
+def kill_mid_job(client, sidecar, tmp_path, members: int, victim: int) -> tuple:
+    """An elastic job over the first ``members`` workers (min 2) held at its middle step, its
+    commit behind it; kill -9 of its rank ``victim``'s worker, then the job goes on. (the workers,
+    their pids before, the job's thread and outcome, the kill's time)."""
+    w = sorted(client.scheduler_info()["workers"])
+    before = pids(client)
+    flag = tmp_path / "hold"
+    flag.touch()
+    t, out = in_background(lambda: run_elastic(client, counter, STEPS, 0.01, str(flag), workers=w[:members], min=2))
+    running_generation(sidecar)
+    time.sleep(0.3)  # every member waits at the middle step
+    t0 = time.monotonic()
+    os.kill(before[w[victim]], signal.SIGKILL)
+    flag.unlink()
+    return w, before, t, out, t0
+
+
 def check_done(results, size: int) -> None:
     assert [r["acc"] for r in results] == [EXPECTED] * size, results
     assert [r["rank"] for r in results] == list(range(size))
@@ -212,17 +229,8 @@ def test_adaptive_scaling_down_drains_members_at_their_commits(cluster):
 
 def test_a_killed_member_is_survived_from_the_last_commit(cluster, tmp_path):
     _, client, sidecar = cluster
-    w = sorted(client.scheduler_info()["workers"])
-    before = pids(client)
-    flag = tmp_path / "hold"
-    flag.touch()
-    t, out = in_background(lambda: run_elastic(client, counter, STEPS, 0.01, str(flag), workers=w[:3], min=2))
-    running_generation(sidecar)
-    time.sleep(0.3)  # every member waits at the middle step, its commit behind it
+    w, before, t, out, t0 = kill_mid_job(client, sidecar, tmp_path, members=3, victim=2)
     victim = w[2]
-    t0 = time.monotonic()
-    os.kill(before[victim], signal.SIGKILL)
-    flag.unlink()
     resumed = running_generation(sidecar, at_least=1, timeout=30)
     resumed_in = time.monotonic() - t0
     t.join(120)
@@ -241,14 +249,7 @@ def test_a_killed_member_is_survived_from_the_last_commit(cluster, tmp_path):
 
 def test_a_member_lost_below_min_fails_the_job(cluster, tmp_path):
     _, client, sidecar = cluster
-    w = sorted(client.scheduler_info()["workers"])
-    before = pids(client)
-    flag = tmp_path / "hold"
-    flag.touch()
-    t, out = in_background(lambda: run_elastic(client, counter, STEPS, 0.01, str(flag), workers=w[:2], min=2))
-    running_generation(sidecar)
-    os.kill(before[w[1]], signal.SIGKILL)
-    flag.unlink()
+    _, _, t, out, _ = kill_mid_job(client, sidecar, tmp_path, members=2, victim=1)
     t.join(120)
     assert not t.is_alive()
     err = out.get("error")

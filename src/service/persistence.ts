@@ -1,6 +1,7 @@
 // Keeps the state store in step with the core: restores what an earlier run left (and removes the
-// shared-memory segments of its jobs that were still running), then writes each pset and job
-// change as it happens.
+// shared-memory segments of its jobs that were still running, and of its pool epochs: their
+// workers are all replaced, and a worker whose PMIx server is gone cannot finalize and unlink its
+// own), then writes each pset and job change, and each pool epoch, as it happens.
 import type { ResourceManager } from '../rm/manager.js';
 import { isActive } from '../rm/types.js';
 import type { StateStore, StoreLog } from '../store/state-store.js';
@@ -27,7 +28,12 @@ export interface Persisted {
  * binding is a native module built for one Node.js ABI: on another Node it does not load, and
  * the sidecar runs without persistence (the error says why) rather than not at all.
  */
-export async function persist(rm: ResourceManager, dir: string, log?: StoreLog): Promise<Persisted | Error> {
+export async function persist(
+  rm: ResourceManager,
+  dir: string,
+  log?: StoreLog,
+  shmDir = '/dev/shm',
+): Promise<Persisted | Error> {
   let store: StateStore;
   try {
     // The binding loads its native part when the first database opens.
@@ -38,17 +44,26 @@ export async function persist(rm: ResourceManager, dir: string, log?: StoreLog):
   const psets = store.psets();
   const jobs = store.jobs();
   const interrupted = jobs.filter((j) => isActive(j.state));
-  const shmRemoved = removeShmSegments(interrupted.map((j) => j.namespace));
+  const shmRemoved = removeShmSegments(
+    [...new Set([...interrupted.map((j) => j.namespace), ...store.pools()])],
+    shmDir,
+  );
+  store.forgetPools();
   rm.restore({ psets, jobs }, RESTART_REASON);
   store.saveAll(
     [],
     rm.listJobs().filter((j) => interrupted.some((i) => i.id === j.id)),
   );
 
+  let seen = ''; // the last pool namespace written: most events repeat it
   const unsubscribe = rm.events.subscribe(({ event: e }) => {
     if (e.kind === 'psetDefined') store.savePset(e.pset);
     else if (e.kind === 'psetDeleted') store.deletePset(e.name);
     else if (e.kind === 'jobStateChanged') store.saveJob(e.job);
+    else if (e.kind === 'workerPoolChanged' && e.pool.namespace !== seen) {
+      seen = e.pool.namespace;
+      store.savePool(seen);
+    }
   });
   return {
     store,

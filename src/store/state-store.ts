@@ -1,4 +1,5 @@
-// What outlives the sidecar process: process set definitions and the job history, in SQLite
+// What outlives the sidecar process: process set definitions, the job history and the namespaces
+// of the in-process pool's epochs (whose ranks' shared memory a restart cleans up), in SQLite
 // (better-sqlite3) in the state directory. Each change is its own transaction, written before the
 // REST answer leaves, so a kill -9 loses nothing that was acknowledged: a committed write is in
 // the kernel's page cache at once. No fsync (synchronous=OFF): a power cut may lose the last
@@ -18,6 +19,7 @@ import type { Job, ProcessSet } from '../rm/types.js';
 const SCHEMA = `
 CREATE TABLE IF NOT EXISTS psets (name TEXT PRIMARY KEY, record TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS jobs (id TEXT PRIMARY KEY, record TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS pools (namespace TEXT PRIMARY KEY);
 `;
 
 /** What the store tells its operator (a pino logger fits). */
@@ -34,6 +36,7 @@ export class StateStore {
   private readonly dropPset: Database.Statement<[string]>;
   private readonly putJob: Database.Statement<[string, string]>;
   private readonly dropJob: Database.Statement<[string]>;
+  private readonly putPool: Database.Statement<[string]>;
 
   private constructor(readonly path: string) {
     this.db = new Database(path);
@@ -51,6 +54,7 @@ export class StateStore {
       'INSERT INTO jobs (id, record) VALUES (?, ?) ON CONFLICT(id) DO UPDATE SET record = excluded.record',
     );
     this.dropJob = this.db.prepare('DELETE FROM jobs WHERE id = ?');
+    this.putPool = this.db.prepare('INSERT OR IGNORE INTO pools (namespace) VALUES (?)');
   }
 
   /** Opens (or creates) `dir`/state.db, its files readable by this user only. */
@@ -99,6 +103,22 @@ export class StateStore {
 
   deleteJob(id: string): void {
     this.dropJob.run(id);
+  }
+
+  /** The pool epochs' namespaces recorded since the last forgetPools(). */
+  pools(): string[] {
+    return this.db
+      .prepare<[], { namespace: string }>('SELECT namespace FROM pools ORDER BY rowid')
+      .all()
+      .map((r) => r.namespace);
+  }
+
+  savePool(namespace: string): void {
+    this.putPool.run(namespace);
+  }
+
+  forgetPools(): void {
+    this.db.exec('DELETE FROM pools');
   }
 
   /** Writes every record in one transaction (after a restore). */

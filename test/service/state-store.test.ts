@@ -7,7 +7,11 @@ import { join } from 'node:path';
 import { Writable } from 'node:stream';
 import pino from 'pino';
 import { afterEach, describe, expect, it } from 'vitest';
+import { defaultPolicy } from '../../src/policy/index.js';
+import { ManualClock, ResourceManager } from '../../src/rm/index.js';
 import type { Job } from '../../src/rm/types.js';
+import { persist } from '../../src/service/persistence.js';
+import { ompiJobId } from '../../src/service/shm-cleanup.js';
 import { StateStore } from '../../src/store/state-store.js';
 
 const dirs: string[] = [];
@@ -82,5 +86,32 @@ describe('the state store', () => {
     const store = StateStore.open(join(parent, 'a', 'b'));
     store.close();
     expect((statSync(join(parent, 'a', 'b')).mode & 0o777).toString(8)).toBe('700');
+  });
+
+  it("removes the shared memory of an earlier run's pool epochs at a restart, whatever ran then", async () => {
+    // A sidecar killed with no in-process job running: its pool's workers are all replaced and
+    // cannot finalize (their PMIx server is gone), so their segments are the restart's to remove.
+    const dir = mkdtempSync(join(tmpdir(), 'state-'));
+    const shm = mkdtempSync(join(tmpdir(), 'shm-'));
+    dirs.push(dir, shm);
+    const rm = () => new ResourceManager({ clock: new ManualClock(), policy: defaultPolicy() });
+    const pool = 'dask-pmix.pool-78f2.0';
+    const seat = { epoch: 0, namespace: pool, rank: 0, state: 'ready' as const };
+    const r1 = rm();
+    const again = await persist(r1, dir, undefined, shm);
+    if (again instanceof Error) throw again;
+    r1.events.emit({ kind: 'workerPoolChanged', workerId: 'w0', pool: seat });
+    r1.events.emit({ kind: 'workerPoolChanged', workerId: 'w1', pool: { ...seat, rank: 1 } });
+    again.stop();
+    const id = ompiJobId(pool);
+    const files = [`sm_segment.dask-pmix-cohort0.0.${id}.0`, `sm_segment.dask-pmix-cohort0.0.${id}.1`];
+    const other = `sm_segment.dask-pmix-cohort0.0.${ompiJobId('dask-pmix.pool-aaaa.0')}.0`;
+    for (const f of [...files, other]) writeFileSync(join(shm, f), '');
+    const restarted = await persist(rm(), dir, undefined, shm);
+    if (restarted instanceof Error) throw restarted;
+    expect(restarted.restored.shmRemoved.sort()).toEqual(files);
+    expect(restarted.store.pools()).toEqual([]); // each run's epochs are removed once
+    restarted.stop();
+    expect(statSync(join(shm, other)).isFile()).toBe(true);
   });
 });
