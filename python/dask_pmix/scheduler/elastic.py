@@ -143,6 +143,11 @@ class Elastic:
 
         async def retire_workers(workers: list[str] | None = None, *, names: list | None = None, **kwargs: Any):
             if workers is not None:
+                # SpecCluster.scale (LocalCluster's) passes worker names as `workers`, which Dask's
+                # own handler ignores (it then closes them without moving their data): a name
+                # stands for its worker here, for the drain and for Dask's retirement.
+                by_name = {str(ws.name): a for a, ws in scheduler.workers.items()}
+                workers = [w if w in scheduler.workers else by_name.get(str(w), w) for w in workers]
                 targets = list(workers)
             elif names is not None:
                 wanted = {str(n) for n in names}
