@@ -36,6 +36,8 @@
 //   --mode session           a Dask worker's pool session (dask_pmix.worker.pool), then SIGKILL (default)
 //   --mode session-finalize  a Dask worker's pool session, then pool.close()
 //   --mode none              no client
+//   --mode churn             one epoch; each cycle one more session client joins it alone and is
+//                            killed (the slope is per replaced worker, not per epoch)
 //
 //   npm run -s build:ts && node bench/pool_epoch_memory.mjs --cycles 20 [--mode session] [--out FILE]
 //
@@ -74,7 +76,8 @@ const MODE = a.mode;
 const JOBS = Number(a.jobs);
 const BUILD = a.build;
 if (!['construct', 'derive'].includes(BUILD)) throw new Error(`no --build ${BUILD}`);
-if (!['kill', 'finalize', 'session', 'session-finalize', 'none'].includes(MODE)) throw new Error(`no mode ${MODE}`);
+if (!['kill', 'finalize', 'session', 'session-finalize', 'none', 'churn'].includes(MODE))
+  throw new Error(`no mode ${MODE}`);
 
 // A pool rank as a Dask worker process is one, then left to be killed or closed.
 const SESSION_PY = `
@@ -178,7 +181,28 @@ const samples = [];
 const load0 = loadavg();
 const t0 = performance.now();
 try {
-  for (let c = 0; c <= CYCLES; c++) {
+  if (MODE === 'churn') {
+    // One epoch for good; each cycle one more rank joins it (a worker restarted by its nanny, alone
+    // on its node) and is killed, as the soak's faults replace workers. The sidecar never
+    // deregisters a dead pool rank before its epoch closes.
+    const ns = 'dask-pmix.probe.churn';
+    await pool.open({ epoch: 0, namespace: ns, size: SIZE, cohorts: [], users: new Map() });
+    for (let c = 0; c <= CYCLES; c++) {
+      const seat = JSON.stringify({ namespace: ns, rank: c, epoch: 0, impl: 'openmpi' });
+      const env = pool.rankEnv(ns, c);
+      const r = start(join(ROOT, '.venv', 'bin', 'python'), ['-c', SESSION_PY, seat, JSON.stringify(env), 'hang', '0', '1', BUILD], {});
+      const l = await r.line;
+      if (l.init !== true) throw new Error(`rank ${c} did not start: ${JSON.stringify(l)}: ${r.stderr().slice(-2000)}`);
+      r.child.kill('SIGKILL');
+      await r.exited;
+      if (!(await clients.drained(ns, 15_000))) throw new Error(`libpmix still counts clients of ${ns}`);
+      const s = { cycle: c, seconds: Math.round((performance.now() - t0) / 100) / 10, nativeMb: Math.round(nativeKb() / 102.4) / 10 };
+      samples.push(s);
+      console.error(JSON.stringify(s));
+    }
+    await pool.close(ns);
+  }
+  for (let c = 0; MODE !== 'churn' && c <= CYCLES; c++) {
     const ns = `dask-pmix.probe.${c}`;
     // --cohort: the clients share one node, as the workers of a host that start together do.
     const cohorts = a.cohort ? [{ host: hostname(), ranks: Array.from({ length: CLIENTS }, (_, r) => r) }] : [];

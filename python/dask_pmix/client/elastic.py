@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import Failure, MPIJobError
-from ..protocol import CHANGE_LABEL, ELASTIC_LABEL, GENERATION_LABEL, Scheduler
+from ..protocol import CHANGE_LABEL, ELASTIC_LABEL, GENERATION_LABEL, Call, Scheduler
 from .retries import SETTLE
 from .run import _check_request, _finish, _start_job, _sync
 
@@ -101,8 +101,6 @@ def run_elastic(
 async def _drive(client, fn, args, kwargs, state, n, workers, lo: int, hi: int, options: dict, fallbacks) -> list:
     import cloudpickle
 
-    from ..member.elastic import rank_main
-
     family = f"e{uuid.uuid4().hex[:12]}"
     fn_bytes = await asyncio.to_thread(cloudpickle.dumps, fn)
     initial = await asyncio.to_thread(cloudpickle.dumps, state)
@@ -115,7 +113,8 @@ async def _drive(client, fn, args, kwargs, state, n, workers, lo: int, hi: int, 
         try:
             job = await _start_job(
                 client,
-                rank_main,
+                # The member half, by reference: the client imports none of it (test_layout).
+                Call("dask_pmix.member.elastic:rank_main"),
                 (spec, fn_bytes, args, kwargs),
                 n=n if members is None else None,
                 workers=members,
