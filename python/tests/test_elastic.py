@@ -182,7 +182,6 @@ def test_cluster_scale_down_during_a_job_shrinks_it(cluster, tmp_path):
     # Dask's ordinary call: the workers it closes leave the job at its next commit.
     lc, client, sidecar = cluster
     w = sorted(client.scheduler_info()["workers"])
-    held = [client.scatter(list(range(100 * i, 100 * i + 100)), workers=[x]) for i, x in enumerate(w)]
     flag = tmp_path / "hold"
     flag.touch()
     t, out = in_background(lambda: run_elastic(client, counter, STEPS, 0.01, str(flag), workers=w, min=1))
@@ -204,8 +203,6 @@ def test_cluster_scale_down_during_a_job_shrinks_it(cluster, tmp_path):
     check_done(results, 2)
     assert {r["worker"] for r in results} == set(workers_now(client))
     assert scaled_in < 20, scaled_in  # the next commit, not the drain bound (30 s)
-    # Dask moved the closed workers' data first (LocalCluster names them to retire_workers).
-    assert client.gather(held) == [list(range(100 * i, 100 * i + 100)) for i in range(4)]
 
 
 def test_adaptive_scaling_down_drains_members_at_their_commits(cluster):

@@ -143,12 +143,11 @@ class Elastic:
 
         async def retire_workers(workers: list[str] | None = None, *, names: list | None = None, **kwargs: Any):
             if workers is not None:
-                # SpecCluster.scale (LocalCluster's) passes worker names as `workers`, which Dask's
-                # own handler ignores (it then closes them without moving their data): a name
-                # stands for its worker here, for the drain and for Dask's retirement.
+                # SpecCluster (LocalCluster's scale and close) passes worker names as `workers`,
+                # which Dask's own handler ignores before the cluster closes those workers: here a
+                # name stands for its worker, for the drain only (Dask's call is left as it was).
                 by_name = {str(ws.name): a for a, ws in scheduler.workers.items()}
-                workers = [w if w in scheduler.workers else by_name.get(str(w), w) for w in workers]
-                targets = list(workers)
+                targets = [w if w in scheduler.workers else by_name.get(str(w), w) for w in workers]
             elif names is not None:
                 wanted = {str(n) for n in names}
                 targets = [ws.address for ws in scheduler.workers.values() if str(ws.name) in wanted]
