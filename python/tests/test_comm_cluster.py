@@ -128,9 +128,10 @@ def test_workloads_match_tcp_and_go_over_mpi(mpi_cluster):
     moved_mpi = after["mpi"] - before["mpi"]
     moved_tcp = after["tcp"] - before["tcp"]
     print(f"worker-to-worker bytes received: {moved_mpi / 2**20:.0f} MiB over MPI, {moved_tcp / 2**20:.1f} MiB over TCP")
-    # the bulk of worker-to-worker bytes went over MPI (the array's 32 MiB chunks); the TCP stream
-    # carried the frames below comm.sm-threshold (the shuffle's messages of at most 2 MiB)
-    assert moved_mpi > 256 << 20, stats
+    # the bulk of worker-to-worker bytes went over MPI (the array's 32 MiB chunks: at least four of
+    # them move, how many more depends on where Dask runs the tasks: 245-300 MiB seen); the TCP
+    # stream carried the frames below comm.sm-threshold (the shuffle's messages of at most 2 MiB)
+    assert moved_mpi > 128 << 20, stats
     assert moved_tcp < moved_mpi, stats
     assert all(s["mpi"]["connections"] > 0 for s in stats.values()), stats
     # every pair of these workers shares memory: each connection between them chose sm
