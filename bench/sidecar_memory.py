@@ -1,12 +1,14 @@
 """The sidecar's memory and job time over many healthy jobs on one soak-style cluster (bench/soaklib:
 `dask scheduler --preload dask_pmix` and 4 nanny workers), sampled every --every jobs: RSS (and its
 anonymous part), V8's heap size and use and external memory (the sidecar's /metrics), "native"
-(anonymous RSS minus V8's heap size: libpmix, the addon, allocator arenas), the jobs it lists, and
-the seconds since the first job. Sizes 1-4 (--sizes) in turn, all in one --mode; the scheduler picks the
+(anonymous RSS minus V8's heap size: libpmix, the addon, allocator arenas), what the C allocator
+has in use and keeps free (its /metrics, from mallinfo2), the jobs it lists, and the seconds since
+the first job. Sizes 1-4 (--sizes) in turn, all in one --mode; the scheduler picks the
 workers, or with --random-workers each job names its own, a random sample in a random order (as
 the soak's jobs and users who pass workers= do: most such sets are new to the communicator cache's
-exact match). Shows what grows per job and whether it levels off (the soak's memory check,
-bench/soaklib/rss.py, rests on it).
+exact match). With --restart-every K, client.restart() after every K jobs (the soak's
+client-restart fault: every worker replaced, a new pool epoch). Shows what grows per job and
+whether it levels off (the soak's memory check, bench/soaklib/rss.py, rests on it).
 
     .venv/bin/python bench/sidecar_memory.py --impl openmpi --mode inprocess --jobs 2000
     .venv-mpich/bin/python bench/sidecar_memory.py --impl mpich --mode fork --jobs 1000
@@ -49,6 +51,7 @@ def main() -> int:
     ap.add_argument("--random-workers", action="store_true", help="each job names a random sample of the workers")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--sizes", default="1,2,3,4", help="the jobs' sizes, in turn")
+    ap.add_argument("--restart-every", type=int, default=0, help="client.restart() after every K jobs")
     ap.add_argument("--job-history", type=int, help="serve --job-history (ended jobs the sidecar keeps)")
     ap.add_argument("--out", help="write the JSON here too")
     args = ap.parse_args()
@@ -83,11 +86,16 @@ def main() -> int:
                     m = re.search(rf"^{metric} ([0-9.e+]+)$", text, re.M)
                     s[key] = round(float(m.group(1)) / 2**20, 1) if m else None
                 s["native_mb"] = round(s["anon_mb"] - s["heap_total_mb"], 1)
+                for kind in ("in_use", "free"):
+                    m = re.search(rf'^dask_pmix_native_heap_bytes{{kind="{kind}"}} ([0-9.e+]+)$', text, re.M)
+                    s[f"malloc_{kind}_mb"] = round(float(m.group(1)) / 2**20, 1) if m else None
                 s["jobs_listed"] = len(cluster.rest.jobs())
                 samples.append(s)
                 print(json.dumps(s), file=sys.stderr, flush=True)
             if i == args.jobs:
                 break
+            if args.restart_every and i and i % args.restart_every == 0:
+                cluster.client.restart()
             n = sizes[i % len(sizes)]
             if args.random_workers:
                 ws = rng.sample(sorted(cluster.client.scheduler_info()["workers"]), n)
@@ -100,7 +108,7 @@ def main() -> int:
         cluster.stop()
     doc = {"impl": args.impl, "mode": args.mode, "jobs": args.jobs, "workers": 4,
            "random_workers": args.random_workers, "seed": args.seed, "sizes": sizes,
-           "job_history": args.job_history,
+           "job_history": args.job_history, "restart_every": args.restart_every,
            "load_avg": {"start": [round(x, 1) for x in load0], "end": [round(x, 1) for x in os.getloadavg()]},
            "samples": samples}
     text = json.dumps(doc, indent=1)

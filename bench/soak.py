@@ -29,10 +29,10 @@ does not hold; --check exits 1 on any):
   - at the end: no frozen worker (sidecar REST and the plugin), the sidecar's workers are Dask's,
     no active job, no PMIx namespace left in the sidecar's tmpdir, no orphaned /dev/shm file of
     the soak's processes, none left once the clusters stop (soaklib/shm.py: a private /dev/shm),
-    no process left behind, and the sidecar's memory flat: outside V8's heap (RSS minus the heap's
-    size) and the heap in use, each a least-squares line over each process's life after a warm-up
-    that fills its job history (soaklib/rss.py says why not RSS itself, which is reported beside
-    them).
+    no process left behind, and the sidecar's memory flat: the C allocator's bytes in use
+    (libpmix, the addon, Node) and V8's heap in use, each a least-squares line over each process's
+    life after a warm-up that fills its job history (soaklib/rss.py says why not RSS, nor RSS
+    minus the heap's size, which are reported beside them).
 Prints one JSON document (and writes it to --out): the invariants, the violations, the findings
 (what went wrong, by the fault it followed), the faults by kind, the sidecar's RSS, each job's record.
 """
@@ -425,7 +425,8 @@ def main() -> int:
                                 for r in records if r["fault"] in ("sidecar-term", "sidecar-kill")]
     result["silent"] = [r["silent"] for r in records if r.get("silent")]
     result["rss"] = {n: segments(s, RSS_WARMUP, RSS_LIMIT_MB, RSS_SHORT_MARGIN_MB) for n, s in rss_samples.items()}
-    result["rss_samples"] = {n: [(s["job"], s["rss_kb"], s.get("heap_total_kb"), s.get("heap_used_kb")) for s in ss]
+    result["rss_samples"] = {n: [(s["job"], s["rss_kb"], s.get("heap_total_kb"), s.get("heap_used_kb"),
+                                  s.get("malloc_in_use_kb")) for s in ss]
                              for n, ss in rss_samples.items()}
     v = violations_of(result, records)
     result["violations"] = v

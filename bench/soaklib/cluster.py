@@ -213,8 +213,8 @@ class DaskCluster:
 
 
 def sidecar_heap_kb(url: str, token: str) -> dict:
-    """The sidecar's V8 heap, its size and what is in use (kB), from its /metrics; {} when it does
-    not answer."""
+    """The sidecar's V8 heap, its size and what is in use, and the C allocator's bytes in use (kB),
+    from its /metrics; {} when it does not answer."""
     import httpx
 
     try:
@@ -222,8 +222,9 @@ def sidecar_heap_kb(url: str, token: str) -> dict:
     except httpx.HTTPError:
         return {}
     out = {}
-    for key, metric in (("heap_total_kb", "nodejs_heap_size_total_bytes"), ("heap_used_kb", "nodejs_heap_size_used_bytes")):
-        m = re.search(rf"^{metric} ([0-9.e+]+)$", text, re.M)
+    for key, metric in (("heap_total_kb", "nodejs_heap_size_total_bytes"), ("heap_used_kb", "nodejs_heap_size_used_bytes"),
+                        ("malloc_in_use_kb", 'dask_pmix_native_heap_bytes{kind="in_use"}')):
+        m = re.search(rf"^{re.escape(metric)} ([0-9.e+]+)$", text, re.M)
         if m:
             out[key] = int(float(m.group(1)) / 1024)
     return out

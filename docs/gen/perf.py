@@ -319,6 +319,11 @@ def soak_section() -> str:
         for name, segs in doc["rss"].items()
         if segs and segs[0].get("checked", {}).get("native")
     }
+    native_rss = {
+        name: segs[0]["reported"]["native_rss"]["growth_mb_per_1000_jobs"]
+        for name, segs in doc["rss"].items()
+        if segs and segs[0].get("reported", {}).get("native_rss")
+    }
     by_restart = inv.get("canary_recomputed_by_client_restart")
     restarted = f", or {by_restart} dropped by client.restart(), which drops every key" if by_restart else ""
     return (
@@ -331,10 +336,11 @@ def soak_section() -> str:
         f"{inv['hung_jobs']}; members left frozen: {inv['members_left_frozen']}; chunks of held data computed "
         f"again: {inv['canary_recomputed']}, of which dask-pmix lost {inv['canary_recomputed_by_dask_pmix']} (the "
         f"others were on workers the soak killed{restarted}); leaked namespaces: {inv['leaked_namespaces']}. The "
-        "sidecar's memory "
-        "outside V8's heap grew "
+        "sidecar's C allocator had "
         + ", ".join(f"{mb} MB ({name})" for name, mb in native.items())
-        + " per 1,000 jobs (a fitted line after warm-up). "
+        + " more in use per 1,000 jobs (a fitted line after warm-up), and its RSS outside V8's heap grew "
+        + ", ".join(f"{mb} MB ({name})" for name, mb in native_rss.items())
+        + " (freed memory the allocator keeps included). "
         "What each fault is, and what it must do: `bench/soak.py`. Source: `bench/results/soak.json`.\n\n"
         + "\n".join(rows)
         + "\n"

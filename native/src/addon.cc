@@ -1,6 +1,7 @@
 // dask-pmix native addon: a thin binding of the PMIx server library.
 #include <napi.h>
 
+#include "allocator.h"
 #include "constants.h"
 #include "handoff.h"
 #include "pmi/engine.h"
@@ -15,6 +16,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   dpmix::InitServer(env, exports);
   dpmix::InitConstants(env, exports);
   dpmix::InitWatchdog(env, exports);
+  dpmix::InitAllocator(env, exports);
   dpmix::InitRoundTrip(env, exports);
   dpmix::InitHandoff(env, exports);
   dpmix::InitTcp(env, exports);

@@ -179,6 +179,21 @@ export class Metrics {
     });
   }
 
+  /** The C allocator's bytes, outside V8's heap: what a native leak grows, which RSS cannot show apart from freed memory the allocator keeps. */
+  watchAllocator(stats: () => { inUseBytes: number; freeBytes: number }): void {
+    new client.Gauge({
+      name: 'dask_pmix_native_heap_bytes',
+      help: 'Bytes of the C allocator (libpmix, the addon, Node): in use, or freed and kept in its arenas',
+      labelNames: ['kind'],
+      registers: [this.registry],
+      collect() {
+        const s = stats();
+        this.set({ kind: 'in_use' }, s.inUseBytes);
+        this.set({ kind: 'free' }, s.freeBytes);
+      },
+    });
+  }
+
   get contentType(): string {
     return this.registry.contentType;
   }

@@ -51,6 +51,10 @@ export interface NativeBinding {
   peerUid(localAddress: string, localPort: number, remoteAddress: string, remotePort: number): number;
   /** The uid of the process that connected this UNIX socket (SO_PEERCRED), else -1. */
   unixPeerUid(fd: number): number;
+  /** The C allocator's bytes in use (every arena, and chunks mmapped alone), free in its arenas, and taken by them. */
+  allocatorStats(): { inUseBytes: number; freeBytes: number; arenaBytes: number; mmappedBytes: number };
+  /** malloc_trim(0): the arenas' free pages back to the kernel; whether any were. */
+  allocatorTrim(): boolean;
   /** _exit(code): for a shutdown that libpmix's finalize would not let end. */
   exitNow(code: number): never;
   constants: { keys: Record<string, string>; ints: Record<string, number>; headerVersion: string };

@@ -581,6 +581,16 @@ export class PmixServer {
     return outcome;
   }
 
+  /** What the C allocator holds in this process (libpmix, the addon, Node's C++): src/api/metrics.ts. */
+  static allocatorStats(): { inUseBytes: number; freeBytes: number; arenaBytes: number; mmappedBytes: number } {
+    return loadNative().allocatorStats();
+  }
+
+  /** Gives the C allocator's free pages back to the kernel (malloc_trim). */
+  static allocatorTrim(): boolean {
+    return loadNative().allocatorTrim();
+  }
+
   /** Ends the process at once (_exit), for when libpmix's finalize does not return. */
   static exitNow(code: number): never {
     return loadNative().exitNow(code);

@@ -10,6 +10,7 @@ import { StatusName } from '../pmix/status.js';
 import { defaultPolicy } from '../policy/index.js';
 import { type CohortOptions, isActive, type JobBackend, ResourceManager } from '../rm/index.js';
 import type { RmLimits } from '../rm/manager.js';
+import { trimAfterActivity } from './allocator-trim.js';
 import { DEFAULT_MEMBER_ENV } from './default-env.js';
 import { type Persisted, persist } from './persistence.js';
 import { PmiBackend } from './pmi-backend.js';
@@ -93,7 +94,8 @@ export class Sidecar {
     readonly log: pino.Logger,
     /** Starts and ends the processes of Open MPI ranks' MPI_Comm_spawn. */
     readonly spawner: PmixSpawner,
-    private readonly closeStore?: () => void,
+    /** Stops what runs beside the jobs: the state store's writes, the allocator's trim. */
+    private readonly closeHousekeeping?: () => void,
   ) {}
 
   static async start(opts: SidecarOptions): Promise<Sidecar> {
@@ -212,6 +214,7 @@ export class Sidecar {
         () => pmix.gateStats,
         () => backend.lingering.length,
       );
+      metrics.watchAllocator(() => PmixServer.allocatorStats());
       if (opts.poolSize) {
         rm.installPool(
           opts.poolSize,
@@ -269,7 +272,14 @@ export class Sidecar {
         },
         'dask-pmix sidecar listening',
       );
-      return new Sidecar(rm, pmix, clients, api, url, log, spawner, persisted?.stop);
+      const stopTrim = trimAfterActivity(
+        () => rm.jobsCreated,
+        () => PmixServer.allocatorTrim(),
+      );
+      return new Sidecar(rm, pmix, clients, api, url, log, spawner, () => {
+        stopTrim();
+        persisted?.stop();
+      });
     } catch (err) {
       // e.g. the REST port is taken: close what was opened, so the process can exit.
       await rm.shutdown('the sidecar failed to start').catch(() => undefined);
@@ -295,7 +305,7 @@ export class Sidecar {
       this.log.debug({ drained: drained !== TIMED_OUT }, 'jobs released');
       // Spawned processes end before libpmix does (their jobs' end has already signalled them).
       await within(this.spawner.close(Math.max(1000, deadline - Date.now() - 2000)));
-      this.closeStore?.();
+      this.closeHousekeeping?.();
       this.api.closeStreams();
       await within(this.api.app.close());
       this.log.debug('REST closed');

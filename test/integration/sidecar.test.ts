@@ -250,6 +250,11 @@ describe('the sidecar with Open MPI 5 ranks', () => {
     expect(done.state).toBe('completed');
     const metrics = await (await fetch(`${fx.sidecar.url}/metrics`)).text();
     expect(metrics).toMatch(/dask_pmix_pmix_upcalls_total\{upcall="group",status="PMIX_SUCCESS"\} [1-9]/);
+    // The C allocator's bytes: libpmix and Node alone hold megabytes.
+    const inUse = Number(/^dask_pmix_native_heap_bytes\{kind="in_use"\} (\S+)$/m.exec(metrics)?.[1]);
+    const free = Number(/^dask_pmix_native_heap_bytes\{kind="free"\} (\S+)$/m.exec(metrics)?.[1]);
+    expect(inUse).toBeGreaterThan(1 << 20);
+    expect(free).toBeGreaterThanOrEqual(0);
   });
 
   it('runs MPI_Init + Allreduce over 2 ranks chosen by a selector, twice on the same workers', async () => {
