@@ -144,6 +144,20 @@ class _Routes:
         query = f"?reason={quote(reason[:500])}" if reason else ""
         return self._call("DELETE", f"/v1/jobs/{quote(job_id)}{query}")
 
+    # -- elastic jobs -----------------------------------------------------------------------------
+    def elastic_jobs(self):
+        return self._call("GET", "/v1/elastic", post=_items("elasticJobs"))
+
+    def elastic_job(self, elastic_id: str):
+        """An elastic job's generations (its members over time) and the drain requests made of it."""
+        return self._call("GET", f"/v1/elastic/{quote(elastic_id)}")
+
+    def record_drain(self, elastic_id: str, worker_id: str, state: str, reason: str = "", generation: int = 0):
+        body: dict[str, Any] = {"state": state, "reason": reason[:1024]}
+        if generation:
+            body["generation"] = generation
+        return self._call("PUT", f"/v1/elastic/{quote(elastic_id)}/drains/{quote(worker_id)}", body)
+
     def member_lost(self, job_id: str, worker_id: str, reason: str):
         return self._call("POST", f"/v1/jobs/{quote(job_id)}/members/{quote(worker_id)}/lost", {"reason": reason})
 

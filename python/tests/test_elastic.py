@@ -152,7 +152,7 @@ def test_a_member_retired_by_dask_leaves_at_the_next_commit_and_its_data_moves(c
     flag = tmp_path / "hold"
     flag.touch()
     t, out = in_background(lambda: run_elastic(client, counter, STEPS, 0.01, str(flag), workers=w[:3], min=2))
-    running_generation(sidecar)
+    family = running_generation(sidecar)["labels"][ELASTIC_LABEL]
     # Dask's retirement waits for the job to give the worker back, then moves its data.
     retiring, retired = in_background(lambda: client.retire_workers(workers=[w[1]]))
     time.sleep(0.5)
@@ -176,6 +176,24 @@ def test_a_member_retired_by_dask_leaves_at_the_next_commit_and_its_data_moves(c
     assert all(now[x] == before[x] for x in w if x != w[1])
     gens = generations(client)
     assert any(f"-{w[1]}" in g["change"] and f"+{w[3]}" in g["change"] for g in gens), gens
+    # The sidecar shows the job's members over time and the drain, honoured at that generation.
+    view = drained(sidecar, family, 1)
+    assert [g["workers"] for g in view["generations"]] == [w[:3], [w[0], w[2], w[3]]], view
+    assert view["generations"][1]["change"] == f"-{w[1]}; +{w[3]}"
+    assert [g["state"] for g in view["generations"]] == ["completed", "completed"]
+    [d] = view["drains"]
+    assert (d["workerId"], d["reason"], d["generation"]) == (w[1], "retired by Dask", 1), d
+
+
+def drained(sidecar, family: str, count: int, timeout: float = 10) -> dict:
+    """The sidecar's view of elastic job ``family`` once ``count`` drains are recorded honoured
+    (the scheduler records them without waiting)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        view = sidecar.elastic_job(family)
+        if sum(d["state"] == "honoured" for d in view["drains"]) >= count or time.monotonic() > deadline:
+            return view
+        time.sleep(0.05)
 
 
 def test_cluster_scale_down_during_a_job_shrinks_it(cluster, tmp_path):
@@ -210,7 +228,7 @@ def test_adaptive_scaling_down_drains_members_at_their_commits(cluster):
     # down when its maximum says so. Dask never offers it a worker running a long-running task
     # (every rank task): the job gives workers back at its commits instead, down to its minimum,
     # and Adaptive retires them in its next rounds.
-    lc, client, _ = cluster
+    lc, client, sidecar = cluster
     before = pids(client)
     t, out = in_background(lambda: run_elastic(client, counter, 400, 0.01, n=4, min=2))
     time.sleep(0.5)
@@ -229,6 +247,12 @@ def test_adaptive_scaling_down_drains_members_at_their_commits(cluster):
         now = pids(client)
         assert all(now[x] == before[x] for x in now)  # the workers left are the same processes
         assert {r["worker"] for r in results} == set(now)
+        [family] = [e["id"] for e in sidecar.elastic_jobs()]
+        view = drained(sidecar, family, 2)
+        honoured = [d for d in view["drains"] if d["state"] == "honoured"]
+        assert {d["reason"] for d in honoured} == {"Adaptive scaling down"}, view["drains"]
+        assert {d["workerId"] for d in honoured} == set(before) - set(now), view["drains"]
+        assert [len(g["workers"]) for g in view["generations"]][-1] == 2, view["generations"]
     finally:
         adaptive.stop()
 

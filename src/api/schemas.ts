@@ -164,6 +164,7 @@ export const requests = {
     return s;
   })(),
   reportMemberLost: schemaOf('ReportMemberLostRequest', REQ, { reason: { maxLength: 1024 } }),
+  recordDrain: schemaOf('RecordDrainRequest', REQ, { reason: { maxLength: 1024 } }, ['state']),
   joinPool: schemaOf('JoinPoolRequest', REQ, { host: HOST, pid: { minimum: 0 } }),
   leavePool: schemaOf('LeavePoolRequest', REQ, { reason: { maxLength: 1024 } }),
   joinJob: schemaOf('JoinJobRequest', REQ, {
@@ -188,6 +189,9 @@ export const responses = {
   psetList: schemaOf('PsetList', RES),
   job: schemaOf('Job', RES),
   jobList: schemaOf('JobList', RES),
+  elasticJob: schemaOf('ElasticJob', RES),
+  elasticJobList: schemaOf('ElasticJobList', RES),
+  drain: schemaOf('DrainRequest', RES),
   memberEnv: schemaOf('MemberEnv', RES),
   poolEnv: schemaOf('PoolEnv', RES),
   joinJob: schemaOf('JoinJobResponse', RES),

@@ -13,6 +13,7 @@ import { installJsonBody } from './json-body.js';
 import { DEFAULT_STREAM_LIMITS, REQUEST_LIMITS, type StreamLimits } from './limits.js';
 import { Metrics } from './metrics.js';
 import { dashboardRoutes } from './routes/dashboard.js';
+import { elasticRoutes } from './routes/elastic.js';
 import { eventRoutes } from './routes/events.js';
 import { healthRoutes } from './routes/health.js';
 import { jobRoutes } from './routes/jobs.js';
@@ -105,6 +106,7 @@ export async function buildApi(opts: ApiOptions): Promise<Api> {
       await v1.register(workerRoutes, common);
       await v1.register(psetRoutes, common);
       await v1.register(jobRoutes, common);
+      await v1.register(elasticRoutes, common);
       await v1.register(eventRoutes, {
         ...common,
         metrics,

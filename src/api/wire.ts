@@ -5,6 +5,8 @@ import { dask_pmix } from '../proto/dask_pmix.js';
 import { isoTime } from '../rm/clock.js';
 import type { SequencedEvent } from '../rm/events.js';
 import type {
+  DrainRequest,
+  ElasticJob,
   Impl,
   Job,
   JobMode,
@@ -123,6 +125,35 @@ export function jobMsg(j: Readonly<Job>): dask_pmix.v1.Job {
   });
 }
 
+function drainMsg(d: Readonly<DrainRequest>): dask_pmix.v1.DrainRequest {
+  return pb.DrainRequest.create({
+    workerId: d.workerId,
+    reason: d.reason,
+    state: enumValue(pb.DrainState, d.state)!,
+    requestedAt: d.requestedAt,
+    resolvedAt: d.resolvedAt ?? '',
+    generation: d.generation ?? 0,
+  });
+}
+
+function elasticMsg(e: Readonly<ElasticJob>): dask_pmix.v1.ElasticJob {
+  return pb.ElasticJob.create({
+    id: e.id,
+    generations: e.generations.map((g) => ({
+      generation: g.generation,
+      jobId: g.jobId,
+      workers: g.workers,
+      change: g.change,
+      state: enumValue(pb.JobState, g.state)!,
+      createdAt: g.createdAt,
+      endedAt: g.endedAt ?? '',
+      error: g.error ?? '',
+    })),
+    drains: e.drains.map(drainMsg),
+    state: e.state ? enumValue(pb.JobState, e.state)! : pb.JobState.JOB_STATE_UNSPECIFIED,
+  });
+}
+
 export function eventMsg(e: SequencedEvent): dask_pmix.v1.Event {
   const ev = e.event;
   const base = { seq: e.seq, time: isoTime(e.time) };
@@ -173,6 +204,8 @@ export function eventMsg(e: SequencedEvent): dask_pmix.v1.Event {
         ...base,
         healthChanged: { status: ev.status, pmixStalledSeconds: ev.pmixStalledSeconds },
       });
+    case 'drainChanged':
+      return pb.Event.create({ ...base, drainChanged: { elasticId: ev.elasticId, drain: drainMsg(ev.drain) } });
   }
 }
 
@@ -181,6 +214,8 @@ export const toJson = {
   pset: (p: Readonly<ProcessSet>): Json => pb.ProcessSet.toObject(psetMsg(p), JSON_OPTIONS),
   job: (j: Readonly<Job>): Json => pb.Job.toObject(jobMsg(j), JSON_OPTIONS),
   event: (e: SequencedEvent): Json => pb.Event.toObject(eventMsg(e), EVENT_OPTIONS),
+  elastic: (e: Readonly<ElasticJob>): Json => pb.ElasticJob.toObject(elasticMsg(e), JSON_OPTIONS),
+  drain: (d: Readonly<DrainRequest>): Json => pb.DrainRequest.toObject(drainMsg(d), JSON_OPTIONS),
   poolEnv: (workerId: string, seat: Readonly<PoolSeat>, env: Record<string, string>, commSecret?: string): Json =>
     pb.PoolEnv.toObject(
       pb.PoolEnv.create({ workerId, pool: poolSeatMsg(seat), env, commSecret: commSecret ?? '' }),

@@ -1,7 +1,7 @@
 // What happened in the core, in order. Subscribers (the REST event stream, metrics, the
 // protocol servers) see every event synchronously as it is emitted; a bounded history lets a
 // client that reconnects replay what it missed.
-import type { Job, JobState, MemberState, PoolSeat, ProcessSet, Worker, WorkerState } from './types.js';
+import type { DrainRequest, Job, JobState, MemberState, PoolSeat, ProcessSet, Worker, WorkerState } from './types.js';
 
 export type RmEvent =
   | { kind: 'workerJoined'; worker: Worker }
@@ -21,7 +21,8 @@ export type RmEvent =
       to: MemberState;
       reason?: string;
     }
-  | { kind: 'healthChanged'; status: 'ok' | 'pmix-stalled'; pmixStalledSeconds: number };
+  | { kind: 'healthChanged'; status: 'ok' | 'pmix-stalled'; pmixStalledSeconds: number }
+  | { kind: 'drainChanged'; elasticId: string; drain: DrainRequest };
 
 export interface SequencedEvent {
   seq: number;

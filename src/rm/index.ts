@@ -4,6 +4,7 @@ export * from './backend.js';
 export * from './clock.js';
 export * from './collectives.js';
 export * from './context-ids.js';
+export * from './elastic-jobs.js';
 export * from './errors.js';
 export * from './events.js';
 export * from './kv-store.js';

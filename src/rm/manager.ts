@@ -15,6 +15,7 @@ import type {
   JoinRequest,
 } from './collectives.js';
 import { ContextIds } from './context-ids.js';
+import { ElasticJobs } from './elastic-jobs.js';
 import { RmError } from './errors.js';
 import { EventLog } from './events.js';
 import { assertDistinct, JobLifecycle } from './job-lifecycle.js';
@@ -94,6 +95,8 @@ export class ResourceManager {
   readonly names: NameService;
   readonly limits: RmLimits;
   readonly contextIds = new ContextIds();
+  /** Elastic jobs: their generations (jobs labelled with their id) and the drains made of them. */
+  readonly elastic: ElasticJobs;
   private readonly workers = new WorkerPool();
   /** Workers that left and are expected back (their nanny restarts them, or dask-pmix replaces them). */
   private readonly returning: Returning;
@@ -135,6 +138,7 @@ export class ResourceManager {
       worlds: () => this.worldsState,
       returning: this.returning,
     });
+    this.elastic = new ElasticJobs(() => this.jobs.list(), this.events, this.clock);
     for (const b of opts.backends ?? []) this.addBackend(b);
     if (opts.pool) this.installPool(opts.pool.size, opts.pool.backend, opts.pool.cohort);
   }

@@ -147,6 +147,43 @@ export interface Job {
   labels: Record<string, string>;
 }
 
+/** Where a request that an elastic job give a worker back stands. */
+export type DrainState = 'requested' | 'honoured' | 'lapsed' | 'overdue' | 'withdrawn';
+
+export interface DrainRequest {
+  workerId: string;
+  /** Who asked: "retired by Dask", "Adaptive scaling down". */
+  reason: string;
+  state: DrainState;
+  requestedAt: string;
+  resolvedAt?: string;
+  /** honoured: the first generation without the worker. */
+  generation?: number;
+}
+
+/** One generation of an elastic job: a job labelled with the elastic job's id. */
+export interface ElasticGeneration {
+  generation: number;
+  jobId: string;
+  /** In rank order. */
+  workers: string[];
+  /** What started it: "" (the first), "-w; +w", "lost w". */
+  change: string;
+  state: JobState;
+  createdAt: string;
+  endedAt?: string;
+  error?: string;
+}
+
+/** An elastic job's members over time and the drain requests made of it. */
+export interface ElasticJob {
+  id: string;
+  generations: ElasticGeneration[];
+  drains: DrainRequest[];
+  /** Its newest generation's. */
+  state?: JobState;
+}
+
 /** POST /v1/jobs: exactly one of pset, members or selector. */
 export interface JobSpec {
   impl: Impl;

@@ -371,6 +371,74 @@ describe('jobs', () => {
   });
 });
 
+describe('elastic jobs', () => {
+  const labels = (g: number, change = '') => ({
+    'dask-pmix.elastic': 'e-1',
+    'dask-pmix.generation': String(g),
+    ...(change ? { 'dask-pmix.change': change } : {}),
+  });
+
+  it('shows generations as jobs labelled with the elastic id, and drains as the scheduler records them', async () => {
+    for (const id of ['e1', 'e2', 'e3']) await fx.call('POST', '/v1/workers', w(id, 'he'));
+    expectError(await fx.call('GET', '/v1/elastic/e-1'), 404, /no elastic job 'e-1'/);
+    const g0 = (await fx.call('POST', '/v1/jobs', { impl: 'openmpi', members: ['e1', 'e2'], labels: labels(0) })).body;
+    const seen: any[] = [];
+    const off = fx.rm.events.subscribe((e) => {
+      if (e.event.kind === 'drainChanged') seen.push(e.event);
+    });
+    const asked = await fx.call('PUT', `/v1/elastic/e-1/drains/e2`, { state: 'requested', reason: 'retired by Dask' });
+    expect(asked.status).toBe(200);
+    expect(asked.body).toMatchObject({ workerId: 'e2', state: 'requested', reason: 'retired by Dask', resolvedAt: '' });
+    // Asked again while open: the same request.
+    await fx.call('PUT', `/v1/elastic/e-1/drains/e2`, { state: 'requested', reason: 'retired by Dask' });
+    await fx.call('DELETE', `/v1/jobs/${g0.id}?reason=generation%20ends`);
+    const g1 = (
+      await fx.call('POST', '/v1/jobs', { impl: 'openmpi', members: ['e1', 'e3'], labels: labels(1, '-e2; +e3') })
+    ).body;
+    const done = await fx.call('PUT', `/v1/elastic/e-1/drains/e2`, { state: 'honoured', generation: 1 });
+    expect(done.body).toMatchObject({ workerId: 'e2', state: 'honoured', generation: 1 });
+    expect(done.body.resolvedAt).not.toBe('');
+    off();
+    expect(seen.map((e) => [e.elasticId, e.drain.state])).toEqual([
+      ['e-1', 'requested'],
+      ['e-1', 'honoured'],
+    ]);
+    // g0 was deleted (forgotten), so the view starts at g1.
+    const view = (await fx.call('GET', '/v1/elastic/e-1')).body;
+    expect(view).toMatchObject({
+      id: 'e-1',
+      state: 'pending',
+      generations: [{ generation: 1, jobId: g1.id, workers: ['e1', 'e3'], change: '-e2; +e3', state: 'pending' }],
+      drains: [{ workerId: 'e2', state: 'honoured', generation: 1, reason: 'retired by Dask' }],
+    });
+    expect(view.drains).toHaveLength(1);
+    const list = (await fx.call('GET', '/v1/elastic')).body.elasticJobs;
+    expect(list.map((e: any) => e.id)).toEqual(['e-1']);
+    await fx.call('DELETE', `/v1/jobs/${g1.id}`);
+  });
+
+  it('refuses a drain that ends without being open, an unknown state and a stranger', async () => {
+    expectError(await fx.call('PUT', `/v1/elastic/e-2/drains/x`, { state: 'lapsed' }), 409, /no drain request open/);
+    expectError(await fx.call('PUT', `/v1/elastic/e-2/drains/x`, { state: 'sleeping' }), 400);
+    expectError(await fx.call('PUT', `/v1/elastic/e-2/drains/x`, { reason: 'no state' }), 400, /state/);
+    expectError(await fx.call('PUT', `/v1/elastic/e-2/drains/x`, { state: 'requested', bogus: 1 }), 400);
+    expectError(await fx.anon('PUT', `/v1/elastic/e-2/drains/x`, { state: 'requested' }), 401);
+    expectError(await fx.anon('GET', '/v1/elastic'), 401);
+    expect((await fx.call('GET', '/v1/elastic')).body.elasticJobs.map((e: any) => e.id)).not.toContain('e-2');
+  });
+
+  it('keeps a bounded number of drains per elastic job', async () => {
+    for (let i = 0; i < 70; i++) {
+      await fx.call('PUT', `/v1/elastic/e-3/drains/w${i}`, { state: 'requested', reason: 'Adaptive scaling down' });
+      await fx.call('PUT', `/v1/elastic/e-3/drains/w${i}`, { state: 'lapsed' });
+    }
+    const drains = (await fx.call('GET', '/v1/elastic/e-3')).body.drains;
+    expect(drains).toHaveLength(64);
+    expect(drains[0].workerId).toBe('w6');
+    expect(drains.every((d: any) => d.state === 'lapsed')).toBe(true);
+  });
+});
+
 describe('authentication', () => {
   it('an outsider without the token can neither register a worker, read an env, nor read jobs, workers, psets or events', async () => {
     await fx.call('POST', '/v1/workers', w('auth1'));

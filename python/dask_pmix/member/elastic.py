@@ -117,6 +117,7 @@ class ElasticContext:
                 getattr(worker.scheduler, Scheduler.ELASTIC_CHANGE),
                 family=self.family,
                 workers=self.workers,
+                generation=self.generation,
                 min=lo,
                 max=hi,
             )

@@ -18,6 +18,10 @@ members should change (Scheduler.ELASTIC_CHANGE):
   in the cluster and running, in the same pool epoch as the members with a ready seat, in no job,
   not being retired.
 
+Each drain request and how it ended (honoured at a commit, lapsed, overdue, withdrawn) is recorded
+on the sidecar (PUT /v1/elastic/{id}/drains/{worker}), in the order it happened, off the handlers'
+path: GET /v1/elastic shows them beside the job's generations.
+
 Plain Python on the scheduler's event loop; the only waits are the retirement's (bounded) and the
 sidecar's worker list (cached for a second)."""
 
@@ -27,6 +31,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from ..protocol import ELASTIC_LABEL
@@ -39,6 +44,16 @@ WORKERS_FRESH = 1.0
 ADAPTIVE_DRAIN = 10.0
 
 
+@dataclass
+class Drain:
+    """A request that the elastic job ``family`` give ``worker`` back at its next commit."""
+
+    why: str
+    until: float  # monotonic
+    family: str
+    resolved: bool = False  # honoured at a commit (kept till `until`: the worker is not offered again)
+
+
 class Elastic:
     def __init__(
         self,
@@ -47,13 +62,16 @@ class Elastic:
         busy: Callable[[], set[str]],
         sidecar_workers: Callable[[], Awaitable[list[dict]]],
         drain_bound: float,
+        rest: Callable[[], Any] = lambda: None,
     ) -> None:
         self.scheduler = scheduler
         self._active_jobs = active_jobs  # the plugin's mirror of the sidecar's active jobs
         self._busy = busy  # workers in a job or frozen for one
         self._sidecar_workers = sidecar_workers
+        self._rest = rest  # the sidecar's AsyncSidecarClient, for the drains' record
         self.drain_bound = drain_bound
-        self.drains: dict[str, tuple[str, float]] = {}  # worker -> (why, until: monotonic)
+        self.drains: dict[str, Drain] = {}  # by worker
+        self._recording: asyncio.Future | None = None
         self._waiters: set[asyncio.Future] = set()
         self._workers: tuple[float, list[dict]] = (0.0, [])
         self.changes = 0  # changes answered (for tests and the curious)
@@ -72,15 +90,58 @@ class Elastic:
     # -- drains -------------------------------------------------------------------------------------
     def _draining(self, worker: str) -> bool:
         d = self.drains.get(worker)
-        if d is not None and d[1] < time.monotonic():
-            del self.drains[worker]
+        if d is not None and d.until < time.monotonic():
+            self._end(worker, "lapsed")
             return False
         return d is not None
 
     def request(self, worker: str, why: str, seconds: float) -> None:
         until = time.monotonic() + seconds
         old = self.drains.get(worker)
-        self.drains[worker] = (why, max(until, old[1]) if old else until)
+        if old is not None and not old.resolved:
+            old.until = max(until, old.until)
+            return
+        family = self.members().get(worker)
+        if family is None:
+            return  # in no elastic job: nothing to give back
+        self.drains[worker] = Drain(why, until, family)
+        self._record(family, worker, "requested", why)
+
+    def _end(self, worker: str, state: str, generation: int = 0) -> None:
+        """The drain of ``worker`` ends (lapsed, overdue, withdrawn) or, honoured, is kept till its
+        time runs out (so the worker is not offered to a job while it is being retired)."""
+        d = self.drains.get(worker)
+        if d is None:
+            return
+        if state == "honoured":
+            if not d.resolved:
+                d.resolved = True
+                self._record(d.family, worker, state, d.why, generation)
+            return
+        del self.drains[worker]
+        if not d.resolved:
+            self._record(d.family, worker, state, d.why)
+
+    def _record(self, family: str, worker: str, state: str, why: str, generation: int = 0) -> None:
+        """Records a drain's change on the sidecar, after the ones before it, without waiting."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        before = self._recording
+
+        async def send() -> None:
+            if before is not None:
+                await asyncio.wait([before])
+            rest = self._rest()
+            if rest is None:
+                return
+            try:
+                await rest.record_drain(family, worker, state, why, generation)
+            except Exception as e:  # noqa: BLE001 - the record is for people; the drain goes on
+                logger.debug("dask-pmix: the drain of %s (%s) could not be recorded: %r", worker, state, e)
+
+        self._recording = asyncio.ensure_future(send())
 
     async def drain(self, workers: list[str], why: str) -> None:
         """Asks the elastic jobs holding any of ``workers`` to give them back at their next commit,
@@ -96,12 +157,15 @@ class Elastic:
         while set(held) & self._busy():
             left = deadline - time.monotonic()
             if left <= 0:
+                late = sorted(set(held) & self._busy())
                 logger.warning(
                     "dask-pmix: %s: elastic jobs did not give back %s within %g s; retiring them anyway",
                     why,
-                    sorted(set(held) & self._busy()),
+                    late,
                     self.drain_bound,
                 )
+                for w in late:
+                    self._end(w, "overdue")
                 break
             waiter = loop.create_future()
             self._waiters.add(waiter)
@@ -110,7 +174,7 @@ class Elastic:
             finally:
                 self._waiters.discard(waiter)
         for w in held:
-            self.drains.pop(w, None)
+            self._end(w, "withdrawn")  # a no-op for one honoured at a commit, or overdue
 
     def wake(self) -> None:
         """A job changed (the plugin's mirror): drains waiting for its members look again."""
@@ -134,7 +198,7 @@ class Elastic:
                 missing -= 1
 
     def forget(self, worker: str) -> None:
-        self.drains.pop(worker, None)
+        self._end(worker, "withdrawn")
 
     def install(self) -> None:
         """Wraps the scheduler's retire_workers handler (what clients, clusters and workers call)."""
@@ -172,12 +236,22 @@ class Elastic:
         self.scheduler.handlers["workers_to_close"] = workers_to_close
 
     # -- the commit's question ----------------------------------------------------------------------
-    async def change(self, family: str, workers: list[str], min: int, max: int) -> dict:  # noqa: A002
-        """Who leaves and who joins the elastic job ``family`` (its members ``workers``) now."""
+    async def change(
+        self,
+        family: str,
+        workers: list[str],
+        min: int,  # noqa: A002
+        max: int,  # noqa: A002
+        generation: int = 0,
+    ) -> dict:
+        """Who leaves and who joins the elastic job ``family`` (its members ``workers``, in its
+        ``generation``) now."""
         workers = [str(w) for w in workers or ()]
         lo, hi = int(min), int(max)
         leave = [w for w in workers if self._draining(w) or w not in self.scheduler.workers]
         leave = leave[: max_(0, len(workers) - lo)]
+        for w in leave:
+            self._end(w, "honoured", int(generation) + 1)
         stay = len(workers) - len(leave)
         join = await self._offers(workers, hi - stay) if stay < hi else []
         if leave or join:

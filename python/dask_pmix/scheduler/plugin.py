@@ -176,6 +176,7 @@ class SidecarPlugin(SchedulerPlugin):
             self.frozen_workers,
             lambda: self.sidecar.workers(),
             config.seconds("timeouts.drain") or 30.0,
+            rest=lambda: self.rest,
         )
         self.elastic.install()
         self.replacer = Replacer(scheduler, lambda: self.rest, self._register_soon)

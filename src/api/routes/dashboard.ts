@@ -4,6 +4,7 @@
 // exposing the rest of the API. PUT /v1/traffic records the bytes each worker's comm backend moved
 // per transport (the scheduler plugin reports them in one request), for the page's traffic view.
 import type { FastifyPluginAsync } from 'fastify';
+import { CHANGE_LABEL, ELASTIC_LABEL, GENERATION_LABEL } from '../../rm/elastic-jobs.js';
 import type { RmEvent } from '../../rm/events.js';
 import type { Job } from '../../rm/types.js';
 import { REQUEST_LIMITS } from '../limits.js';
@@ -72,11 +73,21 @@ export function attemptOf(labels: Readonly<Record<string, string>> | undefined) 
   return { family: redact(family), number, ...(Number.isInteger(of) && of >= number ? { of } : {}) };
 }
 
+/** Which generation of an elastic job a job is (run_elastic labels each one), and what changed at its start. */
+export function generationOf(labels: Readonly<Record<string, string>> | undefined) {
+  const id = labels?.[ELASTIC_LABEL];
+  const generation = Number(labels?.[GENERATION_LABEL]);
+  if (!id || !Number.isInteger(generation) || generation < 0) return undefined;
+  return { id: redact(id), generation, change: redact(labels?.[CHANGE_LABEL] ?? '') };
+}
+
 function jobView(j: Readonly<Job>) {
   const attempt = attemptOf(j.labels);
+  const elastic = generationOf(j.labels);
   return {
     id: j.id,
     ...(attempt ? { attempt } : {}),
+    ...(elastic ? { elastic } : {}),
     impl: j.impl,
     mode: j.mode,
     ...(j.modeReason ? { modeReason: redact(j.modeReason) } : {}),
@@ -114,6 +125,12 @@ function noticeOf(e: RmEvent, time: number): Notice | undefined {
   }
   if (e.kind === 'workerLeft')
     return { time: at, what: 'left the cluster', worker: e.workerId, reason: redact(e.reason) };
+  if (e.kind === 'drainChanged') {
+    const d = e.drain;
+    const what = d.state === 'requested' ? 'asked to leave' : `drain ${d.state}`;
+    const at_ = d.state === 'honoured' && d.generation ? `, left at generation ${d.generation}` : '';
+    return { time: at, what: `${what} (elastic job ${e.elasticId})`, worker: d.workerId, reason: `${d.reason}${at_}` };
+  }
   if (e.kind === 'healthChanged') {
     return {
       time: at,

@@ -1,0 +1,252 @@
+"""Elastic jobs under random kills: no hang, results bitwise equal to a run without faults, and at
+most one commit interval of work lost per kill (issue 28's robustness target).
+
+One LocalCluster of --workers workers (one thread each, the default configuration: Open MPI's
+in-process pool, nannies that restart a killed worker). Each run is one run_elastic job over every
+worker (min 2) of a deterministic workload: a vector of --length float64s that every step replaces
+by sin(x) * 1.0001 + 0.5 * roll(x, 1), each rank computing its own slice and an allgather joining
+them. Every element's value depends on the step only, not on how many ranks computed it, so a run
+that lost members and went on with fewer must end bitwise equal to a reference run without faults.
+The ranks commit every --commit-every steps.
+
+In each faulty run, at a random moment between --kill-after seconds (low, high) after its start,
+the bench kills (SIGKILL) the worker process of a random member of the running generation: rank 0
+or any other, while it computes, commits, restores or starts. Before the next run, the killed worker
+is back (its nanny started a new process) and ready in the pool. Per run: whether it finished
+within --timeout, whether its result is bitwise equal to the reference, how long after the kill the
+next generation ran (its first allreduce, seen by its rank 0), and the steps computed again: the
+highest step any rank of the killed generation reached, minus the step the next one restored
+(each rank records its step in a file of its own, so the figure survives the kill).
+
+    .venv/bin/python bench/elastic_kills.py --runs 100 [--out bench/results/elastic-kills.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+
+def workload(ctx, steps: int, commit_every: int, progress: str):
+    """The deterministic iteration; returns the final vector's bytes and the restores it saw (rank 0)."""
+    import struct
+
+    import numpy as np
+
+    s = ctx.state
+    if ctx.rank == 0:
+        s["generations"].append({"generation": ctx.generation, "size": ctx.size, "from_step": s["step"], "at": None})
+    ctx.comm.allreduce(0)  # the generation is usable on every member
+    if ctx.rank == 0:
+        s["generations"][-1]["at"] = time.time()
+    x = np.frombuffer(s["x"], dtype=np.float64).copy()
+    n = len(x)
+    lo, hi = n * ctx.rank // ctx.size, n * (ctx.rank + 1) // ctx.size
+    counts = [n * (r + 1) // ctx.size - n * r // ctx.size for r in range(ctx.size)]
+    fd = os.open(f"{progress}/g{ctx.generation}-r{ctx.rank}", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        while s["step"] < steps:
+            mine = np.sin(x[lo:hi]) * 1.0001 + 0.5 * np.roll(x, 1)[lo:hi]
+            out = np.empty(n)
+            ctx.comm.Allgatherv(mine, [out, counts])
+            x = out
+            s["step"] += 1
+            os.pwrite(fd, struct.pack("<q", s["step"]), 0)
+            if s["step"] % commit_every == 0 or s["step"] == steps:
+                s["x"] = x.tobytes()
+                ctx.commit(s)
+    finally:
+        os.close(fd)
+    return {"x": s["x"], "generations": s["generations"]} if ctx.rank == 0 else None
+
+
+def reached(progress: Path, generation: int) -> int:
+    """The highest step any rank of ``generation`` recorded."""
+    best = 0
+    for f in progress.glob(f"g{generation}-r*"):
+        b = f.read_bytes()
+        if len(b) == 8:
+            best = max(best, int.from_bytes(b, "little", signed=True))
+    return best
+
+
+def wait_for(cond, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = cond()
+        if v:
+            return v
+        time.sleep(0.02)
+    raise TimeoutError(f"{what} within {timeout} s")
+
+
+def summary(xs: list[float]) -> dict:
+    if not xs:
+        return {}
+    return {"n": len(xs), "median": round(statistics.median(xs), 3), "max": round(max(xs), 3)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=100)
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--length", type=int, default=4096)
+    ap.add_argument("--commit-every", type=int, default=20)
+    ap.add_argument("--kill-after", type=float, nargs=2, default=[0.05, 1.5])
+    ap.add_argument("--timeout", type=float, default=120.0)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    rng = random.Random(args.seed)
+
+    import dask
+    import numpy as np
+    from distributed import Client, LocalCluster
+
+    from dask_pmix import SidecarClient, SidecarPlugin, run_elastic, wait_for_plugin
+
+    # A worker killed under a loaded machine may take longer than the 15 s after which a
+    # LocalCluster gives it up (distributed.deploy.lost-worker-timeout).
+    dask.config.set({"distributed.deploy.lost-worker-timeout": "300s"})
+    m = args.workers
+    cluster = LocalCluster(n_workers=m, threads_per_worker=1, dashboard_address=":0")
+    client = Client(cluster)
+    client.register_plugin(SidecarPlugin())
+    info = wait_for_plugin(client)
+    sidecar = SidecarClient(info["url"], info.get("token"))
+    x0 = np.linspace(-1.0, 1.0, args.length).tobytes()
+    load0 = os.getloadavg()
+    t_start = time.monotonic()
+
+    def pids() -> dict:
+        return client.run(os.getpid)
+
+    def whole() -> bool:
+        now = pids()
+        seats = {w["id"]: (w.get("pool") or {}).get("state") for w in sidecar.workers()}
+        return len(now) == m and all(seats.get(a) == "ready" for a in now)
+
+    def running(family: str | None) -> dict | None:
+        for j in sidecar.jobs():
+            labels = j.get("labels") or {}
+            if labels.get("dask-pmix.elastic") and (family is None or labels["dask-pmix.elastic"] == family):
+                if j["state"] == "running":
+                    return j
+        return None
+
+    def one(kill: bool) -> dict:
+        progress = Path(tempfile.mkdtemp(prefix="dask-pmix-elastic-kills-"))
+        state = {"x": x0, "step": 0, "generations": []}
+        box: dict = {}
+
+        def run() -> None:
+            try:
+                box["out"] = run_elastic(
+                    client, workload, args.steps, args.commit_every, str(progress),
+                    state=state, n=m, min=2, max=m, timeout=args.timeout,
+                )
+            except BaseException as e:  # noqa: BLE001
+                box["error"] = e
+
+        t0 = time.time()
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        rec: dict = {}
+        if kill:
+            delay = rng.uniform(*args.kill_after)
+            job = wait_for(lambda: running(None) or ("error" in box), 60, "the first generation running")
+            time.sleep(max(0.0, t0 + delay - time.time()))
+            job = running(job["labels"]["dask-pmix.elastic"]) if isinstance(job, dict) else None
+            if job is not None:
+                victim = rng.choice(job["members"])
+                try:
+                    pid = client.run(os.getpid, workers=[victim["workerId"]])[victim["workerId"]]
+                except Exception:  # noqa: BLE001 - the job ended under us: a run without a kill
+                    pid = None
+                if pid is not None:
+                    rec.update(killed_at=time.time(), victim_rank=victim["rank"], delay=round(delay, 3),
+                               generation=int(job["labels"]["dask-pmix.generation"]))
+                    os.kill(pid, signal.SIGKILL)
+        t.join(args.timeout + 30)
+        rec["seconds"] = round(time.time() - t0, 3)
+        if t.is_alive():
+            rec["outcome"] = "hung"
+        elif "error" in box:
+            rec["outcome"] = "failed"
+            rec["error"] = f"{type(box['error']).__name__}: {box['error']}"[:500]
+        else:
+            out = next(r for r in box["out"] if r is not None)
+            rec["outcome"] = "ok"
+            rec["x"] = out["x"]
+            gens = out["generations"]
+            rec["generations"] = len(gens)
+            if "killed_at" in rec:
+                after = [g for g in gens if g["generation"] > rec["generation"]]
+                if after:
+                    nxt = min(after, key=lambda g: g["generation"])
+                    rec["resumed_s"] = round(nxt["at"] - rec["killed_at"], 3)
+                    rec["steps_again"] = reached(progress, rec["generation"]) - nxt["from_step"]
+        for f in progress.iterdir():
+            f.unlink()
+        progress.rmdir()
+        return rec
+
+    runs: list[dict] = []
+    try:
+        wait_for(whole, 300, f"{m} workers ready in the pool")
+        reference = one(kill=False)
+        if reference["outcome"] != "ok":
+            raise RuntimeError(f"the reference run failed: {reference}")
+        for i in range(args.runs):
+            rec = one(kill=True)
+            rec["run"] = i
+            if rec.get("outcome") == "ok":
+                rec["bitwise_equal"] = rec.pop("x") == reference["x"]
+            runs.append(rec)
+            print(json.dumps(rec), file=sys.stderr, flush=True)
+            wait_for(whole, 180, "the killed worker back and ready in the pool")
+    finally:
+        client.close()
+        cluster.close()
+    killed = [r for r in runs if "killed_at" in r]
+    doc = {
+        "benchmark": "elastic_kills",
+        "cpus": os.cpu_count(),
+        "workers": m,
+        "steps": args.steps,
+        "commit_every": args.commit_every,
+        "length": args.length,
+        "seed": args.seed,
+        "runs": len(runs),
+        "killed": len(killed),
+        "hung": sum(r["outcome"] == "hung" for r in runs),
+        "failed": sum(r["outcome"] == "failed" for r in runs),
+        "ok": sum(r["outcome"] == "ok" for r in runs),
+        "bitwise_equal": sum(bool(r.get("bitwise_equal")) for r in runs),
+        "resumed_s": summary([r["resumed_s"] for r in killed if "resumed_s" in r]),
+        "steps_again": summary([r["steps_again"] for r in killed if "steps_again" in r]),
+        "run_s": summary([r["seconds"] for r in runs]),
+        "reference_s": reference["seconds"],
+        "seconds": round(time.monotonic() - t_start, 1),
+        "load_avg": {"start": [round(x, 1) for x in load0], "end": [round(x, 1) for x in os.getloadavg()]},
+        "records": [{k: v for k, v in r.items() if k != "x"} for r in runs],
+    }
+    text = json.dumps(doc, indent=1)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    print(text)
+    return 0 if doc["hung"] == 0 and doc["failed"] == 0 and doc["bitwise_equal"] == doc["runs"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
