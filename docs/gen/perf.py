@@ -382,6 +382,27 @@ def elastic_section() -> str:
         "The restart baseline is what a launcher without elasticity does on the same event (torchrun restarts "
         "every process of the job): the M members' workers restarted, then the job started again over M "
         "workers, to its first allreduce. Source: `bench/results/elastic.json`.\n\n" + "\n".join(rows) + "\n"
+        + elastic_kills_text()
+    )
+
+
+def elastic_kills_text() -> str:
+    """Random kills (bench/elastic_kills.py): no hang, results bitwise equal, work lost per kill."""
+    if not (RESULTS / "elastic-kills.json").exists():
+        return ""
+    d = load("elastic-kills.json")
+    resumed, again = d["resumed_s"], d["steps_again"]
+    return (
+        f"\nUnder random kills: {d['runs']} runs of an elastic job over {d['workers']} workers ({d['steps']} steps "
+        f"of a deterministic iteration over {d['length']:,} float64s, committing every {d['commit_every']} steps), "
+        f"each with kill -9 of a random member's worker at a random moment (while it computes, commits, restores "
+        f"or starts). {d['ok']} finished, {d['failed']} failed, {d['hung']} hung; {d['bitwise_equal']} ended "
+        f"bitwise equal to a run without faults. The next generation ran {resumed.get('median', '-')} s after the "
+        f"kill at the median ({resumed.get('max', '-')} s at most, {resumed.get('n', 0)} kills), and the steps "
+        f"computed again after a kill were {again.get('median', '-')} at the median and {again.get('max', '-')} at "
+        f"most (one commit interval is {d['commit_every']}). "
+        f"{_loads(d['load_avg']['start'], d['load_avg']['end']).capitalize()}. "
+        "Source: `bench/results/elastic-kills.json`.\n"
     )
 
 

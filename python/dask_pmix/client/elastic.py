@@ -98,6 +98,10 @@ def run_elastic(
     return _sync(client, fallbacks, run)
 
 
+# MPI libraries whose ranks cannot leave an MPI call that waits for a lost member (no revoke).
+UNREVOCABLE = ("mpich", "intelmpi")
+
+
 async def _drive(client, fn, args, kwargs, state, n, workers, lo: int, hi: int, options: dict, fallbacks) -> list:
     import cloudpickle
 
@@ -137,6 +141,20 @@ async def _drive(client, fn, args, kwargs, state, n, workers, lo: int, hi: int, 
         except MPIJobError as e:
             if e.kind != Failure.MEMBER_LOST:
                 raise
+            if job.job.get("impl") in UNREVOCABLE:
+                # MPICH's survivors stay inside the MPI call that waits for the lost member (it
+                # cannot revoke a communicator), and dask-pmix replaces their workers, with the
+                # state they kept: there is nothing to go on from.
+                raise MPIJobError(
+                    f"{e.reason} (an elastic job on {job.job.get('impl')} cannot survive a lost member: its MPI "
+                    "library cannot take the other members out of their MPI calls, so their workers are "
+                    "replaced; run it again, or use Open MPI's pool)",
+                    job_id=e.job_id,
+                    rank=e.rank,
+                    worker=e.worker,
+                    kind=e.kind,
+                    lost_workers=list(e.lost_workers or ()),
+                ) from e
             # The lost workers only: the error's rank may be a survivor whose MPI call failed first.
             lost = set(e.lost_workers or ())
             if lost:
