@@ -5,14 +5,18 @@ One LocalCluster of --workers workers (one thread each, the default configuratio
 in-process pool, nannies that restart a killed worker). Each run is one run_elastic job over every
 worker (min 2) of a deterministic workload: a vector of --length float64s that every step replaces
 by sin(x) * 1.0001 + 0.5 * roll(x, 1), each rank computing its own slice and an allgather joining
-them. Every element's value depends on the step only, not on how many ranks computed it, so a run
-that lost members and went on with fewer must end bitwise equal to a reference run without faults.
+them, after --step-ms of sleep standing for the rest of a step's work. Every element's value
+depends on the step only, not on how many ranks computed it, so a run that lost members and went
+on with fewer must end bitwise equal to a reference run without faults.
 The ranks commit every --commit-every steps.
 
 In each faulty run, at a random moment between --kill-after seconds (low, high) after its start,
 the bench kills (SIGKILL) the worker process of a random member of the running generation: rank 0
-or any other, while it computes, commits, restores or starts. Before the next run, the killed worker
-is back (its nanny started a new process) and ready in the pool. Per run: whether it finished
+or any other, while it computes or commits. Then up to --kills-per-run - 1 more, each within
+--again-within seconds of the next generation running (while it restores the state, or takes the
+restarted worker back at a commit), as long as the job keeps more than its minimum of 2. Before
+the next run, the killed workers are back (their nannies started new processes) and ready in the
+pool. Per run: whether it finished
 within --timeout, whether its result is bitwise equal to the reference, how long after the kill the
 next generation ran (its first allreduce, seen by its rank 0), and the steps computed again: the
 highest step any rank of the killed generation reached, minus the step the next one restored
@@ -36,7 +40,7 @@ import time
 from pathlib import Path
 
 
-def workload(ctx, steps: int, commit_every: int, progress: str):
+def workload(ctx, steps: int, commit_every: int, progress: str, pause: float):
     """The deterministic iteration; returns the final vector's bytes and the restores it saw (rank 0)."""
     import struct
 
@@ -55,6 +59,7 @@ def workload(ctx, steps: int, commit_every: int, progress: str):
     fd = os.open(f"{progress}/g{ctx.generation}-r{ctx.rank}", os.O_WRONLY | os.O_CREAT, 0o600)
     try:
         while s["step"] < steps:
+            time.sleep(pause)  # the rest of a step's work, which the kill may land in
             mine = np.sin(x[lo:hi]) * 1.0001 + 0.5 * np.roll(x, 1)[lo:hi]
             out = np.empty(n)
             ctx.comm.Allgatherv(mine, [out, counts])
@@ -102,7 +107,10 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--length", type=int, default=4096)
     ap.add_argument("--commit-every", type=int, default=20)
-    ap.add_argument("--kill-after", type=float, nargs=2, default=[0.05, 1.5])
+    ap.add_argument("--step-ms", type=float, default=5.0)
+    ap.add_argument("--kill-after", type=float, nargs=2, default=[0.05, 2.0])
+    ap.add_argument("--kills-per-run", type=int, default=2)
+    ap.add_argument("--again-within", type=float, default=0.5)
     ap.add_argument("--timeout", type=float, default=120.0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out")
@@ -144,7 +152,7 @@ def main() -> int:
                     return j
         return None
 
-    def one(kill: bool) -> dict:
+    def one(kills_per_run: int) -> dict:
         progress = Path(tempfile.mkdtemp(prefix="dask-pmix-elastic-kills-"))
         state = {"x": x0, "step": 0, "generations": []}
         box: dict = {}
@@ -152,7 +160,7 @@ def main() -> int:
         def run() -> None:
             try:
                 box["out"] = run_elastic(
-                    client, workload, args.steps, args.commit_every, str(progress),
+                    client, workload, args.steps, args.commit_every, str(progress), args.step_ms / 1000,
                     state=state, n=m, min=2, max=m, timeout=args.timeout,
                 )
             except BaseException as e:  # noqa: BLE001
@@ -162,21 +170,43 @@ def main() -> int:
         t = threading.Thread(target=run, daemon=True)
         t.start()
         rec: dict = {}
-        if kill:
-            delay = rng.uniform(*args.kill_after)
-            job = wait_for(lambda: running(None) or ("error" in box), 60, "the first generation running")
-            time.sleep(max(0.0, t0 + delay - time.time()))
-            job = running(job["labels"]["dask-pmix.elastic"]) if isinstance(job, dict) else None
-            if job is not None:
-                victim = rng.choice(job["members"])
-                try:
-                    pid = client.run(os.getpid, workers=[victim["workerId"]])[victim["workerId"]]
-                except Exception:  # noqa: BLE001 - the job ended under us: a run without a kill
-                    pid = None
-                if pid is not None:
-                    rec.update(killed_at=time.time(), victim_rank=victim["rank"], delay=round(delay, 3),
-                               generation=int(job["labels"]["dask-pmix.generation"]))
-                    os.kill(pid, signal.SIGKILL)
+        kills: list[dict] = []
+        for k in range(kills_per_run):
+            if k == 0:
+                delay = rng.uniform(*args.kill_after)
+                job = wait_for(lambda: running(None) or not t.is_alive(), 60, "the first generation running")
+                if not isinstance(job, dict):
+                    break
+                family = job["labels"]["dask-pmix.elastic"]
+                time.sleep(max(0.0, t0 + delay - time.time()))
+            else:
+                # The next one while the job recovers: the generation after the last kill, as it
+                # restores its state or takes the restarted worker back.
+                after = kills[-1]["generation"]
+                job = wait_for(
+                    lambda after=after, family=family: (
+                        not t.is_alive()
+                        or ((j := running(family)) and int(j["labels"]["dask-pmix.generation"]) > after and j)
+                    ),
+                    60,
+                    "the generation after a kill",
+                )
+                if not isinstance(job, dict):
+                    break
+                delay = rng.uniform(0.0, args.again_within)
+                time.sleep(delay)
+            job = running(family)
+            if job is None or len(job["members"]) <= 2:  # the job's min: a kill would end it, as promised
+                break
+            victim = rng.choice(job["members"])
+            try:
+                pid = client.run(os.getpid, workers=[victim["workerId"]])[victim["workerId"]]
+            except Exception:  # noqa: BLE001 - the job ended under us
+                break
+            kills.append({"at": time.time(), "victim_rank": victim["rank"], "delay": round(delay, 3),
+                          "generation": int(job["labels"]["dask-pmix.generation"]), "members": len(job["members"])})
+            os.kill(pid, signal.SIGKILL)
+        rec["kills"] = kills
         t.join(args.timeout + 30)
         rec["seconds"] = round(time.time() - t0, 3)
         if t.is_alive():
@@ -190,12 +220,12 @@ def main() -> int:
             rec["x"] = out["x"]
             gens = out["generations"]
             rec["generations"] = len(gens)
-            if "killed_at" in rec:
-                after = [g for g in gens if g["generation"] > rec["generation"]]
+            for kill in kills:
+                after = [g for g in gens if g["generation"] > kill["generation"]]
                 if after:
                     nxt = min(after, key=lambda g: g["generation"])
-                    rec["resumed_s"] = round(nxt["at"] - rec["killed_at"], 3)
-                    rec["steps_again"] = reached(progress, rec["generation"]) - nxt["from_step"]
+                    kill["resumed_s"] = round(nxt["at"] - kill["at"], 3)
+                    kill["steps_again"] = reached(progress, kill["generation"]) - nxt["from_step"]
         for f in progress.iterdir():
             f.unlink()
         progress.rmdir()
@@ -204,11 +234,11 @@ def main() -> int:
     runs: list[dict] = []
     try:
         wait_for(whole, 300, f"{m} workers ready in the pool")
-        reference = one(kill=False)
+        reference = one(0)
         if reference["outcome"] != "ok":
             raise RuntimeError(f"the reference run failed: {reference}")
         for i in range(args.runs):
-            rec = one(kill=True)
+            rec = one(args.kills_per_run)
             rec["run"] = i
             if rec.get("outcome") == "ok":
                 rec["bitwise_equal"] = rec.pop("x") == reference["x"]
@@ -218,13 +248,14 @@ def main() -> int:
     finally:
         client.close()
         cluster.close()
-    killed = [r for r in runs if "killed_at" in r]
+    killed = [k for r in runs for k in r.get("kills", ())]
     doc = {
         "benchmark": "elastic_kills",
         "cpus": os.cpu_count(),
         "workers": m,
         "steps": args.steps,
         "commit_every": args.commit_every,
+        "step_ms": args.step_ms,
         "length": args.length,
         "seed": args.seed,
         "runs": len(runs),
@@ -233,8 +264,11 @@ def main() -> int:
         "failed": sum(r["outcome"] == "failed" for r in runs),
         "ok": sum(r["outcome"] == "ok" for r in runs),
         "bitwise_equal": sum(bool(r.get("bitwise_equal")) for r in runs),
-        "resumed_s": summary([r["resumed_s"] for r in killed if "resumed_s" in r]),
-        "steps_again": summary([r["steps_again"] for r in killed if "steps_again" in r]),
+        "kills_per_run": args.kills_per_run,
+        "kills_by_generation": {str(g): sum(k["generation"] == g for k in killed)
+                                for g in sorted({k["generation"] for k in killed})},
+        "resumed_s": summary([k["resumed_s"] for k in killed if "resumed_s" in k]),
+        "steps_again": summary([k["steps_again"] for k in killed if "steps_again" in k]),
         "run_s": summary([r["seconds"] for r in runs]),
         "reference_s": reference["seconds"],
         "seconds": round(time.monotonic() - t_start, 1),

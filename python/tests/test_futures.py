@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
 import time
 
@@ -56,6 +57,24 @@ def test_one_future_per_rank_left_on_its_worker(dask_cluster):
     where = [client.submit(lambda r: (r["rank"], get_worker().address), f) for f in futures]
     assert [w.result(timeout=30) for w in where] == [(r, members[r]) for r in range(3)]
     wait_until(lambda: {w["state"] for w in sidecar.workers()} == {"available"}, 10, "members released")
+
+
+def test_a_result_lost_with_its_worker_raises_member_lost(dask_cluster):
+    # A rank that returned, whose worker then died before its result was gathered: Dask would run
+    # the task again on that worker, which is gone, and the future would wait for good.
+    _, client, _ = dask_cluster
+    members = workers_of(client)[:2]
+    futures = submit_mpi(client, rank_info, workers=members, impl=IMPL)
+    wait(futures, timeout=60)
+    os.kill(client.run(os.getpid, workers=[members[1]])[members[1]], signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(MPIJobError) as info:
+        futures[1].result(timeout=30)
+    assert info.value.kind == "member-lost" and list(info.value.lost_workers) == [members[1]], info.value
+    assert "result was lost with its worker" in str(info.value) and info.value.rank == 1
+    assert time.monotonic() - t0 < 15
+    assert futures[0].result(timeout=10)["rank"] == 0  # the other rank's result is where it was
+    workers_of(client)  # its nanny restarted it
 
 
 def test_asynchronous_client(dask_cluster):

@@ -27,7 +27,7 @@ from typing import Any
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .. import config
-from ..errors import MPIJobError, SidecarError
+from ..errors import Failure, MPIJobError, SidecarError
 from ..protocol import (
     MEMBER_CONNECTED,
     QUEUED_ANNOTATION,
@@ -640,6 +640,16 @@ class SidecarPlugin(SchedulerPlugin):
             if finish in ("released", "forgotten") and start == "no-worker":
                 self._withdraw(waiting)
             return
+        if finish == "no-worker":
+            ts = self.scheduler.tasks.get(key)
+            gone = [w for w in (ts.worker_restrictions or ()) if w not in self.scheduler.workers] if ts else []
+            if gone:
+                # A rank that had returned lost its result with its worker before the client
+                # gathered it: Dask would run the task again on that worker, which is gone, and
+                # its future would wait for good. Nothing can compute a rank's result again.
+                job_id = self._admitted.get(match.group(1), match.group(1))
+                asyncio.get_running_loop().call_soon(self._result_lost, key, job_id, int(match.group(2)), gone[0])
+            return
         entry = self.jobs.get(self._admitted.get(match.group(1), match.group(1)))
         if entry is None or not entry.active:
             return
@@ -667,6 +677,23 @@ class SidecarPlugin(SchedulerPlugin):
         else:
             why = "a rank's task was cancelled (its future was released)"
         self._soon(self._end(entry.id, why))
+
+    def _result_lost(self, key: str, job_id: str, rank: int, worker: str) -> None:
+        """The rank's future raises member-lost: its result went with its worker."""
+        ts = self.scheduler.tasks.get(key)
+        if ts is None or ts.state != "no-worker":
+            return
+        error = MPIJobError(
+            f"rank {rank}'s result was lost with its worker {worker}, which left after the rank returned and before "
+            "the result was gathered",
+            job_id=job_id,
+            rank=rank,
+            worker=worker,
+            kind=Failure.MEMBER_LOST,
+            lost_workers=[worker],
+        )
+        logger.info("dask-pmix: job %s: %s", job_id, error.reason)
+        queued.fail(self.scheduler, [key], error, f"dask-pmix-result-lost-{key}-{time.time()}")
 
     async def _complete(self, job_id: str) -> None:
         """Every rank of the in-process job returned: its members leave it, all at once."""
