@@ -23,6 +23,14 @@ MPI's in-process pool) and one elastic job of M members (min M - 1, max M) whose
 - plain job start: a run_mpi job over M of the same workers, none restarted, from the call to
   its first allreduce on every member: the least a generation's start costs.
 
+- planned release by Adaptive: cluster.adapt(minimum=M - 1, maximum=M - 1, interval 0.5 s,
+  wait_count 3) while the job runs on M members beside the spare: Adaptive retires the spare at
+  once and, since Dask never offers it a member (a long-running task), the job gives its last
+  member back at its next commit. From that drain's request (Adaptive's first proposal naming the
+  member, as the sidecar recorded it) to the worker gone from the scheduler; the bound is
+  Adaptive's cycle (interval x wait_count) + one commit interval + one reconfiguration (the
+  median's). Then the cluster scales back to M + 1 and the job grows back to M. --adaptive per size.
+
 The ratio of the baseline's median to the reconfiguration's median is the time lost per event,
 restart against elastic. Prints one JSON document (and writes --out).
 
@@ -87,6 +95,17 @@ def current(sidecar, family: str | None = None) -> dict | None:
     return None
 
 
+# Adaptive as the planned releases run it: an interval and how many proposals in a row retire a worker.
+ADAPT_INTERVAL = 0.5
+ADAPT_WAIT = 3
+
+
+def iso_seconds(text: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
 def wait_for(cond, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -149,6 +168,9 @@ def one_size(m: int, args) -> dict:
         job = wait_for(lambda: current_or_error(), 120, "the first generation running")
         family = job["labels"]["dask-pmix.elastic"]
 
+        def scheduler_workers() -> list[str]:
+            return client.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.workers))
+
         def drain(worker: str) -> None:
             def ask(dask_scheduler, worker=worker):
                 dask_scheduler.plugins[SCHEDULER_PLUGIN].elastic.request(worker, "bench", 0.2)
@@ -199,6 +221,32 @@ def one_size(m: int, args) -> dict:
 
             wait_for(all_ready, 120, "the restarted worker ready in the pool")
             time.sleep(1.0)
+        # Planned releases by Adaptive: it wants m - 1 workers, two fewer than there are. Dask's
+        # workers_to_close offers it the spare only (members run long-running tasks), so the job is
+        # asked to give back its last member, at its next commit; Adaptive retires it once it has
+        # proposed it wait_count times in a row. From the drain's request (Adaptive's first proposal
+        # that names the member: the sidecar's record) to the worker gone from the scheduler.
+        releases, bound = [], ADAPT_INTERVAL * ADAPT_WAIT + args.step_ms / 1000
+        for _ in range(args.adaptive):
+            job = wait_for(lambda: current_or_error(family), 60, "a generation running")
+            before = {x["workerId"] for x in job["members"]}
+            adaptive = cluster.adapt(minimum=m - 1, maximum=m - 1, interval=f"{ADAPT_INTERVAL}s", wait_count=ADAPT_WAIT)
+            try:
+                left, at = wait_for(
+                    lambda before=before: (gone := before - set(scheduler_workers())) and (gone, time.time()),
+                    120,
+                    "a member retired by Adaptive",
+                )
+            finally:
+                adaptive.stop()
+            drains = [d for d in sidecar.elastic_job(family)["drains"] if d["workerId"] in left]
+            if drains:
+                releases.append(at - iso_seconds(drains[-1]["requestedAt"]))
+            cluster.scale(m + 1)
+            wait_pool_ready(sidecar, m + 1, timeout=300)
+            wait_for(
+                lambda: (j := current_or_error(family)) and len(j["members"]) == m and j, 120, "the job back to M members"
+            )
         stop.touch()
         t.join(120)
         stop.unlink(missing_ok=True)
@@ -224,6 +272,10 @@ def one_size(m: int, args) -> dict:
             if after is not None:
                 killed.append(after["at"] - at)
         out["reconfiguration"] = stats_ms(planned)
+        out["adaptive_release"] = stats_ms(releases)
+        if releases and planned:
+            # Adaptive's cycle, one commit interval and one reconfiguration (the median's).
+            out["adaptive_release_bound_ms"] = round((bound + statistics.median(planned)) * 1000, 1)
         out["killed_member"] = stats_ms(killed)
         out["generations"] = len(by_gen)
 
@@ -289,6 +341,7 @@ def main() -> int:
     ap.add_argument("--changes", type=int, default=50)
     ap.add_argument("--kills", type=int, default=5)
     ap.add_argument("--restarts", type=int, default=3)
+    ap.add_argument("--adaptive", type=int, default=5, help="planned releases by Adaptive, per size")
     ap.add_argument("--step-ms", type=float, default=20.0)
     ap.add_argument("--out")
     args = ap.parse_args()

@@ -16,11 +16,11 @@ or any other, while it computes or commits. Then up to --kills-per-run - 1 more,
 --again-within seconds of the next generation running (while it restores the state, or takes the
 restarted worker back at a commit), as long as the job keeps more than its minimum of 2. Before
 the next run, the killed workers are back (their nannies started new processes) and ready in the
-pool. Per run: whether it finished
-within --timeout, whether its result is bitwise equal to the reference, how long after the kill the
-next generation ran (its first allreduce, seen by its rank 0), and the steps computed again: the
-highest step any rank of the killed generation reached, minus the step the next one restored
-(each rank records its step in a file of its own, so the figure survives the kill).
+pool. Per run: whether it finished within --timeout, whether its result is bitwise equal to the
+reference, how long after each kill the next generation was usable (its first allreduce, seen by
+its rank 0), and the steps computed again: over every generation, from the step it restored to
+the last any of its ranks reached, beyond the job's --steps (each rank records both in a file of
+its own, so the figure survives the kill; a generation that never committed counts too).
 
     .venv/bin/python bench/elastic_kills.py --runs 100 [--out bench/results/elastic-kills.json]
 """
@@ -41,23 +41,26 @@ from pathlib import Path
 
 
 def workload(ctx, steps: int, commit_every: int, progress: str, pause: float):
-    """The deterministic iteration; returns the final vector's bytes and the restores it saw (rank 0)."""
+    """The deterministic iteration; returns the final vector's bytes (rank 0). Each rank records, in
+    a file of its own that outlives a kill, the step its generation started from and the last it
+    reached; rank 0 also when the generation became usable."""
     import struct
 
     import numpy as np
 
     s = ctx.state
-    if ctx.rank == 0:
-        s["generations"].append({"generation": ctx.generation, "size": ctx.size, "from_step": s["step"], "at": None})
+    start = s["step"]
     ctx.comm.allreduce(0)  # the generation is usable on every member
     if ctx.rank == 0:
-        s["generations"][-1]["at"] = time.time()
+        with open(f"{progress}/g{ctx.generation}-usable", "w") as f:
+            f.write(repr(time.time()))
     x = np.frombuffer(s["x"], dtype=np.float64).copy()
     n = len(x)
     lo, hi = n * ctx.rank // ctx.size, n * (ctx.rank + 1) // ctx.size
     counts = [n * (r + 1) // ctx.size - n * r // ctx.size for r in range(ctx.size)]
     fd = os.open(f"{progress}/g{ctx.generation}-r{ctx.rank}", os.O_WRONLY | os.O_CREAT, 0o600)
     try:
+        os.pwrite(fd, struct.pack("<qq", start, start), 0)
         while s["step"] < steps:
             time.sleep(pause)  # the rest of a step's work, which the kill may land in
             mine = np.sin(x[lo:hi]) * 1.0001 + 0.5 * np.roll(x, 1)[lo:hi]
@@ -65,23 +68,30 @@ def workload(ctx, steps: int, commit_every: int, progress: str, pause: float):
             ctx.comm.Allgatherv(mine, [out, counts])
             x = out
             s["step"] += 1
-            os.pwrite(fd, struct.pack("<q", s["step"]), 0)
+            os.pwrite(fd, struct.pack("<qq", start, s["step"]), 0)
             if s["step"] % commit_every == 0 or s["step"] == steps:
                 s["x"] = x.tobytes()
                 ctx.commit(s)
     finally:
         os.close(fd)
-    return {"x": s["x"], "generations": s["generations"]} if ctx.rank == 0 else None
+    return {"x": s["x"]} if ctx.rank == 0 else None
 
 
-def reached(progress: Path, generation: int) -> int:
-    """The highest step any rank of ``generation`` recorded."""
-    best = 0
-    for f in progress.glob(f"g{generation}-r*"):
+def progress_of(progress: Path) -> tuple[int, list[float]]:
+    """The steps computed over every generation (each from the step it restored to the last any of
+    its ranks reached), and when each generation became usable."""
+    import struct
+
+    spans: dict[str, tuple[int, int]] = {}
+    for f in progress.glob("g*-r*"):
         b = f.read_bytes()
-        if len(b) == 8:
-            best = max(best, int.from_bytes(b, "little", signed=True))
-    return best
+        if len(b) == 16:
+            start, step = struct.unpack("<qq", b)
+            gen = f.name.split("-")[0]
+            lo, hi = spans.get(gen, (start, step))
+            spans[gen] = (min(lo, start), max(hi, step))
+    usable = sorted(float(f.read_text()) for f in progress.glob("g*-usable"))
+    return sum(hi - lo for lo, hi in spans.values()), usable
 
 
 def wait_for(cond, timeout: float, what: str):
@@ -154,7 +164,7 @@ def main() -> int:
 
     def one(kills_per_run: int) -> dict:
         progress = Path(tempfile.mkdtemp(prefix="dask-pmix-elastic-kills-"))
-        state = {"x": x0, "step": 0, "generations": []}
+        state = {"x": x0, "step": 0}
         box: dict = {}
 
         def run() -> None:
@@ -218,14 +228,14 @@ def main() -> int:
             out = next(r for r in box["out"] if r is not None)
             rec["outcome"] = "ok"
             rec["x"] = out["x"]
-            gens = out["generations"]
-            rec["generations"] = len(gens)
+            computed, usable = progress_of(progress)
+            rec["generations"] = len(usable)
+            # Work lost to the kills: the steps computed beyond the job's, all kills together.
+            rec["steps_again"] = computed - args.steps
             for kill in kills:
-                after = [g for g in gens if g["generation"] > kill["generation"]]
-                if after:
-                    nxt = min(after, key=lambda g: g["generation"])
-                    kill["resumed_s"] = round(nxt["at"] - kill["at"], 3)
-                    kill["steps_again"] = reached(progress, kill["generation"]) - nxt["from_step"]
+                nxt = [u for u in usable if u > kill["at"]]
+                if nxt:
+                    kill["resumed_s"] = round(nxt[0] - kill["at"], 3)
         for f in progress.iterdir():
             f.unlink()
         progress.rmdir()
@@ -268,7 +278,10 @@ def main() -> int:
         "kills_by_generation": {str(g): sum(k["generation"] == g for k in killed)
                                 for g in sorted({k["generation"] for k in killed})},
         "resumed_s": summary([k["resumed_s"] for k in killed if "resumed_s" in k]),
-        "steps_again": summary([k["steps_again"] for k in killed if "steps_again" in k]),
+        "steps_again_per_kill": summary(
+            [r["steps_again"] / len(r["kills"]) for r in runs if r.get("kills") and "steps_again" in r]
+        ),
+        "steps_again_per_run": summary([r["steps_again"] for r in runs if "steps_again" in r]),
         "run_s": summary([r["seconds"] for r in runs]),
         "reference_s": reference["seconds"],
         "seconds": round(time.monotonic() - t_start, 1),

@@ -114,6 +114,8 @@ class SidecarPlugin(SchedulerPlugin):
         self._queued: dict[str, queued.Queued] = {}
         self._last_in_line: asyncio.Future | None = None
         self._admitted: collections.OrderedDict[str, str] = collections.OrderedDict()
+        # Rank tasks whose result was lost with their worker after they returned (transition()).
+        self._results_lost: set[str] = set()
         self._psets: dict[str, list[str]] = {}  # the sidecar's process sets: name -> members
         self.joining = CohortJoining()  # its bound is timeouts.pool-join, read in start()
         self._settling: dict[str, asyncio.TimerHandle | None] = {}  # jobs whose every rank returned
@@ -640,16 +642,22 @@ class SidecarPlugin(SchedulerPlugin):
             if finish in ("released", "forgotten") and start == "no-worker":
                 self._withdraw(waiting)
             return
-        if finish == "no-worker":
+        if start == "memory" and finish == "released":
             ts = self.scheduler.tasks.get(key)
-            gone = [w for w in (ts.worker_restrictions or ()) if w not in self.scheduler.workers] if ts else []
-            if gone:
-                # A rank that had returned lost its result with its worker before the client
-                # gathered it: Dask would run the task again on that worker, which is gone, and
-                # its future would wait for good. Nothing can compute a rank's result again.
-                job_id = self._admitted.get(match.group(1), match.group(1))
-                asyncio.get_running_loop().call_soon(self._result_lost, key, job_id, int(match.group(2)), gone[0])
+            if ts is not None and any(w not in self.scheduler.workers for w in ts.worker_restrictions or ()):
+                self._results_lost.add(key)  # the rank had returned; its result went with its worker
+        elif finish == "no-worker" and key in self._results_lost:
+            # Dask would run the rank's task again on its worker, which is gone, and its future
+            # would wait for good: nothing can compute a rank's result again. (A rank whose worker
+            # died while it ran is the sidecar's to report: the job fails, naming the member.)
+            self._results_lost.discard(key)
+            ts = self.scheduler.tasks[key]
+            worker = next(iter(ts.worker_restrictions or ()), "")
+            job_id = self._admitted.get(match.group(1), match.group(1))
+            asyncio.get_running_loop().call_soon(self._result_lost, key, job_id, int(match.group(2)), worker)
             return
+        elif finish in ("memory", "erred", "forgotten", "processing"):
+            self._results_lost.discard(key)
         entry = self.jobs.get(self._admitted.get(match.group(1), match.group(1)))
         if entry is None or not entry.active:
             return
