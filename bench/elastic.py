@@ -245,7 +245,9 @@ def one_size(m: int, args) -> dict:
             cluster.scale(m + 1)
             wait_pool_ready(sidecar, m + 1, timeout=300)
             wait_for(
-                lambda: (j := current_or_error(family)) and len(j["members"]) == m and j, 120, "the job back to M members"
+                lambda: (j := current_or_error(family)) and len(j["members"]) == m and j,
+                120,
+                "the job back to M members",
             )
         stop.touch()
         t.join(120)

@@ -254,7 +254,15 @@ def main() -> int:
                 rec["bitwise_equal"] = rec.pop("x") == reference["x"]
             runs.append(rec)
             print(json.dumps(rec), file=sys.stderr, flush=True)
-            wait_for(whole, 180, "the killed worker back and ready in the pool")
+            try:
+                wait_for(whole, 180, "the killed worker back and ready in the pool")
+            except TimeoutError as e:
+                # Not the job's doing, but the cluster's: recorded, and the bench stops here.
+                seats = [(w["id"], w.get("state"), w.get("pool")) for w in sidecar.workers()]
+                incident = {"after_run": i, "error": str(e), "dask_workers": pids(), "sidecar_workers": seats}
+                print(json.dumps(incident), file=sys.stderr, flush=True)
+                runs.append({"run": i + 1, "outcome": "cluster-not-whole", "incident": incident, "kills": []})
+                break
     finally:
         client.close()
         cluster.close()
@@ -268,9 +276,10 @@ def main() -> int:
         "step_ms": args.step_ms,
         "length": args.length,
         "seed": args.seed,
-        "runs": len(runs),
+        "runs": sum(r["outcome"] != "cluster-not-whole" for r in runs),
         "killed": len(killed),
         "hung": sum(r["outcome"] == "hung" for r in runs),
+        "cluster_not_whole": [r["incident"] for r in runs if r["outcome"] == "cluster-not-whole"],
         "failed": sum(r["outcome"] == "failed" for r in runs),
         "ok": sum(r["outcome"] == "ok" for r in runs),
         "bitwise_equal": sum(bool(r.get("bitwise_equal")) for r in runs),
@@ -292,7 +301,8 @@ def main() -> int:
     if args.out:
         Path(args.out).write_text(text + "\n")
     print(text)
-    return 0 if doc["hung"] == 0 and doc["failed"] == 0 and doc["bitwise_equal"] == doc["runs"] else 1
+    healthy = doc["hung"] == 0 and doc["failed"] == 0 and not doc["cluster_not_whole"]
+    return 0 if healthy and doc["bitwise_equal"] == doc["runs"] else 1
 
 
 if __name__ == "__main__":

@@ -353,8 +353,9 @@ def elastic_section() -> str:
     doc = load("elastic.json")
     rows = [
         "| members | reconfiguration: median / p99 (n) | a plain job's start: median / p99 (n) | killed member: "
-        "resumed after, median / max (n) | restart baseline: median (n) | baseline over reconfiguration |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "resumed after, median / max (n) | release by Adaptive: median / max (n), bound | restart baseline: "
+        "median (n) | baseline over reconfiguration |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
 
     def ms(d: dict, a: str, b: str) -> str:
@@ -363,10 +364,13 @@ def elastic_section() -> str:
     for size in doc["sizes"]:
         base = size.get("restart_baseline") or {}
         restart = f"{base['median_ms']:.0f} ms ({base['n']})" if base else "-"
+        adaptive = ms(size.get("adaptive_release") or {}, "median_ms", "max_ms")
+        if size.get("adaptive_release_bound_ms"):
+            adaptive += f", {size['adaptive_release_bound_ms']:.0f} ms"
         rows.append(
             f"| {size['members']} | {ms(size.get('reconfiguration') or {}, 'median_ms', 'p99_ms')} | "
             f"{ms(size.get('plain_job_start') or {}, 'median_ms', 'p99_ms')} | "
-            f"{ms(size.get('killed_member') or {}, 'median_ms', 'max_ms')} | {restart} | "
+            f"{ms(size.get('killed_member') or {}, 'median_ms', 'max_ms')} | {adaptive} | {restart} | "
             f"{size.get('restart_over_reconfiguration', '-')}x |"
         )
     return (
@@ -379,6 +383,11 @@ def elastic_section() -> str:
         "A plain job's start: `run_mpi` over M of the same workers, none restarted, from the call to its first "
         "allreduce on every member, the least a generation's start costs. "
         "A killed member: kill -9 of a member's worker; from the kill to the next generation's first allreduce. "
+        "A release by Adaptive: `cluster.adapt(minimum=M - 1, maximum=M - 1, interval='500ms', wait_count=3)` while "
+        "the job runs; Dask offers Adaptive only the spare, so the job gives its last member back at a commit, and "
+        "Adaptive retires it; from the drain's request (Adaptive's first proposal naming the member) to the worker "
+        "gone from the scheduler, against the bound of Adaptive's cycle (1.5 s) plus one commit interval plus one "
+        "reconfiguration. "
         "The restart baseline is what a launcher without elasticity does on the same event (torchrun restarts "
         "every process of the job): the M members' workers restarted, then the job started again over M "
         "workers, to its first allreduce. Source: `bench/results/elastic.json`.\n\n" + "\n".join(rows) + "\n"
@@ -391,16 +400,17 @@ def elastic_kills_text() -> str:
     if not (RESULTS / "elastic-kills.json").exists():
         return ""
     d = load("elastic-kills.json")
-    resumed, again = d["resumed_s"], d["steps_again"]
+    resumed, again = d["resumed_s"], d["steps_again_per_kill"]
     return (
         f"\nUnder random kills: {d['runs']} runs of an elastic job over {d['workers']} workers ({d['steps']} steps "
         f"of a deterministic iteration over {d['length']:,} float64s, committing every {d['commit_every']} steps), "
         f"each with kill -9 of a random member's worker at a random moment (while it computes, commits, restores "
         f"or starts). {d['ok']} finished, {d['failed']} failed, {d['hung']} hung; {d['bitwise_equal']} ended "
-        f"bitwise equal to a run without faults. The next generation ran {resumed.get('median', '-')} s after the "
-        f"kill at the median ({resumed.get('max', '-')} s at most, {resumed.get('n', 0)} kills), and the steps "
-        f"computed again after a kill were {again.get('median', '-')} at the median and {again.get('max', '-')} at "
-        f"most (one commit interval is {d['commit_every']}). "
+        f"bitwise equal to a run without faults. The next generation was usable {resumed.get('median', '-')} s after "
+        f"a kill at the median ({resumed.get('max', '-')} s at most, {d['killed']} kills, up to {d['kills_per_run']} "
+        f"per run, the later ones while the job recovered), and the steps computed again per kill were "
+        f"{again.get('median', '-')} at the median and {again.get('max', '-')} at most in a run (one commit interval "
+        f"is {d['commit_every']}). "
         f"{_loads(d['load_avg']['start'], d['load_avg']['end']).capitalize()}. "
         "Source: `bench/results/elastic-kills.json`.\n"
     )
