@@ -390,7 +390,9 @@ def elastic_section() -> str:
         "reconfiguration. "
         "The restart baseline is what a launcher without elasticity does on the same event (torchrun restarts "
         "every process of the job): the M members' workers restarted, then the job started again over M "
-        "workers, to its first allreduce. Source: `bench/results/elastic.json`.\n\n" + "\n".join(rows) + "\n"
+        "workers, to its first allreduce. Source: `bench/results/elastic.json`.\n\n"
+        + "\n".join(rows)
+        + "\n"
         + elastic_kills_text()
     )
 
