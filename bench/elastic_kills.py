@@ -94,6 +94,12 @@ def progress_of(progress: Path) -> tuple[int, list[float]]:
     return sum(hi - lo for lo, hi in spans.values()), usable
 
 
+def httpx_get(url: str, token: str | None) -> str:
+    import httpx
+
+    return httpx.get(url, headers={"Authorization": f"Bearer {token}"} if token else {}, timeout=10).text
+
+
 def wait_for(cond, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -248,7 +254,14 @@ def main() -> int:
         if reference["outcome"] != "ok":
             raise RuntimeError(f"the reference run failed: {reference}")
         for i in range(args.runs):
-            rec = one(args.kills_per_run)
+            try:
+                rec = one(args.kills_per_run)
+            except TimeoutError as e:
+                # The job's first generation never ran: the cluster cannot serve it any more.
+                rec = {"outcome": "hung", "error": str(e), "kills": []}
+                runs.append({**rec, "run": i})
+                print(json.dumps(rec), file=sys.stderr, flush=True)
+                break
             rec["run"] = i
             if rec.get("outcome") == "ok":
                 rec["bitwise_equal"] = rec.pop("x") == reference["x"]
@@ -261,6 +274,12 @@ def main() -> int:
                 seats = [(w["id"], w.get("state"), w.get("pool")) for w in sidecar.workers()]
                 incident = {"after_run": i, "error": str(e), "dask_workers": pids(), "sidecar_workers": seats}
                 print(json.dumps(incident), file=sys.stderr, flush=True)
+                if os.environ.get("DASK_PMIX_BENCH_POSTMORTEM"):
+                    # For whoever investigates: the processes, the sidecar's gate, then wait.
+                    os.system("ps -eo pid,ppid,stat,etime,args --forest | grep -E 'python|node' | grep -v grep"
+                              " | cut -c1-220 >&2")
+                    print(httpx_get(info["url"] + "/metrics", info.get("token")), file=sys.stderr, flush=True)
+                    time.sleep(float(os.environ["DASK_PMIX_BENCH_POSTMORTEM"]))
                 runs.append({"run": i + 1, "outcome": "cluster-not-whole", "incident": incident, "kills": []})
                 break
     finally:
@@ -291,7 +310,7 @@ def main() -> int:
             [r["steps_again"] / len(r["kills"]) for r in runs if r.get("kills") and "steps_again" in r]
         ),
         "steps_again_per_run": summary([r["steps_again"] for r in runs if "steps_again" in r]),
-        "run_s": summary([r["seconds"] for r in runs]),
+        "run_s": summary([r["seconds"] for r in runs if "seconds" in r]),
         "reference_s": reference["seconds"],
         "seconds": round(time.monotonic() - t_start, 1),
         "load_avg": {"start": [round(x, 1) for x in load0], "end": [round(x, 1) for x in os.getloadavg()]},

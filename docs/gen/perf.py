@@ -413,7 +413,12 @@ def elastic_kills_text() -> str:
         f"per run, the later ones while the job recovered), and the steps computed again per kill were "
         f"{again.get('median', '-')} at the median and {again.get('max', '-')} at most in a run (one commit interval "
         f"is {d['commit_every']}). "
-        f"{_loads(d['load_avg']['start'], d['load_avg']['end']).capitalize()}. "
+        + "".join(
+            f"The bench stopped after run {c['after_run']}: {c['error']} (the sidecar and Dask saw "
+            f"{len(c['dask_workers'])} workers). "
+            for c in d.get("cluster_not_whole", [])
+        )
+        + f"{_loads(d['load_avg']['start'], d['load_avg']['end']).capitalize()}. "
         "Source: `bench/results/elastic-kills.json`.\n"
     )
 
