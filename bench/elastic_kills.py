@@ -39,6 +39,8 @@ import threading
 import time
 from pathlib import Path
 
+from elastic import wait_for  # bench/elastic.py, beside this file
+
 
 def workload(ctx, steps: int, commit_every: int, progress: str, pause: float):
     """The deterministic iteration; returns the final vector's bytes (rank 0). Each rank records, in
@@ -98,16 +100,6 @@ def httpx_get(url: str, token: str | None) -> str:
     import httpx
 
     return httpx.get(url, headers={"Authorization": f"Bearer {token}"} if token else {}, timeout=10).text
-
-
-def wait_for(cond, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = cond()
-        if v:
-            return v
-        time.sleep(0.02)
-    raise TimeoutError(f"{what} within {timeout} s")
 
 
 def summary(xs: list[float]) -> dict:
