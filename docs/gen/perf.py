@@ -406,16 +406,18 @@ def elastic_kills_text() -> str:
     return (
         f"\nUnder random kills: {d['runs']} runs of an elastic job over {d['workers']} workers ({d['steps']} steps "
         f"of a deterministic iteration over {d['length']:,} float64s, committing every {d['commit_every']} steps), "
-        f"each with kill -9 of a random member's worker at a random moment (while it computes, commits, restores "
-        f"or starts). {d['ok']} finished, {d['failed']} failed, {d['hung']} hung; {d['bitwise_equal']} ended "
+        f"each with kill -9 of a random member's worker at a random moment (while it computes or commits), and "
+        f"up to {d['kills_per_run'] - 1} more while the job recovers (restores its state, takes the restarted worker "
+        f"back). {d['ok']} finished, {d['failed']} failed, {d['hung']} hung; {d['bitwise_equal']} ended "
         f"bitwise equal to a run without faults. The next generation was usable {resumed.get('median', '-')} s after "
         f"a kill at the median ({resumed.get('max', '-')} s at most, {d['killed']} kills, up to {d['kills_per_run']} "
         f"per run, the later ones while the job recovered), and the steps computed again per kill were "
         f"{again.get('median', '-')} at the median and {again.get('max', '-')} at most in a run (one commit interval "
         f"is {d['commit_every']}). "
         + "".join(
-            f"The bench stopped after run {c['after_run']}: {c['error']} (the sidecar and Dask saw "
-            f"{len(c['dask_workers'])} workers). "
+            f"The bench stopped after run {c['after_run']}: a killed worker was not back in Dask and ready in the pool "
+            f"within 180 s (Dask saw {len(c['dask_workers'])} of {d['workers']} workers, although its nanny had "
+            "logged the restart); what keeps it away is not known yet. "
             for c in d.get("cluster_not_whole", [])
         )
         + f"{_loads(d['load_avg']['start'], d['load_avg']['end']).capitalize()}. "
