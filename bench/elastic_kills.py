@@ -135,7 +135,9 @@ def main() -> int:
     # LocalCluster gives it up (distributed.deploy.lost-worker-timeout).
     dask.config.set({"distributed.deploy.lost-worker-timeout": "300s"})
     m = args.workers
-    cluster = LocalCluster(n_workers=m, threads_per_worker=1, dashboard_address=":0")
+    # DASK_PMIX_BENCH_POSTMORTEM also keeps Dask's INFO logs (a LocalCluster silences them).
+    loud = {"silence_logs": False} if os.environ.get("DASK_PMIX_BENCH_POSTMORTEM") else {}
+    cluster = LocalCluster(n_workers=m, threads_per_worker=1, dashboard_address=":0", **loud)
     client = Client(cluster)
     client.register_plugin(SidecarPlugin())
     info = wait_for_plugin(client)
