@@ -39,7 +39,7 @@ import threading
 import time
 from pathlib import Path
 
-from elastic import wait_for  # bench/elastic.py, beside this file
+from elastic import current, wait_for  # bench/elastic.py, beside this file
 
 
 def workload(ctx, steps: int, commit_every: int, progress: str, pause: float):
@@ -157,12 +157,7 @@ def main() -> int:
         return len(now) == m and all(seats.get(a) == "ready" for a in now)
 
     def running(family: str | None) -> dict | None:
-        for j in sidecar.jobs():
-            labels = j.get("labels") or {}
-            if labels.get("dask-pmix.elastic") and (family is None or labels["dask-pmix.elastic"] == family):
-                if j["state"] == "running":
-                    return j
-        return None
+        return current(sidecar, family)
 
     def one(kills_per_run: int) -> dict:
         progress = Path(tempfile.mkdtemp(prefix="dask-pmix-elastic-kills-"))
