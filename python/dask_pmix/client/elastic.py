@@ -16,6 +16,7 @@ topic TOPIC."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import numbers
 import uuid
 from collections.abc import Callable
@@ -25,6 +26,8 @@ from ..errors import Failure, MPIJobError
 from ..protocol import CHANGE_LABEL, ELASTIC_LABEL, GENERATION_LABEL, Call, Scheduler
 from .retries import SETTLE
 from .run import _check_request, _finish, _start_job, _sync
+
+logger = logging.getLogger("dask_pmix")
 
 #: The Dask event topic of an elastic job's generations: {"family", "generation", "job", "workers",
 #: "change"}.
@@ -191,9 +194,14 @@ async def _gone(client, lost: set[str]) -> None:
     members to leave it: a survivor whose fn returned from its commit as the generation failed
     never reports leaving, and the next generation waits for any member still in the old one."""
     try:
-        await getattr(client.scheduler, Scheduler.WORKERS_GONE)(workers=sorted(lost), wait=SETTLE)
+        answer = await getattr(client.scheduler, Scheduler.WORKERS_GONE)(workers=sorted(lost), wait=SETTLE)
     except Exception:  # noqa: BLE001 - the next generation's admission says what is wrong, if anything
-        pass
+        return
+    left = (answer or {}).get("left") if isinstance(answer, dict) else None
+    if left:
+        # The next generation goes on without them anyway; a member named lost that is alive costs
+        # the job that member and these seconds.
+        logger.warning("dask-pmix: elastic job: workers %s, lost, were still in the cluster after %g s", left, SETTLE)
 
 
 async def _log(client, family: str, generation: int, job_id: str, workers: list[str], change: str) -> None:
