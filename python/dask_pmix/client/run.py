@@ -35,8 +35,10 @@ TIMEOUT_GRACE = 5.0
 ENDED_GRACE = 5.0
 # How long a failed job's error waits for the rank the sidecar blames to report why itself (its
 # exception reaches the client through Dask after the sidecar saw the rank go). A rank whose
-# worker died never reports: its error comes this much later.
+# worker Dask has removed never reports, and is not waited for (_own_report).
 OWN_ERROR_WAIT = 1.0
+# How often, meanwhile, whether Dask still has the blamed rank's worker is asked.
+LOST_POLL = 0.05
 MODES = (None, "inprocess", "fork")
 #: The MPI libraries the sidecar runs jobs for (src/rm/types.ts IMPLS).
 IMPLS = ("openmpi", "mpich", "intelmpi")
@@ -870,10 +872,22 @@ async def _fresh_view(client, job_id: str) -> dict:
     return job_view(job) if isinstance(job, dict) and job.get("members") else {}
 
 
+async def _own_report(client, future, worker: str) -> None:
+    """Waits up to OWN_ERROR_WAIT for the rank's task to settle, unless (or until) Dask no longer
+    has its worker: a rank killed with its worker never reports, and waiting out the bound for it
+    made every job that lost a member fail a second late (and an elastic job resume that late)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + OWN_ERROR_WAIT
+    while not future.done() and loop.time() < deadline:
+        if worker in await _gone_workers(client, [worker]):
+            return
+        await _settled([future], min(LOST_POLL, max(0.0, deadline - loop.time())))
+
+
 async def _job_error(job: MPIJob, view: dict | None, client=None) -> MPIJobError:
     """The most telling error (_blamed), with why the job failed (its kind: errors.classify) and
     the workers whose loss failed it."""
-    err = await _blamed(job, view)
+    err = await _blamed(job, view, client)
     if err.kind is not None or client is None:
         return err
     view = view if view and view.get("members") else await _fresh_view(client, job.id)
@@ -892,7 +906,7 @@ async def _job_error(job: MPIJob, view: dict | None, client=None) -> MPIJobError
     return err
 
 
-async def _blamed(job: MPIJob, view: dict | None) -> MPIJobError:
+async def _blamed(job: MPIJob, view: dict | None, client=None) -> MPIJobError:
     """The most telling error. The sidecar names the rank it lost first; when that rank also
     reported why (its exception, which comes soon if its worker lives), that report wins. A rank
     whose worker died never reports."""
@@ -907,7 +921,7 @@ async def _blamed(job: MPIJob, view: dict | None) -> MPIJobError:
         await _settled(job.futures, 1.0)
         culprit = next((m for m in members_now if m.get("state") == "lost"), None)
     if culprit is not None:
-        await _settled([job.futures[culprit["rank"]]], OWN_ERROR_WAIT)
+        await _own_report(client, job.futures[culprit["rank"]], culprit["workerId"])
         own = _own_error((await _exceptions([job.futures[culprit["rank"]]]))[0])
         if own is not None:
             return own
