@@ -45,6 +45,11 @@ if __name__ == "__main__":  # the scheduler's wrappers (same process) import it 
     sys.modules["job_breakdown"] = sys.modules["__main__"]
 
 
+def rank_of(comm):
+    """The trivial job's function (of __main__, as a user's script's is)."""
+    return comm.rank
+
+
 def mark(job: str, what: str) -> None:
     MARKS.append((time.time(), job, what))
 
@@ -421,6 +426,7 @@ def main() -> int:
         # that both meet the same machine; each starts after SETTLE s of quiet, so that neither
         # pays for the other's tail (a job's members and sidecar still finish up after it returns).
         jobs, floor_graph_secede, job_cpu, floor_cpu, built, built_cpu = [], [], [], [], [], []
+        trivial, trivial_cpu = [], []
         for _ in range(args.repeat):
             time.sleep(SETTLE)
             c0, t0 = tree_cpu_seconds(), time.perf_counter()
@@ -432,6 +438,12 @@ def main() -> int:
             floor_graph_secede += dask_floor(client, workers, 1, secede=True, one_graph=True, warm=False)
             floor_cpu.append(tree_cpu_seconds() - c0)
             if not args.quick:
+                # A job whose ranks do nothing, as the floor's tasks do nothing: dispatch alone.
+                time.sleep(SETTLE)
+                c0, t0 = tree_cpu_seconds(), time.perf_counter()
+                assert run_mpi(client, rank_of, workers=workers) == list(range(len(workers)))
+                trivial.append(time.perf_counter() - t0)
+                trivial_cpu.append(tree_cpu_seconds() - c0)
                 # The same job with the communicator cache off (each job builds its own), alternating.
                 cache_bound(client, 0)
                 time.sleep(SETTLE)
@@ -469,6 +481,11 @@ def main() -> int:
            # The same later job with the communicator cache off (dask-pmix.pool.comm-cache: 0: it
            # builds its communicator with Comm_create_from_group), alternating with the others.
            "job_built_ms": ms(built),
+           # A later job whose function only returns comm.rank (the headline's runs an Allreduce
+           # and returns a dict), alternating with the others: the job's dispatch, as the floor's
+           # tasks are Dask's.
+           "job_trivial_ms": ms(trivial),
+           "ratio_trivial_to_dask_floor": round(ms(trivial) / floor_ms, 2) if trivial else None,
            "traced_job_ms": summary.get("run_mpi returned"),
            "median_ms_since_call": summary,
            "dask_floor_ms": {"submit_gather": ms(floor), "submit_secede_gather": ms(floor_secede),
@@ -479,6 +496,8 @@ def main() -> int:
            # (scheduler, nannies, workers, sidecar) while each job or floor ran; ticks of 10 ms, so
            # medians of a few ticks are coarse. The ratio is what the 1.5x target reads.
            "cpu_ms": {"job": ms(job_cpu), "floor": ms(floor_cpu), "job_built": ms(built_cpu),
+                      "job_trivial": ms(trivial_cpu),
+                      "ratio_trivial": round(sum(trivial_cpu) / sum(floor_cpu), 2) if trivial_cpu else None,
                       "ratio": round(sum(job_cpu) / sum(floor_cpu), 2) if sum(floor_cpu) else None},
            "communicator_ms": costs,
            "examples": timelines[: args.show],

@@ -427,11 +427,12 @@ def elastic_kills_text() -> str:
 
 def floor_section() -> str:
     """A later in-process job against Dask's own floor (bench/job_breakdown.py), and where its time goes."""
-    docs = [load(f"job_breakdown-{m}.json") for m in (2, 4, 8)]
+    names = [f"job_breakdown-{m}.json" for m in (2, 4, 8, 16)]
+    docs = [load(n) for n in names if (RESULTS / n).exists()]
     rows = [
-        "| M | `run_mpi` job | the same, cache off | Dask's floor | ratio | traced job: ranks start / communicator "
-        "ready / tasks finished |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| M | `run_mpi` job | the same, cache off | a job of `comm.rank` | Dask's floor | ratio | ratio, "
+        "`comm.rank` | traced job: ranks start / communicator ready / tasks finished |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
 
     def last(t: dict, name: str) -> str:
@@ -439,16 +440,17 @@ def floor_section() -> str:
         v = t.get(name)
         return f"{(v[1] if isinstance(v, list) else v):.0f}" if v is not None else "-"
 
-    def built(d: dict) -> str:
-        v = d.get("job_built_ms")
-        return f"{v:.1f} ms" if v is not None else "-"
+    def opt(d: dict, key: str, unit: str = " ms", digits: int = 1) -> str:
+        v = d.get(key)
+        return f"{v:.{digits}f}{unit}" if v is not None else "-"
 
     for d in docs:
         t = d["median_ms_since_call"]
         rows.append(
-            f"| {d['size']} | {d['job_ms']:.1f} ms | {built(d)} | "
+            f"| {d['size']} | {d['job_ms']:.1f} ms | {opt(d, 'job_built_ms')} | {opt(d, 'job_trivial_ms')} | "
             f"{d['dask_floor_ms']['one_graph_secede_gather']:.1f} ms | "
-            f"{d['ratio_to_dask_floor']:.2f}x | {last(t, 'worker member>')} / {last(t, 'worker comm<')} / "
+            f"{d['ratio_to_dask_floor']:.2f}x | {opt(d, 'ratio_trivial_to_dask_floor', 'x', 2)} | "
+            f"{last(t, 'worker member>')} / {last(t, 'worker comm<')} / "
             f"{last(t, 'task-finished')} ms |"
         )
     loads = ", ".join(f"{d['load_average'][0]:.1f}" for d in docs)
@@ -460,9 +462,13 @@ def floor_section() -> str:
         "from the scheduler), the members' join barrier in the scheduler, the job's communicator (a later job "
         "duplicates the one its members kept from the first, `MPI_Comm_dup`; with the communicator cache off, "
         "`dask-pmix.pool.comm-cache: 0`, each builds its own with `MPI_Comm_create_from_group`, a PMIx group in "
-        "the sidecar: the third column, alternating with the others), and the job's completion; the last column "
-        f"times those steps in traced jobs of the same run (ms since the call). Load average {loads} (M = 2, 4, "
-        "8). Source: `bench/results/job_breakdown-{2,4,8}.json`.\n\n" + "\n".join(rows) + "\n"
+        "the sidecar: the third column, alternating with the others), and the job's completion. The fourth "
+        "column is the same later job with a function that only returns `comm.rank`, as the floor's tasks do "
+        "nothing. The last column "
+        f"times those steps in traced jobs of the same run (ms since the call). Load average {loads} (M = "
+        f"{', '.join(str(d['size']) for d in docs)}). Source: `bench/results/job_breakdown-<M>.json`.\n\n"
+        + "\n".join(rows)
+        + "\n"
     )
 
 
