@@ -895,10 +895,14 @@ async def _job_error(job: MPIJob, view: dict | None, client=None) -> MPIJobError
     own = err if err.origin == "rank" else None
     kind, lost = classify(view, own=own, gone=await _gone_workers(client, workers), mode=job.mode)
     if kind == Failure.RANK and "MPI error" in err.reason:
-        # An MPI call that failed may have failed because a member went before the sidecar said so.
-        await asyncio.sleep(OWN_ERROR_WAIT)
-        view = await _fresh_view(client, job.id) or view
-        kind, lost = classify(view, own=own, gone=await _gone_workers(client, workers), mode=job.mode)
+        # An MPI call that failed may have failed because a member went before the sidecar said so:
+        # asked again until it says so, or OWN_ERROR_WAIT has passed.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + OWN_ERROR_WAIT
+        while kind == Failure.RANK and loop.time() < deadline:
+            await asyncio.sleep(min(LOST_POLL, max(0.0, deadline - loop.time())))
+            view = await _fresh_view(client, job.id) or view
+            kind, lost = classify(view, own=own, gone=await _gone_workers(client, workers), mode=job.mode)
     if not view.get("members") and own is not None:
         kind = Failure.RANK  # nothing heard of the job: a rank said it failed
     err.kind = kind
