@@ -393,7 +393,23 @@ def elastic_section() -> str:
         "workers, to its first allreduce. Source: `bench/results/elastic.json`.\n\n"
         + "\n".join(rows)
         + "\n"
+        + adaptive_plain_text()
         + elastic_kills_text()
+    )
+
+
+def adaptive_plain_text() -> str:
+    """Dask's own Adaptive scale-down (bench/adaptive_plain.py), beside the releases by Adaptive."""
+    if not (RESULTS / "adaptive-plain.json").exists():
+        return ""
+    d = load("adaptive-plain.json")
+    return (
+        f"\nA release over its bound waited for Adaptive's scale-down before it, which waits for the closed "
+        f"workers' processes to end. Dask alone does the same: on a plain LocalCluster of {d['workers']} workers "
+        f"(no dask-pmix), with the same Adaptive settings, {d['killed_after_4s']} of {d['closes']} closing workers "
+        f"were still alive after 4 s and were killed by their nannies, so Adaptive's next round came that much later "
+        f"({d['rounds']} scale-downs, {d['scale_down_s']['median']} s each at the median). "
+        "Source: `bench/results/adaptive-plain.json`.\n"
     )
 
 
