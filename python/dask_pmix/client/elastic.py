@@ -23,8 +23,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import Failure, MPIJobError
-from ..protocol import CHANGE_LABEL, ELASTIC_LABEL, GENERATION_LABEL, Call, Scheduler
-from .retries import SETTLE
+from ..protocol import CHANGE_LABEL, ELASTIC_LABEL, GENERATION_LABEL, Call
+from .retries import SETTLE, workers_gone
 from .run import _check_request, _finish, _start_job, _sync
 
 logger = logging.getLogger("dask_pmix")
@@ -193,11 +193,9 @@ async def _gone(client, lost: set[str]) -> None:
     neither chosen again nor offered. Unlike a retry, not for the failed generation's other
     members to leave it: a survivor whose fn returned from its commit as the generation failed
     never reports leaving, and the next generation waits for any member still in the old one."""
-    try:
-        answer = await getattr(client.scheduler, Scheduler.WORKERS_GONE)(workers=sorted(lost), wait=SETTLE)
-    except Exception:  # noqa: BLE001 - the next generation's admission says what is wrong, if anything
-        return
-    left = (answer or {}).get("left") if isinstance(answer, dict) else None
+    answer = await workers_gone(client, sorted(lost), SETTLE)
+    # None: not asked; the next generation's admission says what is wrong, if anything.
+    left = (answer or {}).get("left")
     if left:
         # The next generation goes on without them anyway; a member named lost that is alive costs
         # the job that member and these seconds.

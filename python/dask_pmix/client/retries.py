@@ -116,6 +116,22 @@ async def _log(client, e: MPIJobError, attempts: int, then: str) -> None:
         logger.debug("dask-pmix: could not log the attempt: %r", exc)
 
 
+async def workers_gone(client, workers: list[str], wait: float, job_id: str | None = None) -> dict | None:
+    """The scheduler plugin's answer (Scheduler.WORKERS_GONE), given once Dask has removed
+    ``workers`` and every member of the ended job ``job_id`` has left it, or after ``wait`` s: the
+    workers still there ("left") and the members still in the job ("members"). The plugin is woken
+    by those changes; nothing is asked again. None when it could not be asked (an older plugin
+    has no such handler: see _plugin_settles in run.py)."""
+    try:
+        answer = await getattr(client.scheduler, Scheduler.WORKERS_GONE)(
+            workers=sorted(workers), wait=wait, job_id=job_id or None
+        )
+    except Exception as exc:  # noqa: BLE001 - the caller goes on as after the bound
+        logger.debug("dask-pmix: waiting for workers to leave failed: %r", exc)
+        return None
+    return answer if isinstance(answer, dict) else {}
+
+
 async def settle(client, failed: MPIJobError, plugin_waits: bool) -> None:
     """Waits (within SETTLE s) until Dask has removed the workers whose loss failed the attempt,
     the sidecar has heard of it, and every member of the failed job has left it (a member still
@@ -125,14 +141,10 @@ async def settle(client, failed: MPIJobError, plugin_waits: bool) -> None:
     lost = list(failed.lost_workers or ([failed.worker] if failed.worker else []))
     if not plugin_waits or not (lost or failed.job_id):
         return
-    try:
-        answer = await getattr(client.scheduler, Scheduler.WORKERS_GONE)(
-            workers=lost, wait=SETTLE, job_id=failed.job_id or None
-        )
-    except Exception as exc:  # noqa: BLE001 - the next attempt says what is wrong, if anything
-        logger.debug("dask-pmix: waiting for the lost workers failed: %r", exc)
-        return
-    left, inside = (answer or {}).get("left") or [], (answer or {}).get("members") or []
+    answer = await workers_gone(client, lost, SETTLE, failed.job_id)
+    if answer is None:
+        return  # the next attempt says what is wrong, if anything
+    left, inside = answer.get("left") or [], answer.get("members") or []
     if left or inside:
         logger.info(
             "dask-pmix: %g s after the loss, %s still in the cluster and %s still in the failed job; running it again",

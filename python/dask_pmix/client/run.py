@@ -25,7 +25,7 @@ from ..protocol import FAILED_STATES, NOT_ADMITTED, Call, Scheduler, Topic, job_
 from .events import job_ends
 from .graph import pickled_function, submit_held_ranks, submit_ranks, unpicklable
 from .plugin_check import PLUGIN_MISSING
-from .retries import check_retries, held_now, labels_of, new_family, settle, with_retries
+from .retries import check_retries, held_now, labels_of, new_family, settle, with_retries, workers_gone
 
 logger = logging.getLogger("dask_pmix")
 
@@ -37,8 +37,6 @@ ENDED_GRACE = 5.0
 # exception reaches the client through Dask after the sidecar saw the rank go). A rank whose
 # worker Dask has removed never reports, and is not waited for (_own_report).
 OWN_ERROR_WAIT = 1.0
-# How often, meanwhile, whether Dask still has the blamed rank's worker is asked.
-LOST_POLL = 0.05
 MODES = (None, "inprocess", "fork")
 #: The MPI libraries the sidecar runs jobs for (src/rm/types.ts IMPLS).
 IMPLS = ("openmpi", "mpich", "intelmpi")
@@ -873,15 +871,32 @@ async def _fresh_view(client, job_id: str) -> dict:
 
 
 async def _own_report(client, future, worker: str) -> None:
-    """Waits up to OWN_ERROR_WAIT for the rank's task to settle, unless (or until) Dask no longer
-    has its worker: a rank killed with its worker never reports, and waiting out the bound for it
-    made every job that lost a member fail a second late (and an elastic job resume that late)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + OWN_ERROR_WAIT
-    while not future.done() and loop.time() < deadline:
-        if worker in await _gone_workers(client, [worker]):
+    """Waits up to OWN_ERROR_WAIT for the rank's task to settle, or until Dask has removed its
+    worker (the plugin answers then): a rank killed with its worker never reports, and waiting
+    out the bound for it made every job that lost a member fail a second late (and an elastic job
+    resume that late)."""
+    settled = asyncio.ensure_future(_settled([future], OWN_ERROR_WAIT))
+    if client is None or not _plugin_settles.get(client):
+        await settled
+        return
+    gone = asyncio.ensure_future(workers_gone(client, [worker], OWN_ERROR_WAIT))
+    try:
+        done, _ = await asyncio.wait({settled, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if gone in done and gone.result() is None:
+            await settled  # the plugin could not be asked: the bound alone
+    finally:
+        gone.cancel()
+        settled.cancel()
+
+
+async def _members_out(client, job_id: str, view: dict) -> None:
+    """Returns once every member has left the failed job (the plugin answers then: a lost member
+    leaves it as soon as the sidecar or Dask sees it go), at most OWN_ERROR_WAIT later; after
+    OWN_ERROR_WAIT when the plugin cannot say (an older one, or a job not seen to have ended)."""
+    if _plugin_settles.get(client) and view.get("state") in FAILED_STATES:
+        if await workers_gone(client, [], OWN_ERROR_WAIT, job_id) is not None:
             return
-        await _settled([future], min(LOST_POLL, max(0.0, deadline - loop.time())))
+    await asyncio.sleep(OWN_ERROR_WAIT)
 
 
 async def _job_error(job: MPIJob, view: dict | None, client=None) -> MPIJobError:
@@ -895,14 +910,10 @@ async def _job_error(job: MPIJob, view: dict | None, client=None) -> MPIJobError
     own = err if err.origin == "rank" else None
     kind, lost = classify(view, own=own, gone=await _gone_workers(client, workers), mode=job.mode)
     if kind == Failure.RANK and "MPI error" in err.reason:
-        # An MPI call that failed may have failed because a member went before the sidecar said so:
-        # asked again until it says so, or OWN_ERROR_WAIT has passed.
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + OWN_ERROR_WAIT
-        while kind == Failure.RANK and loop.time() < deadline:
-            await asyncio.sleep(min(LOST_POLL, max(0.0, deadline - loop.time())))
-            view = await _fresh_view(client, job.id) or view
-            kind, lost = classify(view, own=own, gone=await _gone_workers(client, workers), mode=job.mode)
+        # An MPI call that failed may have failed because a member went before the sidecar said so.
+        await _members_out(client, job.id, view)
+        view = await _fresh_view(client, job.id) or view
+        kind, lost = classify(view, own=own, gone=await _gone_workers(client, workers), mode=job.mode)
     if not view.get("members") and own is not None:
         kind = Failure.RANK  # nothing heard of the job: a rank said it failed
     err.kind = kind
