@@ -21,7 +21,7 @@ import statistics
 import sys
 import time
 
-ADAPT_INTERVAL, ADAPT_WAIT = 0.5, 3  # as bench/elastic.py
+from elastic import ADAPT_INTERVAL, ADAPT_WAIT, wait_for  # bench/elastic.py, beside this file
 
 
 class _Kills(logging.Handler):
@@ -41,12 +41,10 @@ def main() -> int:
     ap.add_argument("--out")
     args = ap.parse_args()
 
-    import dask
     from distributed import Client, LocalCluster
 
     kills = _Kills()
     logging.getLogger("distributed.nanny").addHandler(kills)
-    dask.config.set({"distributed.deploy.lost-worker-timeout": "7 days"})
     n, target = args.workers, args.workers - 2
     cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None)
     client = Client(cluster)
@@ -61,10 +59,7 @@ def main() -> int:
                 minimum=target, maximum=target, interval=f"{ADAPT_INTERVAL}s", wait_count=ADAPT_WAIT
             )
             try:
-                while len(client.scheduler_info()["workers"]) > target:
-                    if time.time() - t0 > 120:
-                        raise RuntimeError("Adaptive did not scale down within 120 s")
-                    time.sleep(0.01)
+                wait_for(lambda: len(client.scheduler_info()["workers"]) <= target, 120, "Adaptive scaling down")
                 times.append(time.time() - t0)
                 # Adaptive's scale-down returns once the nannies closed: let the closes finish.
                 time.sleep(5.0)

@@ -390,7 +390,10 @@ def elastic_section() -> str:
         "reconfiguration. "
         "The restart baseline is what a launcher without elasticity does on the same event (torchrun restarts "
         "every process of the job): the M members' workers restarted, then the job started again over M "
-        "workers, to its first allreduce. Source: `bench/results/elastic.json`.\n\n"
+        "workers, to its first allreduce. One Dask setting differs from its default: "
+        "`distributed.deploy.lost-worker-timeout` is put past the run, since a LocalCluster closes for good a "
+        "worker it finds missing that long after a loss (one restarting, or killed again); it changes no time "
+        "measured. Source: `bench/results/elastic.json`.\n\n"
         + "\n".join(rows)
         + "\n"
         + adaptive_plain_text()
@@ -437,6 +440,7 @@ def elastic_kills_text() -> str:
             for c in d.get("cluster_not_whole", [])
         )
         + f"{_loads(d['load_avg']['start'], d['load_avg']['end']).capitalize()}. "
+        "`distributed.deploy.lost-worker-timeout` is put past the run, as above. "
         "Source: `bench/results/elastic-kills.json`.\n"
     )
 
