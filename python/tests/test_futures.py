@@ -77,6 +77,37 @@ def test_a_result_lost_with_its_worker_raises_member_lost(dask_cluster):
     workers_of(client)  # its nanny restarted it
 
 
+def barrier_after(comm, victim, flag):
+    # The victim waits (in Python) to be killed; the others wait for it in MPI.
+    if comm.rank == victim:
+        open(flag, "w").close()
+        time.sleep(120)
+    comm.Barrier()
+
+
+def test_a_rank_whose_worker_dies_while_it_runs_raises_member_lost(dask_cluster, tmp_path):
+    # Its task has nowhere to run again (it is pinned to the gone worker): without an answer, its
+    # future would wait for good, and so would wait(futures) or as_completed over the job.
+    _, client, _ = dask_cluster
+    members = workers_of(client)[:3]
+    flag = str(tmp_path / "victim-running")
+    futures = submit_mpi(client, barrier_after, 1, flag, workers=members, impl=IMPL, timeout=60)
+    wait_until(lambda: os.path.exists(flag), 60, "the victim's rank running")
+    os.kill(client.run(os.getpid, workers=[members[1]])[members[1]], signal.SIGKILL)
+    t0 = time.monotonic()
+    wait(futures, timeout=30)
+    took = time.monotonic() - t0
+    assert [f.status for f in futures] == ["error"] * 3
+    lost = futures[1].exception()
+    assert isinstance(lost, MPIJobError) and lost.kind == "member-lost", lost
+    assert list(lost.lost_workers) == [members[1]] and lost.rank == 1, lost
+    assert "left while the rank ran" in str(lost)
+    assert all(isinstance(f.exception(), MPIJobError) for f in futures), [f.exception() for f in futures]
+    print(f"every future of the job finished {took:.2f} s after the kill")
+    assert took < 15
+    workers_of(client)  # its nanny restarted it
+
+
 def test_asynchronous_client(dask_cluster):
     cluster, _, sidecar = dask_cluster
 

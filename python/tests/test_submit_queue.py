@@ -74,10 +74,8 @@ def busy(dask_cluster):
     yield release
     if not os.path.exists(flag):
         open(flag, "w").close()
-    try:
-        wait(futures, timeout=30)
-    except TimeoutError:  # a member retired by the test: its rank's task has nowhere to run
-        client.cancel(futures)
+    # Every rank's future finishes, also that of a member the test retired (it raises member-lost).
+    wait(futures, timeout=30)
 
 
 def test_32_jobs_on_busy_workers_are_submitted_at_once_and_run_in_order(dask_cluster, busy):

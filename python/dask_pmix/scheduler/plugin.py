@@ -27,7 +27,7 @@ from typing import Any
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .. import config
-from ..errors import Failure, MPIJobError, SidecarError
+from ..errors import MPIJobError, SidecarError
 from ..protocol import (
     MEMBER_CONNECTED,
     QUEUED_ANNOTATION,
@@ -40,7 +40,7 @@ from ..protocol import (
     Topic,
 )
 from ..rest import AsyncSidecarClient
-from . import dashboard, queued
+from . import dashboard, queued, stranded
 from .comm_cache import CommCache
 from .elastic import Elastic
 from .events import EventStream
@@ -428,6 +428,8 @@ class SidecarPlugin(SchedulerPlugin):
         reused = self._reused_at.pop(entry.id, None)
         if reused is not None:
             reused.cancel()
+        if entry.state != "completed":
+            asyncio.get_running_loop().call_soon(self._stranded, entry.id)
         self._push(entry, to_owner=True)
         self.barriers.wake(entry.id)
         timer = self._settling.pop(entry.id, None)
@@ -659,6 +661,10 @@ class SidecarPlugin(SchedulerPlugin):
         elif finish in ("memory", "erred", "forgotten", "processing"):
             self._results_lost.discard(key)
         entry = self.jobs.get(self._admitted.get(match.group(1), match.group(1)))
+        if entry is not None and finish == "no-worker" and not entry.active and entry.state != "completed":
+            # Its worker left after the job was seen to fail (usually the other way round).
+            asyncio.get_running_loop().call_soon(self._stranded, entry.id)
+            return
         if entry is None or not entry.active:
             return
         if finish == "memory":
@@ -687,21 +693,20 @@ class SidecarPlugin(SchedulerPlugin):
         self._soon(self._end(entry.id, why))
 
     def _result_lost(self, key: str, job_id: str, rank: int, worker: str) -> None:
-        """The rank's future raises member-lost: its result went with its worker."""
         ts = self.scheduler.tasks.get(key)
-        if ts is None or ts.state != "no-worker":
+        if ts is not None and ts.state == "no-worker":
+            logger.info("dask-pmix: job %s: rank %d's result was lost with its worker %s", job_id, rank, worker)
+            stranded.result_lost(self.scheduler, key, job_id, rank, worker)
+
+    def _stranded(self, job_id: str) -> None:
+        """The failed job's ranks whose worker left while they ran: their futures raise."""
+        entry = self.jobs.get(job_id)
+        if entry is None or entry.active or self._closed:
             return
-        error = MPIJobError(
-            f"rank {rank}'s result was lost with its worker {worker}, which left after the rank returned and before "
-            "the result was gathered",
-            job_id=job_id,
-            rank=rank,
-            worker=worker,
-            kind=Failure.MEMBER_LOST,
-            lost_workers=[worker],
-        )
-        logger.info("dask-pmix: job %s: %s", job_id, error.reason)
-        queued.fail(self.scheduler, [key], error, f"dask-pmix-result-lost-{key}-{time.time()}")
+        prefixes = [job_id, *(t for t, j in self._admitted.items() if j == job_id)]
+        erred = stranded.lost_while_running(self.scheduler, entry, prefixes)
+        if erred:
+            logger.info("dask-pmix: job %s: %s erred, their workers gone", job_id, ", ".join(erred))
 
     async def _complete(self, job_id: str) -> None:
         """Every rank of the in-process job returned: its members leave it, all at once."""
