@@ -610,6 +610,7 @@ export class ResourceManager {
    * job at once, and closes the backends.
    */
   async shutdown(reason = 'the sidecar is stopping'): Promise<void> {
+    this.pool?.stop(reason);
     await this.jobs.shutdown(reason);
     for (const b of new Set(this.backends.values())) {
       await b.close().catch((e: unknown) => this.opts.onError?.('close', e));

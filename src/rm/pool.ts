@@ -148,10 +148,29 @@ export class Pool {
   private epochCounter = 0;
   /** Workers waiting for a rank (the current epoch is full or still opening). */
   private readonly waiting = new Set<string>();
+  /** Rejects once the sidecar stops: a join still waiting (for an epoch to open or to form, which
+   * can take a cohort's whole wait) ends with it instead of holding the REST server's close. */
+  private readonly stopped: Promise<never>;
+  private stopWith!: (err: RmError) => void;
+  private stopReason: string | undefined;
 
   constructor(private readonly o: PoolOptions) {
     if (!(Number.isInteger(o.size) && o.size > 0))
       throw new RmError('bad_request', 'the pool size must be a positive integer');
+    this.stopped = new Promise<never>((_, reject) => {
+      this.stopWith = reject;
+    });
+    this.stopped.catch(() => undefined);
+  }
+
+  /** The sidecar is stopping: joins waiting now, and any asked later, fail with `reason`. */
+  stop(reason: string): void {
+    this.stopReason ??= reason;
+    this.stopWith(new RmError('unavailable', `cannot join the pool: ${reason}`));
+  }
+
+  private unlessStopped<T>(p: Promise<T>): Promise<T> {
+    return Promise.race([p, this.stopped]);
   }
 
   get size(): number {
@@ -461,6 +480,7 @@ export class Pool {
     workerId: string,
     waitMs: number,
   ): Promise<{ seat: PoolSeat; env: Record<string, string>; secret: string }> {
+    if (this.stopReason !== undefined) throw new RmError('unavailable', `cannot join the pool: ${this.stopReason}`);
     let w = this.o.workers.require(workerId);
     const deadline = this.o.clock.now() + waitMs;
     while (!w.pool) {
@@ -470,7 +490,9 @@ export class Pool {
       if (!e) throw new RmError('unavailable', 'the pool has no epoch open');
       const left = deadline - this.o.clock.now();
       if (left <= 0) throw new RmError('timeout', `worker '${workerId}' got no pool rank within ${waitMs} ms`);
-      await withTimeout(this.o.clock, e.opened, left, `the pool epoch ${e.epoch} did not open within ${waitMs} ms`);
+      await this.unlessStopped(
+        withTimeout(this.o.clock, e.opened, left, `the pool epoch ${e.epoch} did not open within ${waitMs} ms`),
+      );
       w = this.o.workers.require(workerId);
       if (!w.pool && this.upcoming() === e)
         throw new RmError('unavailable', `worker '${workerId}' has no pool rank yet; try again`);
@@ -491,11 +513,8 @@ export class Pool {
       f.joined.add(w.id);
       f.firstJoinAt ??= this.o.clock.now();
       this.touch(e);
-      await withTimeout(
-        this.o.clock,
-        e.opened,
-        waitMs,
-        `the pool epoch ${e.epoch} was not registered within ${waitMs} ms`,
+      await this.unlessStopped(
+        withTimeout(this.o.clock, e.opened, waitMs, `the pool epoch ${e.epoch} was not registered within ${waitMs} ms`),
       );
       w = this.o.workers.require(workerId);
       if (w.pool?.namespace !== seat.namespace || w.pool.rank !== seat.rank)

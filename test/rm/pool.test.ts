@@ -379,6 +379,17 @@ describe('cohorts: the workers that join the first epoch together', () => {
     clock.advance(4000);
     await expect(join).rejects.toThrow(/was not registered within 4000 ms/);
   });
+
+  it('a join waiting for its cohort ends when the sidecar stops, and later ones are refused', async () => {
+    await setup(16, cohort);
+    rm.registerWorker({ id: 'a', host: 'h1' });
+    const join = rm.joinPool('a', {}, 60_000);
+    await flush();
+    await rm.shutdown('the sidecar received SIGTERM');
+    await expect(join).rejects.toMatchObject({ kind: 'unavailable', message: /the sidecar received SIGTERM/ });
+    rm.registerWorker({ id: 'b', host: 'h1' });
+    await expect(rm.joinPool('b', {})).rejects.toMatchObject({ kind: 'unavailable' });
+  });
 });
 
 describe('in-process jobs', () => {
