@@ -6,19 +6,27 @@
 # perf guard (short runs of the benchmarks; fails when a ratio against the reference falls
 # below half its record in bench/results; DASK_PMIX_PERF_GUARD=0 skips it).
 # Arguments go to vitest and skip pytest and the guard, e.g. scripts/test.sh test/pmix
+# Each phase's wall time goes to stderr ("[test] pytest-openmpi 842 s"): the suite has a budget.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-scripts/setup.sh
+# phase NAME CMD...: runs CMD and says how long it took.
+phase() {
+  local name="$1" t0=$SECONDS; shift
+  "$@"
+  echo "[test] $name $((SECONDS - t0)) s" >&2
+}
+phase setup scripts/setup.sh
 if [ $# -eq 0 ]; then
-  scripts/check.sh
+  phase check scripts/check.sh
 else
   npx tsc -p tsconfig.json --noEmit
 fi
-npx vitest run "$@"
+phase vitest npx vitest run "$@"
 if [ $# -eq 0 ]; then
-  scripts/docs.sh
-  .venv/bin/python -m pytest -q -p no:cacheprovider python/tests
-  DASK_PMIX_TEST_IMPL=mpich .venv-mpich/bin/python -m pytest -q -p no:cacheprovider python/tests
-  [ "${DASK_PMIX_PERF_GUARD:-1}" = 0 ] || node dist/bench/guard.js
+  phase docs scripts/docs.sh
+  phase pytest-openmpi .venv/bin/python -m pytest -q -p no:cacheprovider python/tests
+  phase pytest-mpich env DASK_PMIX_TEST_IMPL=mpich .venv-mpich/bin/python -m pytest -q -p no:cacheprovider python/tests
+  [ "${DASK_PMIX_PERF_GUARD:-1}" = 0 ] || phase perf-guard node dist/bench/guard.js
+  echo "[test] all $SECONDS s" >&2
 fi

@@ -115,7 +115,7 @@ def test_a_late_joiner_and_a_restarted_worker_copy_their_frames_and_still_run_in
         first = workers_of(client)
         cohort = sorted(s["rank"] for s in seats(sidecar).values())
         assert all(client.run(_path_view)[w]["local"] == cohort for w in first)
-        time.sleep(30)  # the cohort's epoch is long registered
+        # Every seat ready: the cohort's epoch is registered, so whoever comes now is a late joiner.
         cluster.scale(4)
         client.wait_for_workers(4, timeout=120)
         late = (set(workers_of(client)) - set(first)).pop()
