@@ -16,6 +16,7 @@ import time
 import pytest
 
 from dask_pmix import MPIJobError, run_mpi
+from dask_pmix.member.watcher import GRACE
 
 from .conftest import IMPL, held_keys, start_cluster
 from .test_inprocess import in_background, last_job, running_inprocess_job, wait_pool_ready, workers_of
@@ -77,6 +78,11 @@ def test_survivors_of_members_killed_mid_job_run_later_jobs():
         cluster.close()
 
 
+# Longer than the watcher's grace (a member still running that long after its job failed is
+# looked at), during which the worker answers nobody.
+LOCK_HELD = int(3 * GRACE)  # libc's sleep() takes whole seconds
+
+
 def fails_while_another_holds_the_lock(comm):
     if comm.rank == 0:
         raise RuntimeError("rank 0 fails")
@@ -84,7 +90,7 @@ def fails_while_another_holds_the_lock(comm):
     # long sum(range(...)) does: the worker runs no Python meanwhile, answering nobody.
     import ctypes
 
-    ctypes.PyDLL(None).sleep(15)
+    ctypes.PyDLL(None).sleep(LOCK_HELD)
     return "done"
 
 
@@ -105,7 +111,12 @@ def test_a_busy_member_of_a_failed_job_holding_the_interpreter_lock_is_not_resta
         total = float(x.sum().compute())
         with pytest.raises(MPIJobError, match="rank 0 fails"):
             run_mpi(client, fails_while_another_holds_the_lock, workers=workers[:2])
-        time.sleep(25)  # the lock is held 15 s; then the member returns and leaves
+        # Its worker answers once the lock is back (the member then returns and leaves); one more
+        # grace after that, in which a restart decided on its silence would show.
+        t0 = time.monotonic()
+        assert client.run(os.getpid, workers=[workers[1]]) == {workers[1]: pids[workers[1]]}
+        assert time.monotonic() - t0 > LOCK_HELD / 2, "the lock was not held"
+        time.sleep(GRACE + 1)
         assert workers_of(client) == workers, "a worker was replaced"
         assert client.run(os.getpid) == pids, "a worker process was restarted"
         assert held_keys(client, x.name) == held
