@@ -199,6 +199,39 @@ def test_a_member_retired_by_dask_leaves_at_the_next_commit_and_its_data_moves(c
     assert (d["workerId"], d["reason"], d["generation"]) == (w[1], "retired by Dask", 1), d
 
 
+def commits_until(ctx, flag):
+    """Commits every 50 ms until ``flag`` exists; returns the size of the last generation."""
+    state = ctx.state or {"n": 0}
+    while not os.path.exists(flag):
+        time.sleep(0.05)
+        state["n"] += 1
+        ctx.commit(state)
+    return ctx.size
+
+
+def test_members_retired_one_after_another_each_leave_at_the_next_commit(cluster, tmp_path):
+    # The retirement waits until the sidecar has unfrozen the member, which it does just after the
+    # generation's end: a retirement woken only by that end waited out the drain bound (30 s). Three
+    # members over four workers: the first retirement swaps in the idle worker, the others shrink.
+    _, client, sidecar = cluster
+    flag = str(tmp_path / "stop")
+    t, out = in_background(lambda: elastic(client, commits_until, flag, n=3, min=1))
+    took = []
+    for gen in range(3):
+        job = running_generation(sidecar, at_least=gen)
+        victim = job["members"][-1]["workerId"]
+        t0 = time.monotonic()
+        client.retire_workers(workers=[victim])
+        took.append(time.monotonic() - t0)
+        assert victim not in workers_now(client)
+    open(flag, "w").close()
+    t.join(60)
+    assert not t.is_alive(), hung(sidecar)
+    assert out.get("results") == [1], out
+    print(f"three members retired, each in {', '.join(f'{x:.2f}' for x in took)} s")
+    assert max(took) < 5, took  # a commit is every 50 ms; the drain bound is 30 s
+
+
 def drained(sidecar, family: str, count: int, timeout: float = 10) -> dict:
     """The sidecar's view of elastic job ``family`` once ``count`` drains are recorded honoured
     (the scheduler records them without waiting)."""

@@ -350,6 +350,10 @@ class SidecarPlugin(SchedulerPlugin):
         elif kind == "workerStateChanged":
             changed = body.get("workerStateChanged") or {}
             self.jobs.worker_state(changed.get("workerId", ""), changed.get("to", ""), changed.get("jobId"))
+            if self.elastic is not None and changed.get("to") != "frozen":
+                # A drain waits until none of its workers is frozen, which the sidecar lifts
+                # after the job's end (that woke it already, usually too early).
+                self.elastic.wake()
         elif kind == "psetDefined":
             pset = (body.get("psetDefined") or {}).get("pset") or {}
             self._psets[pset.get("name", "")] = list(pset.get("members") or ())
@@ -359,6 +363,8 @@ class SidecarPlugin(SchedulerPlugin):
             left = (body.get("workerLeft") or {}).get("workerId", "")
             self.jobs.worker_state(left, "gone", None)
             self.joining.gone(left)
+            if self.elastic is not None:
+                self.elastic.wake()
         elif kind == "healthChanged":
             changed = body.get("healthChanged") or {}
             self._health_changed(changed.get("status", ""), float(changed.get("pmixStalledSeconds") or 0))
