@@ -6,9 +6,12 @@ Dask can move its data: it is taken out of the sidecar (no job picks it meanwhil
 the pool (the dashboard shows why), retired gracefully (retire_workers moves every key only it
 holds to other workers), and only then restarted through its nanny. A worker whose data cannot
 be moved (no other worker can take it) is not restarted: it keeps serving Dask outside the pool.
-One replacement at a time; each worker is taken out of the sidecar as soon as it is asked for
-(a job request meanwhile waits for that, and then for the worker to be back: it leaves the
-sidecar as a worker expected back, dask_pmix.scheduler.returning).
+A few replacements at a time (``at_once``): at most a quarter of the cluster's workers, so that the
+others can take the data, and at most two per host, whose restarts share its CPUs (a restart is
+mostly a new interpreter importing Dask: on 2 cores, 16 workers replaced after a sidecar restart
+were whole in 9-11 s two at a time, 17-20 s one at a time). Each worker is taken out of
+the sidecar as soon as it is asked for (a job request meanwhile waits for that, and then for the
+worker to be back: it leaves the sidecar as a worker expected back, dask_pmix.scheduler.returning).
 
 A worker is not restarted while its name is still within ``distributed.deploy.lost-worker-timeout``
 of its last removal: a SpecCluster (LocalCluster, dask-jobqueue) checks that long after every
@@ -20,6 +23,7 @@ come back."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -39,6 +43,9 @@ RESTART_WITHIN = 120.0
 # Past a SpecCluster's check after a worker's removal (the module docstring): its timer and ours
 # start at slightly different moments.
 LOST_CHECK_MARGIN = 1.0
+# Replacements at once on one host, and the share of the cluster's workers being replaced at once.
+PER_HOST = 2
+SHARE = 4
 
 
 def lost_worker_timeout() -> float:
@@ -54,7 +61,8 @@ class Replacer:
         self.scheduler = scheduler
         self.rest = rest
         self.register = register
-        self._lock = asyncio.Lock()
+        self._slots = asyncio.Condition()
+        self._running: dict[str, str] = {}  # workers being replaced now -> their host
         self._pending: set[str] = set()
         self._taking_out: dict[str, asyncio.Future] = {}  # workers being taken out of the sidecar
         self._tasks: set[asyncio.Task] = set()
@@ -130,10 +138,30 @@ class Replacer:
             "dask-pmix", {"action": "replace-worker", "worker": worker, "reason": reason, "outcome": outcome}
         )
 
+    def at_once(self, host: str) -> bool:
+        """Whether one more replacement on ``host`` may start now."""
+        total = max(1, len(self.scheduler.workers) // SHARE)
+        here = sum(1 for h in self._running.values() if h == host)
+        return len(self._running) < total and here < PER_HOST
+
+    @contextlib.asynccontextmanager
+    async def _slot(self, worker: str):
+        ws = self.scheduler.workers.get(worker)
+        host = ws.host if ws is not None else ""
+        async with self._slots:
+            await self._slots.wait_for(lambda: self.at_once(host))
+            self._running[worker] = host
+        try:
+            yield
+        finally:
+            async with self._slots:
+                del self._running[worker]
+                self._slots.notify_all()
+
     async def _replace(self, worker: str, reason: str, taken_out: asyncio.Future) -> None:
         try:
             await taken_out
-            async with self._lock:
+            async with self._slot(worker):
                 if worker not in self.scheduler.workers:
                     return
                 logger.warning("dask-pmix: replacing worker %s: %s", worker, reason)
