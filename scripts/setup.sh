@@ -16,11 +16,12 @@ hash_of() { cat "$@" 2>/dev/null | sha256sum | cut -c1-16; }
 hash_tree() { (cd "$ROOT" && find "$@" -type f ! -path '*/build/*' ! -path 'src/proto/*' -print0 2>/dev/null | sort -z | xargs -0 sha256sum) | sha256sum | cut -c1-16; }
 # step NAME KEY CMD...: runs CMD unless the stamp for NAME already holds KEY.
 step() {
-  local name="$1" key="$2"; shift 2
+  local name="$1" key="$2" t0=$SECONDS; shift 2
   if [ "$(cat "$STAMPS/$name" 2>/dev/null)" = "$key" ]; then return 0; fi
   log "$name"
   "$@"
   echo "$key" > "$STAMPS/$name"
+  log "$name done in $((SECONDS - t0)) s"
 }
 PYTHON="${PYTHON:-python3}"
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
