@@ -344,6 +344,18 @@ def test_a_member_lost_below_min_fails_the_job(cluster, tmp_path):
     assert ("fewer than min=2" if IMPL == "openmpi" else "cannot survive a lost member") in str(err)
 
 
+def test_a_result_that_cannot_come_back_is_named(cluster):
+    _, client, _ = cluster
+
+    def returns_a_lock(ctx):
+        ctx.commit({})
+        return threading.Lock()
+
+    with pytest.raises(MPIJobError, match="a rank's result could not be sent back to the client") as info:
+        elastic(client, returns_a_lock, n=2)
+    assert info.value.kind == "rank"
+
+
 def test_a_rank_that_raises_fails_the_job_as_run_mpi_does(cluster):
     _, client, _ = cluster
 

@@ -108,6 +108,28 @@ def test_a_rank_whose_worker_dies_while_it_runs_raises_member_lost(dask_cluster,
     workers_of(client)  # its nanny restarted it
 
 
+def returns_a_lock(comm):
+    import threading
+
+    return threading.Lock()
+
+
+def test_a_result_that_cannot_come_back_is_named(dask_cluster):
+    # run_mpi gathers the results; submit_mpi's futures of an in-process job leave them where they
+    # are, while a fork-mode rank (MPICH here) sends its result to its worker, pickled.
+    _, client, _ = dask_cluster
+    workers_of(client)
+    with pytest.raises(MPIJobError, match="a rank's result could not be sent back to the client") as info:
+        run_mpi(client, returns_a_lock, n=2, impl=IMPL, timeout=60)
+    assert info.value.kind == "rank"
+    futures = submit_mpi(client, returns_a_lock, n=2, impl=IMPL, timeout=60)
+    wait(futures, timeout=60)
+    if IMPL == "openmpi":
+        assert [f.status for f in futures] == ["finished"] * 2
+    else:
+        assert all("could not be sent back" in str(f.exception()) for f in futures), [f.exception() for f in futures]
+
+
 def test_asynchronous_client(dask_cluster):
     cluster, _, sidecar = dask_cluster
 

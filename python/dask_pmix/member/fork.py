@@ -191,7 +191,13 @@ def _child(fd: int, env: dict, impl: str, fn: Callable, args: tuple, kwargs: dic
             # releases the others instead of leaving them in a collective.
             _send(fd, ("error", _describe(exc)))
             os._exit(1)
-        _send(fd, ("ok", value))
+        try:
+            _send(fd, ("ok", value))
+        except Exception as exc:  # unpicklable: said as run_mpi says it of an in-process rank's
+            raise TypeError(
+                f"a rank's result could not be sent back to the client ({type(exc).__name__}: {exc}); "
+                "return a value that can be pickled"
+            ) from exc
         if not MPI.Is_finalized():  # the function may have finalized MPI itself, as a script does
             comm.Free()
             session.Finalize()
