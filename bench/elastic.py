@@ -85,6 +85,35 @@ def stats_ms(xs: list[float]) -> dict:
     }
 
 
+PHASES = (
+    ("old_generation_ended", "entered", "old_ended"),
+    ("new_job_created", "old_ended", "created"),
+    ("new_generation_usable", "created", "at"),
+)
+
+
+def phases(starts: list[dict], gen_jobs: dict[int, dict]) -> dict:
+    """Where a planned reconfiguration's time goes, from the commit's start and the first allreduce
+    (rank 0's clock) and the sidecar's times of the two generations' jobs (the same host's clock,
+    whole milliseconds): the commit's agreement, the old generation's ranks leaving and its job
+    ending; the client's driver creating the next job; that job's ranks placed by Dask, joining,
+    building their communicator, restoring the state and carrying the first allreduce."""
+    spans: dict[str, list[float]] = {name: [] for name, _, _ in PHASES}
+    for s in starts:
+        old, new = gen_jobs.get(s["generation"] - 1), gen_jobs.get(s["generation"])
+        if not (old and new and old.get("endedAt") and new.get("createdAt")):
+            continue
+        t = {
+            "entered": s["entered"],
+            "old_ended": iso_seconds(old["endedAt"]),
+            "created": iso_seconds(new["createdAt"]),
+            "at": s["at"],
+        }
+        for name, a, b in PHASES:
+            spans[name].append(t[b] - t[a])
+    return {name: {"median_ms": round(statistics.median(v) * 1000, 1), "n": len(v)} for name, v in spans.items() if v}
+
+
 def current(sidecar, family: str | None = None) -> dict | None:
     """The running generation of an elastic job (of ``family``)."""
     for j in sidecar.jobs():
@@ -259,11 +288,12 @@ def one_size(m: int, args) -> dict:
         starts = final["starts"]
         by_gen = {s["generation"]: s for s in starts}
         # What each generation followed: a planned change ("-w +w"), or a loss ("lost w").
-        changes = {
-            int(j["labels"]["dask-pmix.generation"]): j["labels"].get("dask-pmix.change", "")
+        gen_jobs = {
+            int(j["labels"]["dask-pmix.generation"]): j
             for j in sidecar.jobs()
             if (j.get("labels") or {}).get("dask-pmix.elastic") == family
         }
+        changes = {g: j["labels"].get("dask-pmix.change", "") for g, j in gen_jobs.items()}
         planned = [
             s["at"] - s["entered"]
             for s in starts
@@ -275,6 +305,10 @@ def one_size(m: int, args) -> dict:
             if after is not None:
                 killed.append(after["at"] - at)
         out["reconfiguration"] = stats_ms(planned)
+        out["reconfiguration_phases"] = phases(
+            [s for s in starts if s["entered"] is not None and not changes.get(s["generation"], "lost").startswith("lost")],
+            gen_jobs,
+        )
         out["adaptive_release"] = stats_ms(releases)
         if releases and planned:
             # Adaptive's cycle, one commit interval and one reconfiguration (the median's).

@@ -732,11 +732,12 @@ def run_mpi(
     return _sync(client, fallbacks, run)
 
 
-async def _finish(client, job: MPIJob, fallbacks: list) -> list:
-    """The results of a started job, in rank order; its members are released whatever happens."""
+async def _finish(client, job: MPIJob, fallbacks: list, fetch: bool = True) -> list:
+    """The results of a started job, in rank order (``fetch=False``: its futures, once every rank
+    has finished, for fetch_results); its members are released whatever happens."""
     _warn_soon(fallbacks, job)
     try:
-        return await _gather(client, job, job.job.get("timeoutSeconds") or None)
+        return await _gather(client, job, job.job.get("timeoutSeconds") or None, fetch=fetch)
     except BaseException:
         await job._release()
         raise
@@ -794,10 +795,7 @@ async def _gather(client, job: MPIJob, timeout: float | None, fetch: bool = True
                 if all(f.status == "finished" for f in job.futures):
                     if not fetch:
                         return job.futures
-                    try:
-                        return await client._gather(job.futures)
-                    except Exception as e:
-                        raise _result_error(job, e) from e
+                    return await fetch_results(client, job, job.futures)
                 # A rank raised: the job's end names the rank that ended it (the others' errors
                 # may only say that it ended).
                 await asyncio.wait({end}, timeout=OWN_ERROR_WAIT)
@@ -826,6 +824,14 @@ async def _gather(client, job: MPIJob, timeout: float | None, fetch: bool = True
             raise MPIJobError(f"timed out after {timeout:g} s", job_id=job.id, kind=Failure.TIMEOUT)
     finally:
         ranks.cancel()
+
+
+async def fetch_results(client, job: MPIJob, futures: list) -> list:
+    """The values of finished rank ``futures`` of ``job``; a result that cannot come back, named."""
+    try:
+        return await client._gather(futures)
+    except Exception as e:
+        raise _result_error(job, e) from e
 
 
 def _result_error(job: MPIJob, e: Exception) -> Exception:
