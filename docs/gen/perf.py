@@ -348,6 +348,29 @@ def soak_section() -> str:
     )
 
 
+def elastic_phases_text(doc: dict) -> str:
+    """Where a reconfiguration's time goes, per size (bench/elastic.py's reconfiguration_phases)."""
+    parts = []
+    for size in doc["sizes"]:
+        p = size.get("reconfiguration_phases") or {}
+        if {"old_generation_ended", "new_job_created", "new_generation_usable"} <= set(p):
+            parts.append(
+                f"{size['members']} members {p['old_generation_ended']['median_ms']:.0f} / "
+                f"{p['new_job_created']['median_ms']:.0f} / {p['new_generation_usable']['median_ms']:.0f} ms"
+            )
+    if not parts:
+        return ""
+    return (
+        "\nWhere a reconfiguration's time goes (medians): the commit's agreement and the old generation's job "
+        "ending / the next generation's job created by the client's driver / that job's ranks placed by Dask, "
+        "joined, their communicator built, the state restored and the first allreduce done: "
+        + "; ".join(parts)
+        + ". The last part alone is about what a plain job's start costs on this machine: with each generation a job "
+        "of its own, the first two would have to vanish for a change of members to take under 100 ms at 16 "
+        "members here.\n"
+    )
+
+
 def elastic_section() -> str:
     """Elastic jobs (bench/elastic.py): a change of members against restarting the job."""
     doc = load("elastic.json")
@@ -396,6 +419,7 @@ def elastic_section() -> str:
         "measured. Source: `bench/results/elastic.json`.\n\n"
         + "\n".join(rows)
         + "\n"
+        + elastic_phases_text(doc)
         + adaptive_plain_text()
         + elastic_kills_text()
     )
