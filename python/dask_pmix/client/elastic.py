@@ -178,9 +178,9 @@ async def _drive(client, fn, args, kwargs, state, n, workers, lo: int, hi: int, 
             change = "lost " + ", ".join(sorted(set(ranks) - set(survivors)))
             generation += 1
             continue
-        # At a change every rank returns what the members agreed on: rank 0's result is enough (the
-        # others' stay where they are and are dropped; at 16 members fetching them all cost tens
-        # of milliseconds between two generations).
+        # At a change every rank returns what the members agreed on: rank 0's result is enough, and
+        # the others' are dropped where they are (each fetch waits on the scheduler, busy with the
+        # old generation's end, while the next generation waits for this answer).
         [first] = await fetch_results(client, job, futures[:1])
         agreed = first.get("change") if isinstance(first, dict) else None
         if agreed is None:

@@ -9,7 +9,7 @@ be moved (no other worker can take it) is not restarted: it keeps serving Dask o
 A few replacements at a time (``at_once``): at most a quarter of the cluster's workers, so that the
 others can take the data, and at most two per host, whose restarts share its CPUs (a restart is
 mostly a new interpreter importing Dask: on 2 cores, 16 workers replaced after a sidecar restart
-were whole in 9-11 s two at a time, 17-20 s one at a time). Each worker is taken out of
+were whole in 9-13 s two at a time, 17-20 s one at a time). Each worker is taken out of
 the sidecar as soon as it is asked for (a job request meanwhile waits for that, and then for the
 worker to be back: it leaves the sidecar as a worker expected back, dask_pmix.scheduler.returning).
 
