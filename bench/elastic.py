@@ -294,21 +294,17 @@ def one_size(m: int, args) -> dict:
             if (j.get("labels") or {}).get("dask-pmix.elastic") == family
         }
         changes = {g: j["labels"].get("dask-pmix.change", "") for g, j in gen_jobs.items()}
-        planned = [
-            s["at"] - s["entered"]
-            for s in starts
-            if s["entered"] is not None and not changes.get(s["generation"], "lost").startswith("lost")
+        planned_starts = [
+            s for s in starts if s["entered"] is not None and not changes.get(s["generation"], "lost").startswith("lost")
         ]
+        planned = [s["at"] - s["entered"] for s in planned_starts]
         killed = []
         for at, gen in kills:
             after = min((s for s in starts if s["generation"] > gen), key=lambda s: s["generation"], default=None)
             if after is not None:
                 killed.append(after["at"] - at)
         out["reconfiguration"] = stats_ms(planned)
-        out["reconfiguration_phases"] = phases(
-            [s for s in starts if s["entered"] is not None and not changes.get(s["generation"], "lost").startswith("lost")],
-            gen_jobs,
-        )
+        out["reconfiguration_phases"] = phases(planned_starts, gen_jobs)
         out["adaptive_release"] = stats_ms(releases)
         if releases and planned:
             # Adaptive's cycle, one commit interval and one reconfiguration (the median's).

@@ -59,14 +59,32 @@ def test_one_future_per_rank_left_on_its_worker(dask_cluster):
     wait_until(lambda: {w["state"] for w in sidecar.workers()} == {"available"}, 10, "members released")
 
 
+# Names of the workers this module killed. A LocalCluster closes for good a worker killed again
+# within distributed.deploy.lost-worker-timeout (15 s) of its last loss, so each kill takes a
+# worker of another name.
+KILLED: set[str] = set()
+
+
+def kill(client, worker: str) -> None:
+    KILLED.add(client.scheduler_info()["workers"][worker]["name"])
+    os.kill(client.run(os.getpid, workers=[worker])[worker], signal.SIGKILL)
+
+
+def not_killed(client, workers: list[str]) -> str:
+    names = client.scheduler_info()["workers"]
+    return next(w for w in workers if names[w]["name"] not in KILLED)
+
+
 def test_a_result_lost_with_its_worker_raises_member_lost(dask_cluster):
     # A rank that returned, whose worker then died before its result was gathered: Dask would run
     # the task again on that worker, which is gone, and the future would wait for good.
     _, client, _ = dask_cluster
-    members = workers_of(client)[:2]
+    workers = workers_of(client)
+    victim = not_killed(client, workers)
+    members = [next(w for w in workers if w != victim), victim]
     futures = submit_mpi(client, rank_info, workers=members, impl=IMPL)
     wait(futures, timeout=60)
-    os.kill(client.run(os.getpid, workers=[members[1]])[members[1]], signal.SIGKILL)
+    kill(client, members[1])
     t0 = time.monotonic()
     with pytest.raises(MPIJobError) as info:
         futures[1].result(timeout=30)
@@ -89,11 +107,14 @@ def test_a_rank_whose_worker_dies_while_it_runs_raises_member_lost(dask_cluster,
     # Its task has nowhere to run again (it is pinned to the gone worker): without an answer, its
     # future would wait for good, and so would wait(futures) or as_completed over the job.
     _, client, _ = dask_cluster
-    members = workers_of(client)[:3]
+    workers = workers_of(client)
+    victim = not_killed(client, workers)
+    others = [w for w in workers if w != victim]
+    members = [others[0], victim, others[1]]
     flag = str(tmp_path / "victim-running")
     futures = submit_mpi(client, barrier_after, 1, flag, workers=members, impl=IMPL, timeout=60)
     wait_until(lambda: os.path.exists(flag), 60, "the victim's rank running")
-    os.kill(client.run(os.getpid, workers=[members[1]])[members[1]], signal.SIGKILL)
+    kill(client, members[1])
     t0 = time.monotonic()
     wait(futures, timeout=30)
     took = time.monotonic() - t0

@@ -699,10 +699,8 @@ class SidecarPlugin(SchedulerPlugin):
         self._soon(self._end(entry.id, why))
 
     def _result_lost(self, key: str, job_id: str, rank: int, worker: str) -> None:
-        ts = self.scheduler.tasks.get(key)
-        if ts is not None and ts.state == "no-worker":
+        if stranded.result_lost(self.scheduler, key, job_id, rank, worker):
             logger.info("dask-pmix: job %s: rank %d's result was lost with its worker %s", job_id, rank, worker)
-            stranded.result_lost(self.scheduler, key, job_id, rank, worker)
 
     def _stranded(self, job_id: str) -> None:
         """The failed job's ranks whose worker left while they ran: their futures raise."""

@@ -20,8 +20,12 @@ from . import queued
 from .jobs import Entry
 
 
-def result_lost(scheduler, key: str, job_id: str, rank: int, worker: str) -> None:
-    """The rank's future raises member-lost: its result went with its worker."""
+def result_lost(scheduler, key: str, job_id: str, rank: int, worker: str) -> bool:
+    """The rank's future raises member-lost, if its task still has nowhere to run: its result went
+    with its worker. Whether it erred."""
+    ts = scheduler.tasks.get(key)
+    if ts is None or ts.state != "no-worker":
+        return False
     error = MPIJobError(
         f"rank {rank}'s result was lost with its worker {worker}, which left after the rank returned and before "
         "the result was gathered",
@@ -32,6 +36,7 @@ def result_lost(scheduler, key: str, job_id: str, rank: int, worker: str) -> Non
         lost_workers=[worker],
     )
     queued.fail(scheduler, [key], error, f"dask-pmix-result-lost-{key}-{time.time()}")
+    return True
 
 
 def lost_while_running(scheduler, entry: Entry, prefixes: list[str]) -> list[str]:
