@@ -143,12 +143,23 @@ def test_a_result_that_cannot_come_back_is_named(dask_cluster):
     with pytest.raises(MPIJobError, match="a rank's result could not be sent back to the client") as info:
         run_mpi(client, returns_a_lock, n=2, impl=IMPL, timeout=60)
     assert info.value.kind == "rank"
+    # The error holds the job's futures in its traceback, but not its results: a value that
+    # cannot be pickled never moves, so a worker holding one could not be retired or replaced.
+    job = info.value.job_id
+    wait_until(lambda: not held_keys(client, job), 10, lambda: f"the failed job's results still held: {held_keys(client, job)}")
     futures = submit_mpi(client, returns_a_lock, n=2, impl=IMPL, timeout=60)
     wait(futures, timeout=60)
     if IMPL == "openmpi":
         assert [f.status for f in futures] == ["finished"] * 2
     else:
         assert all("could not be sent back" in str(f.exception()) for f in futures), [f.exception() for f in futures]
+    client.cancel(futures)
+
+
+def held_keys(client, job_id: str) -> list[str]:
+    return client.run_on_scheduler(
+        lambda dask_scheduler, j=job_id: [k for k in dask_scheduler.tasks if f"-{j}-rank-" in str(k)]
+    )
 
 
 def test_asynchronous_client(dask_cluster):

@@ -8,7 +8,8 @@ from __future__ import annotations
 import time
 
 import dask
-from distributed import Client, LocalCluster
+import pytest
+from distributed import Client, LocalCluster, wait
 
 from dask_pmix import SidecarPlugin, wait_for_plugin
 
@@ -75,3 +76,40 @@ def test_a_worker_replaced_twice_in_quick_succession_comes_back_both_times():
         finally:
             client.close()
             cluster.close()
+
+
+@pytest.mark.parametrize("amm", [True, False], ids=["memory-manager", "no-memory-manager"])
+def test_a_worker_whose_data_cannot_move_is_kept_serving_dask(monkeypatch, amm):
+    # A value that cannot be pickled (an in-process rank's result may be a lock) never gets a copy
+    # elsewhere: Dask's retirement would retry it for good, the worker taking no task meanwhile.
+    # Without the cluster's memory manager, retire_workers runs one of its own.
+    from dask_pmix.scheduler import replace
+
+    monkeypatch.setattr(replace, "RETIRE_STALL", 3.0)  # the scheduler runs in this process
+    with dask.config.set({"distributed.scheduler.active-memory-manager.start": amm}):
+        cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
+    client = Client(cluster)
+    try:
+        client.register_plugin(SidecarPlugin(pool=False))
+        wait_for_plugin(client)
+        worker = _address_of(client, 0)
+        lock = client.submit(lambda: __import__("threading").Lock(), workers=[worker], pure=False)
+        data = client.submit(lambda: list(range(1000)), workers=[worker], pure=False)
+        wait([lock, data], timeout=30)
+        assert client.who_has([lock, data]) == {lock.key: (worker,), data.key: (worker,)}
+        t0 = time.monotonic()
+        assert _replace(client, worker) == {"replacing": worker}
+        outcome = _wait_for("the replacement's outcome", lambda: _replaced(client), 30)[0]["outcome"]
+        took = time.monotonic() - t0
+        # (the other value may not move either: a worker fetches a peer's keys in one batch)
+        assert outcome.startswith("kept: its data could not be moved: ") and "could not be copied" in outcome, outcome
+        assert took < 3.0 + 10, took
+        # Still there, under the same address, taking tasks, with both values.
+        assert client.scheduler_info()["workers"][worker]["status"] == "running"
+        assert client.submit(lambda x: len(x), data, workers=[worker], pure=False).result(timeout=10) == 1000
+        assert worker in client.who_has([lock])[lock.key]
+        assert client.submit(lambda: 1, workers=[worker], pure=False).result(timeout=10) == 1
+        print(f"kept after {took:.1f} s: {outcome}")
+    finally:
+        client.close()
+        cluster.close()

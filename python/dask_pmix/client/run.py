@@ -740,6 +740,10 @@ async def _finish(client, job: MPIJob, fallbacks: list, fetch: bool = True) -> l
         return await _gather(client, job, job.job.get("timeoutSeconds") or None, fetch=fetch)
     except BaseException:
         await job._release()
+        # The caller never sees these futures: the finished ranks' results would otherwise stay
+        # in their workers' memory for as long as the error (its traceback holds them) lives.
+        for f in job.futures:
+            f.release()
         raise
     finally:
         job_ends(client).forget(job.id)

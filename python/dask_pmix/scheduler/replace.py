@@ -5,7 +5,8 @@ dask_pmix.member.watcher; its MPI session failed in its cohort), so its event lo
 Dask can move its data: it is taken out of the sidecar (no job picks it meanwhile) and out of
 the pool (the dashboard shows why), retired gracefully (retire_workers moves every key only it
 holds to other workers), and only then restarted through its nanny. A worker whose data cannot
-be moved (no other worker can take it) is not restarted: it keeps serving Dask outside the pool.
+be moved (no other worker can take it, or a value cannot be pickled: dask_pmix.scheduler.retire) is
+not restarted: it keeps serving Dask outside the pool.
 A few replacements at a time (``at_once``): at most a quarter of the cluster's workers, so that the
 others can take the data, and at most two per host, whose restarts share its CPUs (a restart is
 mostly a new interpreter importing Dask: on 2 cores, 16 workers replaced after a sidecar restart
@@ -33,11 +34,14 @@ from dask.utils import parse_timedelta
 
 from ..errors import SidecarError
 from ..rest import AsyncSidecarClient
+from .retire import retire
 
 logger = logging.getLogger("dask_pmix")
 
-# How long moving a worker's data may take before its replacement is given up (it keeps running).
+# How long moving a worker's data may take before its replacement is given up (it keeps running),
+# and how long no key of it may get a copy elsewhere.
 RETIRE_WITHIN = 300.0
+RETIRE_STALL = 30.0
 # How long the restarted worker may take to come back before the next replacement goes ahead.
 RESTART_WITHIN = 120.0
 # Past a SpecCluster's check after a worker's removal (the module docstring): its timer and ours
@@ -166,24 +170,17 @@ class Replacer:
                     return
                 logger.warning("dask-pmix: replacing worker %s: %s", worker, reason)
                 stimulus = f"dask-pmix-replace-{time.time()}"
-                try:
-                    retired = await asyncio.wait_for(
-                        self.scheduler.retire_workers(
-                            [worker], close_workers=False, remove=False, stimulus_id=stimulus
-                        ),
-                        RETIRE_WITHIN,
-                    )
-                except asyncio.TimeoutError:
-                    retired = {}
-                if worker not in retired:
+                retired, why = await retire(self.scheduler, worker, stimulus, RETIRE_STALL, RETIRE_WITHIN)
+                if not retired:
                     if worker in self.scheduler.workers:
                         logger.error(
-                            "dask-pmix: the data of worker %s could not be moved to other workers; it is not "
-                            "restarted and serves Dask outside the MPI pool (%s)",
+                            "dask-pmix: the data of worker %s could not be moved to other workers (%s); it is "
+                            "not restarted and serves Dask outside the MPI pool (%s)",
                             worker,
+                            why,
                             reason,
                         )
-                        self._record(worker, reason, "kept: its data could not be moved")
+                        self._record(worker, reason, f"kept: its data could not be moved: {why}")
                         self.register(worker)
                     return
                 wait = self._until_restartable(worker)
