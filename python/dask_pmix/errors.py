@@ -74,11 +74,14 @@ class Failure:
 #: The sidecar's words (member.reason) for a member that is gone because its worker is: each is
 #: said by dask-pmix itself (src/, python/dask_pmix/scheduler), never by a rank's code.
 #: test_retries checks that every one is still said somewhere.
+#: An Open MPI pool rank's connection to the PMIx server dropped: its worker process is gone
+#: (src/service/pmix-handlers.ts), and the sidecar names it failed to the job's other members.
+POOL_PROCESS_DIED = "its worker process died"
 WORKER_GONE = (
     "its worker left (",  # Dask removed the worker (src/rm/manager.ts)
     "its worker is being retired by Dask",  # the plugin saw it closing gracefully
     "its worker finalized its MPI session",  # Open MPI pool rank: the worker closed
-    "its worker process died",  # Open MPI pool rank: its connection dropped
+    POOL_PROCESS_DIED,
     "its worker process ended",  # an MPICH/Intel MPI world: its PMI connection closed
     "its MPI library finalized (the worker process is exiting)",  # a world finalized
 )

@@ -93,7 +93,7 @@ class Topic:
 
 
 def job_view(job: dict) -> dict:
-    """What members and clients are told of a job: its state, why, its mode, its labels (an elastic
+    """What members and clients are told of a job: its state, why, its library and mode, its labels (an elastic
     job's generation says so) and its members (each with why it left, when it did not finalize:
     errors.classify reads it)."""
     return {
@@ -101,6 +101,7 @@ def job_view(job: dict) -> dict:
         "state": job.get("state"),
         "labels": dict(job.get("labels") or {}),
         "error": job.get("error") or "",
+        "impl": job.get("impl"),
         "mode": job.get("mode"),
         "timeoutSeconds": job.get("timeoutSeconds") or 0,
         "members": [

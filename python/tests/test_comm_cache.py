@@ -11,6 +11,7 @@ DASK_PMIX_TEST_IMPL=mpich). DASK_PMIX_COMM_CACHE_JOBS sets the length of the alt
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import dask
@@ -89,6 +90,55 @@ def test_a_failed_job_or_a_member_leaving_drops_the_communicator():
     c.worker_left("b")
     assert c.view()["kept"] == []
     assert [h[1] for h in c.history if h[0] == "drop"] == ["j1", "j3", "j4"]
+
+
+def test_a_job_that_lost_members_named_dead_leaves_its_communicator_to_shrink_for_the_survivors():
+    c = CommCache(bound=4)
+    c.plan("j1", ["a", "b", "c", "d"])
+    c.job_ended("j1", True)
+    c.plan("j2", ["b", "a", "c", "d"])  # the same workers in another order: derived from j1
+    c.worker_left("c")  # Dask saw the death first: j2's end decides
+    c.job_ended("j2", False, frozenset({"c"}))
+    assert c.view()["kept"][0]["dead"] == ["c"]
+    # Only a job over exactly the survivors shrinks it (MPI_Comm_shrink needs every living member).
+    assert c.plan("j3", ["a", "b"])[0]["use"] is None
+    c.job_ended("j3", True)
+    plan, _ = c.plan("j4", ["d", "a", "b"])
+    assert plan == {"use": "j1", "keep": "j4", "shrink": True, "ranks": [2, 0, 1], "live": ["j1", "j3", "j4"]}
+    c.job_ended("j4", True)  # the shrunk one replaces its parent
+    assert sorted(e["id"] for e in c.view()["kept"]) == ["j3", "j4"]
+    plan, _ = c.plan("j5", ["a", "b", "d"])
+    assert (plan["use"], plan.get("shrink"), plan.get("ranks")) == ("j4", None, None)
+    # A shrinking job that fails with another death leaves the parent shrinkable with both dead.
+    c.job_ended("j5", False, frozenset({"b"}))
+    plan, _ = c.plan("j6", ["a", "d"])
+    assert (plan["use"], plan["keep"], plan["shrink"]) == ("j4", "j6", True)
+    c.job_ended("j6", False, frozenset({"d"}))
+    c.worker_left("b")  # Dask saw them go after the jobs' ends: j3 goes, j4 stays shrinkable
+    c.worker_left("d")
+    assert [(e["id"], e["dead"]) for e in c.view()["kept"]] == [("j4", ["b", "d"])]
+    assert c.plan("j7", ["a"])[0]["shrink"] is True
+    c.job_ended("j7", True)
+    assert c.counts["shrunk"] == 3
+
+
+def test_a_failure_that_named_no_dead_or_lost_an_unnamed_member_drops_the_communicator():
+    c = CommCache(bound=4)
+    c.plan("j1", ["a", "b", "c"])
+    c.job_ended("j1", False, frozenset())  # a rank's error, a timeout: nobody named dead
+    assert c.view()["kept"] == []
+    c.plan("j2", ["a", "b", "c"])
+    c.worker_left("a")  # left, but not named dead (its process may live: a shrink would wait for it)
+    c.job_ended("j2", False, frozenset({"c"}))
+    assert c.view()["kept"] == []
+    c.plan("j3", ["a", "b", "c"])
+    c.job_ended("j3", True)
+    c.plan("j4", ["a", "b"])  # derived from j3 over some of its members: j3's other members live
+    c.job_ended("j4", False, frozenset({"a"}))
+    assert c.view()["kept"] == []
+    c.plan("j5", ["a", "b"])
+    c.job_ended("j5", False, frozenset({"a", "b"}))  # nobody survives
+    assert c.view()["kept"] == []
 
 
 def test_the_cache_is_bounded_and_evicts_the_least_recently_used_idle_entry():
@@ -273,6 +323,45 @@ def test_a_job_that_fails_on_a_kept_communicator_drops_it(cluster):
     assert all(kept not in stats[w]["held"] for w in ws), stats
 
 
+def dies_on_rank_2(comm):
+    comm.Barrier()
+    if comm.rank == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    comm.Barrier()
+
+
+@pytest.mark.skipif(not OPENMPI, reason="MPICH cannot shrink: a failed job's communicator is dropped")
+def test_a_member_that_dies_leaves_the_survivors_a_communicator_to_shrink(cluster):
+    # No new group construct after a death (issue 28): the survivors' next job shrinks the
+    # communicator they kept with the dead member, and keeps what it shrank to.
+    _, client, sidecar = cluster
+    ws = sorted(client.scheduler_info()["workers"])[:3]
+    set_cache(client, clear=True)  # no healthy kept communicator over the survivors to derive from
+    assert run(client, ws) == [3, 3, 3]
+    kept = last_plan(client)[0]
+    with pytest.raises(MPIJobError) as info:
+        run(client, ws, dies_on_rank_2)
+    assert info.value.kind == "member-lost" and list(info.value.lost_workers) == [ws[2]], info.value
+    failed, use, _ = last_plan(client)
+    assert use == kept
+    assert ["shrinkable", kept, [ws[2]]] in cache(client)["history"], cache(client)
+    before = held(client)
+    survivors = [ws[1], ws[0]]
+    assert run(client, survivors, rank_sum, 10) == [21, 21]
+    shrunk, use, keep = last_plan(client)
+    assert (use, keep) == (kept, shrunk)
+    after = held(client)
+    for w in survivors:
+        assert after[w]["shrunk"] == before[w]["shrunk"] + 1
+        assert shrunk in after[w]["held"] and after[w]["built"] == before[w]["built"]
+    # The shrunk one replaces its parent and serves the next job over the survivors (a Dup).
+    assert ["drop", kept, "shrunk"] in cache(client)["history"]
+    assert run(client, ws[:2]) == [1, 1]
+    assert last_plan(client)[1:] == (shrunk, None)
+    client.wait_for_workers(4, timeout=60)  # its nanny restarted the killed one
+    wait_pool_ready(sidecar, 4)
+
+
 def test_a_kept_communicator_in_use_is_not_shared_the_other_job_builds_its_own(cluster):
     _, client, _ = cluster
     ws = sorted(client.scheduler_info()["workers"])[2:4]
@@ -314,7 +403,7 @@ def ranks_and_workers(comm, offset):
 def test_a_job_over_some_workers_of_a_kept_communicator_derives_its_own(cluster):
     _, client, sidecar = cluster
     w = sorted(client.scheduler_info()["workers"])
-    set_cache(client, bound=16)
+    set_cache(client, bound=16, clear=True)  # none kept over fewer of them, from earlier tests
     run(client, w)  # keeps a communicator over all four
     kept, use, keep = last_plan(client)
     assert (use, keep) == (None, kept)

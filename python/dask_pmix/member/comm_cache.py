@@ -79,19 +79,23 @@ def put(entry_id: str, comm: Any) -> None:
     _counts["kept"] += 1
 
 
-def taint(entry_id: str | None) -> None:
-    """The job on ``entry_id`` went wrong here: when dropped, the entry is left behind, not freed."""
-    if entry_id is None:
-        return
+def taint(*entry_ids: str | None) -> None:
+    """The job on these entries went wrong here: when dropped, they are left behind, not freed."""
     with _lock:
-        if entry_id in _kept:
-            _tainted.add(entry_id)
+        _tainted.update(i for i in entry_ids if i in _kept)
 
 
 def dup(comm: Any) -> Any:
     """A duplicate of ``comm`` (collective over its members), as a construction (activation.py)."""
     with GATE.building():
         return comm.Dup()
+
+
+def shrink(comm: Any) -> Any:
+    """The communicator of ``comm``'s members not known failed (MPI_Comm_shrink, ULFM: an
+    agreement among the survivors, collective over all of them), as a construction."""
+    with GATE.building():
+        return comm.Shrink()
 
 
 # MPI_Comm_create_group's tag. One tag serves every job: a kept communicator serves one job at a
@@ -119,6 +123,12 @@ def derive(comm: Any, ranks: list[int] | None) -> Any:
 
 def what(plan: dict) -> str:
     """How a job on a kept communicator derives its own, for the stuck-call evidence."""
+    if plan.get("shrink"):
+        return (
+            "MPI_Comm_create_group of a shrunk kept communicator"
+            if plan.get("ranks")
+            else ("MPI_Comm_dup of a shrunk kept communicator")
+        )
     if plan.get("ranks"):
         return "MPI_Comm_create_group of a kept communicator"
     return "MPI_Comm_dup of a kept communicator"
@@ -134,7 +144,7 @@ def stats() -> dict:
     one's), ``kept`` (entries made), ``dropped``, and the ids held now."""
     with _lock:
         held = sorted(_kept)
-    counted = ("built", "reused", "derived", "kept", "dropped")
+    counted = ("built", "reused", "derived", "kept", "dropped", "shrunk")
     return {**{k: _counts.get(k, 0) for k in counted}, "held": held}
 
 

@@ -151,7 +151,7 @@ def _run_pool_member(
     wait_alone(job_id, deadline, fail)
     plan = comm_cache.plan_of(join(calls, job_id, rank, worker, deadline, wiring_timeout, fail))
     comm_cache.settle(plan)
-    entry = plan.get("use") or plan.get("keep")
+    entries = [e for e in (plan.get("use"), plan.get("keep")) if e]
 
     w = WATCHER.watch(job_id, calls, build_timeout=build_timeout, job_timeout=float(job.get("timeoutSeconds") or 0))
     # No new pair communicator of the comm backend while this job builds and uses its own, and
@@ -172,7 +172,7 @@ def _run_pool_member(
             with tracking.within("MPI_Comm_dup (mpi4py's duplicate of the job's communicator)"):
                 job_comms.begin(p.MPI, job_id, comm)
         except Exception as exc:  # noqa: BLE001
-            comm_cache.taint(entry)
+            comm_cache.taint(*entries)
             error = fail(f"building the job's communicator failed: {describe(exc)}", exc)
         if error is not None:
             raise error
@@ -181,7 +181,7 @@ def _run_pool_member(
             with world_model.job_world(p.MPI, comm):
                 value = fn(tracking.tracked(comm), *args, **kwargs)
         except BaseException as exc:  # noqa: BLE001
-            comm_cache.taint(entry)
+            comm_cache.taint(*entries)
             with w.lock:
                 w.phase = "done"
                 mpi = is_mpi_error(exc)
@@ -197,7 +197,7 @@ def _run_pool_member(
         with w.lock:
             w.phase = "done"
             if w.revoked:
-                comm_cache.taint(entry)
+                comm_cache.taint(*entries)
             give_up(comm, failed=w.revoked)
     finally:
         job_comms.end(job_id)
@@ -209,13 +209,20 @@ def _run_pool_member(
 
 def build(p, ranks: list[int], tag: str, plan: dict):
     """The job's communicator, as the scheduler planned it (dask_pmix.scheduler.comm_cache):
-    derived from the communicator kept from an earlier job over these members or more (``use``),
-    or MPI_Comm_create_from_group over ``ranks``, kept (``keep``, the job then gets a Dup of it)
-    or not. A derivation is left alone as a group construct is (the watcher's build bound and
-    stuck evidence hold for both): revoking a communicator while a Dup of it activates is where
-    Open MPI 5.0.x was seen to crash (ompi_comm_revoke_local during ompi_comm_activate)."""
+    derived from the communicator kept from an earlier job over these members or more (``use``;
+    with ``shrink``, from MPI_Comm_shrink of it, kept), or MPI_Comm_create_from_group over
+    ``ranks``, kept (``keep``, the job then gets a Dup of it) or not. A derivation is left alone
+    as a group construct is (the watcher's build bound and stuck evidence hold for both):
+    revoking a communicator while a Dup of it activates is where Open MPI 5.0.x was seen to
+    crash (ompi_comm_revoke_local during ompi_comm_activate)."""
     use, keep = plan.get("use"), plan.get("keep")
-    if use is not None:
+    if use is not None and keep is not None and plan.get("shrink"):
+        with tracking.within("MPI_Comm_shrink of a kept communicator"):
+            parent = comm_cache.shrink(comm_cache.take(use))
+        comm_cache.put(keep, parent)
+        comm_cache.count("shrunk")
+        what = comm_cache.what(plan)
+    elif use is not None:
         parent = comm_cache.take(use)
         what = comm_cache.what(plan)
     else:

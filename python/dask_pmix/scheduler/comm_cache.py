@@ -24,6 +24,8 @@ join barrier, and each member gets the same plan in its join answer:
   without it a Dup (the job's communicator is freed at the job's end as before);
 - ``keep``: build anew and keep the result under this id (the job's communicator is a duplicate
   of it too: code in the job can never free or revoke the kept one);
+- ``shrink`` (with ``use`` and ``keep``): MPI_Comm_shrink of kept ``use``, kept under ``keep``,
+  the job's communicator derived from that (below);
 - neither: build anew, keep nothing (the cache is off, full of busy entries, or the plugin does not
   know the job's members);
 - ``live``: every id still kept: a member frees whatever else it holds.
@@ -36,6 +38,17 @@ dropped when a job on it fails or is aborted, when any of its members leaves the
 cluster, when the sidecar restarts, and, least recently used first, beyond
 ``dask-pmix.pool.comm-cache`` entries (idle ones only).
 
+A job over exactly a kept communicator's members (Open MPI) that failed because some of them died
+leaves it shrinkable instead of dropped, when the sidecar named every dead member to the survivors'
+MPI library (their PMIx connection dropped while the job ran: the sidecar then sends the job's end
+with them as the failed processes, dask_pmix's pmix-pool.ts). MPI_Comm_shrink of it is an
+agreement among the survivors (1.5 ms at 3), with no PMIx group construct, and the kept
+communicator is the only one every survivor still shares: after a failure, a new group construct
+over the survivors was where a second death hung libpmix 5.0.11's tracker for good (issue 28).
+Shrinking needs every living member of the communicator, so it serves only a job over exactly
+its survivors; that job's shrunk communicator replaces it (one that fails the same way leaves
+the parent shrinkable with the new dead added).
+
 The sidecar still admits and freezes every job; it does not see a derived communicator, so the
 plugin tells it that a job built from a kept communicator runs (SidecarPlugin.join_job).
 
@@ -45,6 +58,8 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass
+
+from ..errors import POOL_PROCESS_DIED
 
 # Plans remembered for jobs still running (or whose end the plugin has not seen).
 PLANS_KEPT = 4096
@@ -60,6 +75,21 @@ class Kept:
     busy: str | None  # the job building it or duplicating it now
     ready: bool = False  # its builder completed: it may serve
     uses: int = 0  # jobs that duplicated it
+    dead: frozenset[str] = frozenset()  # members dead and known so to the others' MPI (shrinkable)
+    left: frozenset[str] = frozenset()  # members that left the pool while a job ran on it
+
+
+def named_dead(view: dict) -> frozenset[str]:
+    """The workers of an ended in-process Open MPI job whose processes died while it ran, each named
+    to the surviving members' MPI library as a failed process (what makes a communicator with them
+    shrinkable); empty for any other job."""
+    if view.get("impl") != "openmpi" or view.get("mode") != "inprocess":
+        return frozenset()
+    return frozenset(
+        m["workerId"]
+        for m in view.get("members") or ()
+        if m.get("state") == "lost" and str(m.get("reason") or "").startswith(POOL_PROCESS_DIED)
+    )
 
 
 class CommCache:
@@ -68,6 +98,8 @@ class CommCache:
         self._kept: collections.OrderedDict[tuple[str, ...], Kept] = collections.OrderedDict()  # LRU first
         self._plans: collections.OrderedDict[str, dict] = collections.OrderedDict()
         self._on: dict[str, tuple[str, ...]] = {}  # job -> the key of the entry it builds or uses
+        self._shrinks: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}  # job -> (parent, shrunk)
+        self._whole: dict[str, bool] = {}  # job -> whether it runs over all of its entry's members
         self.counts: collections.Counter[str] = collections.Counter()
         self.history: collections.deque[tuple] = collections.deque(maxlen=HISTORY)
         self.recorded = 0  # entries ever appended to history
@@ -83,11 +115,22 @@ class CommCache:
         if workers and self.bound > 0:
             key = tuple(workers)
             e = self._covering(key)
-            if e is not None:
+            s = self._shrinkable(key) if e is None else None
+            if s is not None:
+                survivors = tuple(w for w in s.key if w not in s.dead)
+                s.busy, use, keep = job_id, s.id, job_id
+                self._kept[survivors] = Kept(job_id, survivors, busy=job_id)
+                self._shrinks[job_id] = (s.key, survivors)
+                self._on[job_id] = survivors
+                self.counts["shrunk"] += 1
+                if survivors != key:
+                    ranks = [survivors.index(w) for w in key]
+            elif e is not None:
                 e.busy, use = job_id, e.id
                 e.uses += 1
                 self._kept.move_to_end(e.key)
                 self._on[job_id] = e.key
+                self._whole[job_id] = set(e.key) == set(key)
                 self.counts["reused"] += 1
                 if e.key != key:
                     ranks = [e.key.index(w) for w in key]
@@ -97,6 +140,7 @@ class CommCache:
             elif self._room():
                 self._kept[key] = Kept(job_id, key, busy=job_id)
                 self._on[job_id] = key
+                self._whole[job_id] = True
                 keep = job_id
                 self.counts["kept"] += 1
             else:
@@ -104,6 +148,8 @@ class CommCache:
         if use is None:
             self.counts["built"] += 1
         plan: dict = {"use": use, "keep": keep, "live": [e.id for e in self._kept.values()]}
+        if job_id in self._shrinks:
+            plan["shrink"] = True
         if ranks is not None:
             plan["ranks"] = ranks
         self._record(("plan", job_id, use, keep))
@@ -117,15 +163,24 @@ class CommCache:
         these workers in this order, else the smallest that holds them all (the most recently
         used of equals), else None."""
         e = self._kept.get(key)
-        if e is not None and e.ready and e.busy is None:
+        if e is not None and e.ready and e.busy is None and not e.dead:
             return e
         want = set(key)
         best = None
         for e in reversed(self._kept.values()):
-            if e.ready and e.busy is None and len(e.key) >= len(want) and want.issubset(e.key):
+            if e.ready and e.busy is None and not e.dead and len(e.key) >= len(want) and want.issubset(e.key):
                 if best is None or len(e.key) < len(best.key):
                     best = e
         return best
+
+    def _shrinkable(self, key: tuple[str, ...]) -> Kept | None:
+        """An idle kept communicator whose living members are exactly ``key``'s workers."""
+        want = set(key)
+        for e in self._kept.values():
+            if e.dead and e.ready and e.busy is None and set(e.key) - e.dead == want:
+                if key not in self._kept:
+                    return e
+        return None
 
     def _room(self) -> bool:
         """Makes room for one more entry (evicting the least recently used idle ones)."""
@@ -138,27 +193,70 @@ class CommCache:
                 self._drop(key, "evicted")
         return len(self._kept) < self.bound
 
-    def job_ended(self, job_id: str, completed: bool) -> None:
-        """The job ended: its entry serves again (completed) or is dropped (failed, aborted)."""
+    def job_ended(self, job_id: str, completed: bool, dead: frozenset[str] = frozenset()) -> None:
+        """The job ended: its entry serves again (completed) or is dropped (failed, aborted), or,
+        failed with ``dead`` members (dead, and named to the others' MPI), is left shrinkable
+        when the job ran over exactly its members."""
         self._plans.pop(job_id, None)
         key = self._on.pop(job_id, None)
+        shrink = self._shrinks.pop(job_id, None)
+        if shrink is not None:
+            parent_key, shrunk_key = shrink
+            self._record(("end", job_id, completed))
+            parent = self._kept.get(parent_key)
+            if parent is not None and parent.busy == job_id:
+                parent.busy = None
+                if completed:
+                    self._drop(parent_key, "shrunk")
+                elif not self._dies(parent, dead):
+                    self._drop(parent_key, "failed")
+            shrunk = self._kept.get(shrunk_key)
+            if shrunk is not None and shrunk.busy == job_id:
+                if completed and not shrunk.left:
+                    shrunk.busy, shrunk.ready = None, True
+                else:
+                    self._drop(shrunk_key, "failed")
+            return
         e = self._kept.get(key) if key is not None else None
         if e is None or e.busy != job_id:
             return
         self._record(("end", job_id, completed))
-        if completed:
+        whole = self._whole.pop(job_id, False)
+        if completed and not e.left:
             e.busy, e.ready = None, True
+        elif not completed and whole and self._dies(e, dead):
+            e.busy = None
         else:
-            self._drop(key, "failed")  # type: ignore[arg-type]
+            self._drop(key, "failed" if not completed else "member left")  # type: ignore[arg-type]
+
+    def _dies(self, e: Kept, dead: frozenset[str]) -> bool:
+        """Whether ``e`` becomes (or stays) shrinkable with ``dead`` added to its dead: every
+        member that left is among them, and some member survives."""
+        now = e.dead | (dead & set(e.key))
+        if now == e.dead or not e.left <= now or len(now) >= len(e.key):
+            return False
+        e.dead, e.left = frozenset(now), frozenset()
+        self.counts["shrinkable"] += 1
+        self._record(("shrinkable", e.id, sorted(now)))
+        return True
 
     def worker_left(self, worker: str) -> None:
         """A worker left the pool or the cluster: no communicator with it serves again."""
         for key in [k for k in self._kept if worker in k]:
+            e = self._kept[key]
+            if worker in e.dead:
+                continue  # shrinkable without it
+            if e.busy is not None:
+                # Its job's end decides (this worker may be one of the dead it names).
+                e.left = e.left | {worker}
+                continue
             self._drop(key, "member left")
 
     def clear(self, why: str = "cleared") -> None:
         for key in list(self._kept):
             self._drop(key, why)
+        self._shrinks.clear()
+        self._whole.clear()
 
     def _drop(self, key: tuple[str, ...], why: str) -> None:
         e = self._kept.pop(key, None)
@@ -177,7 +275,14 @@ class CommCache:
         return {
             "bound": self.bound,
             "kept": [
-                {"id": e.id, "workers": list(e.key), "busy": e.busy, "ready": e.ready, "uses": e.uses}
+                {
+                    "id": e.id,
+                    "workers": list(e.key),
+                    "busy": e.busy,
+                    "ready": e.ready,
+                    "uses": e.uses,
+                    "dead": sorted(e.dead),
+                }
                 for e in self._kept.values()
             ],
             "counts": dict(self.counts),

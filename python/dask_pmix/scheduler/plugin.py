@@ -41,7 +41,7 @@ from ..protocol import (
 )
 from ..rest import AsyncSidecarClient
 from . import dashboard, queued, stranded
-from .comm_cache import CommCache
+from .comm_cache import CommCache, named_dead
 from .elastic import Elastic
 from .events import EventStream
 from .jobs import ENDED_KEPT, Entry, JobMirror
@@ -428,7 +428,7 @@ class SidecarPlugin(SchedulerPlugin):
         job first seen now, None for no change)."""
         if entry.active or before is None:
             return
-        self.comm_cache.job_ended(entry.id, entry.state == "completed")
+        self.comm_cache.job_ended(entry.id, entry.state == "completed", named_dead(entry.view))
         if self.elastic is not None:
             self.elastic.wake()
         reused = self._reused_at.pop(entry.id, None)
