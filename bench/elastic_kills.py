@@ -130,6 +130,7 @@ def main() -> int:
     from distributed import Client, LocalCluster
 
     from dask_pmix import SidecarClient, SidecarPlugin, run_elastic, wait_for_plugin
+    from dask_pmix.protocol import SCHEDULER_PLUGIN
 
     # A SpecCluster (LocalCluster) checks each lost worker again lost-worker-timeout later, and
     # closes its nanny for good if a worker of that name is absent at that moment: here, killed
@@ -274,6 +275,12 @@ def main() -> int:
                 runs.append({"run": i + 1, "outcome": "cluster-not-whole", "incident": incident, "kills": []})
                 break
     finally:
+        try:
+            cache_counts = client.run_on_scheduler(
+                lambda dask_scheduler: dask_scheduler.plugins[SCHEDULER_PLUGIN].comm_cache.view()["counts"]
+            )
+        except Exception as e:  # noqa: BLE001
+            cache_counts = {"error": repr(e)}
         client.close()
         cluster.close()
     killed = [k for r in runs for k in r.get("kills", ())]
@@ -305,6 +312,9 @@ def main() -> int:
         "reference_s": reference["seconds"],
         "seconds": round(time.monotonic() - t_start, 1),
         "load_avg": {"start": [round(x, 1) for x in load0], "end": [round(x, 1) for x in os.getloadavg()]},
+        # How the generations built their communicators (the scheduler's communicator cache):
+        # "shrunk" is a generation over a kill's survivors that shrank the one they kept.
+        "comm_cache": cache_counts,
         "records": [{k: v for k, v in r.items() if k != "x"} for r in runs],
     }
     text = json.dumps(doc, indent=1)
