@@ -222,6 +222,17 @@ def main() -> int:
         elif "error" in box:
             rec["outcome"] = "failed"
             rec["error"] = f"{type(box['error']).__name__}: {box['error']}"[:500]
+            # For whoever investigates: how the failed generation's members left it.
+            job_id = getattr(box["error"], "job_id", "")
+            try:
+                view = sidecar.job(job_id) if job_id else {}
+                rec["failed_job"] = {
+                    "id": job_id,
+                    "error": view.get("error"),
+                    "members": [[m["rank"], m["workerId"], m["state"], m.get("reason")] for m in view["members"]],
+                }
+            except Exception as e:  # noqa: BLE001
+                rec["failed_job"] = {"id": job_id, "unknown": repr(e)[:200]}
         else:
             out = next(r for r in box["out"] if r is not None)
             rec["outcome"] = "ok"

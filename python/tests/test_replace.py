@@ -113,3 +113,23 @@ def test_a_worker_whose_data_cannot_move_is_kept_serving_dask(monkeypatch, amm):
     finally:
         client.close()
         cluster.close()
+
+
+@pytest.mark.parametrize(("timeout", "waits"), [("15s", True), ("7 days", False)])
+def test_a_restart_waits_for_the_clusters_check_only_when_it_is_near(timeout, waits):
+    # With a lost-worker-timeout of days (bench/elastic_kills.py sets one), waiting for the
+    # cluster's check would hold the replacement for days: the restarted worker is back long
+    # before it, so it is restarted at once.
+    from types import SimpleNamespace
+
+    from dask_pmix.scheduler.replace import Replacer
+
+    scheduler = SimpleNamespace(workers={"tcp://w:1": SimpleNamespace(name="w")})
+    r = Replacer(scheduler, rest=lambda: None, register=lambda _: None)
+    with dask.config.set({"distributed.deploy.lost-worker-timeout": timeout}):
+        r.added("tcp://w:1")
+        r.removed("tcp://w:1")
+        scheduler.workers["tcp://w:2"] = SimpleNamespace(name="w")  # back, restarted
+        r.added("tcp://w:2")
+        wait = r._until_restartable("tcp://w:2")
+    assert (14 < wait <= 16) if waits else wait == 0, wait

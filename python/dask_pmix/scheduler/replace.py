@@ -19,7 +19,8 @@ of its last removal: a SpecCluster (LocalCluster, dask-jobqueue) checks that lon
 removal whether a worker of that name is back, and closes the worker's nanny for good when it finds
 none, which is what it finds while that worker is away for its next restart (distributed 2026.8:
 deploy/spec.py, _update_worker_status). So a worker replaced twice in quick succession would not
-come back."""
+come back. A check more than BACK_WITHIN ahead (a timeout of hours or days) delays nothing: the
+restarted worker is back long before it."""
 
 from __future__ import annotations
 
@@ -47,6 +48,9 @@ RESTART_WITHIN = 120.0
 # Past a SpecCluster's check after a worker's removal (the module docstring): its timer and ours
 # start at slightly different moments.
 LOST_CHECK_MARGIN = 1.0
+# A restarted worker is back well within this (1-13 s seen on 2 cores): a cluster's check of its
+# name further ahead than this does not delay its restart.
+BACK_WITHIN = 60.0
 # Replacements at once on one host, and the share of the cluster's workers being replaced at once.
 PER_HOST = 2
 SHARE = 4
@@ -84,17 +88,24 @@ class Replacer:
         if name is None:
             return
         now = time.monotonic()
+        self._removed_at.pop(name, None)  # oldest first
         self._removed_at[name] = now
         horizon = now - lost_worker_timeout() - LOST_CHECK_MARGIN
         for old in [n for n, t in self._removed_at.items() if t < horizon]:
             del self._removed_at[old]
+        excess = len(self._removed_at) - 4096  # bounded whatever the timeout
+        for old in list(self._removed_at)[: max(0, excess)]:
+            del self._removed_at[old]
 
     def _until_restartable(self, worker: str) -> float:
-        """Seconds until ``worker`` may be restarted without a SpecCluster closing its nanny."""
+        """Seconds until ``worker`` may be restarted without a SpecCluster closing its nanny: none
+        when the cluster's check of its name is past, or far enough ahead that the restarted
+        worker is back long before it (a lost-worker-timeout of hours or days)."""
         left_at = self._removed_at.get(self._names.get(worker, ""))
         if left_at is None:
             return 0.0
-        return max(0.0, left_at + lost_worker_timeout() + LOST_CHECK_MARGIN - time.monotonic())
+        left = left_at + lost_worker_timeout() + LOST_CHECK_MARGIN - time.monotonic()
+        return 0.0 if left <= 0 or left > BACK_WITHIN else left
 
     def replace(self, worker: str, reason: str) -> dict:
         if worker not in self.scheduler.workers:
