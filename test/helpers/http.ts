@@ -49,3 +49,34 @@ export async function until<T>(
     await new Promise((r) => setTimeout(r, 25));
   }
 }
+
+/**
+ * The status the server answers to a request head alone: for a body it refuses by its declared
+ * length. Sending the body too races the refusal: the server answers and closes while the client
+ * still writes, and fetch then fails with EPIPE instead of returning the answer.
+ */
+export async function statusOfHead(base: string, method: string, path: string, headers: Record<string, string>) {
+  const { connect } = await import('node:net');
+  const url = new URL(base);
+  const head = [
+    `${method} ${path} HTTP/1.1`,
+    `host: ${url.host}`,
+    ...Object.entries(headers).map(([k, v]) => `${k}: ${v}`),
+  ];
+  return new Promise<number>((resolve, reject) => {
+    const socket = connect(Number(url.port), url.hostname, () => socket.write(`${head.join('\r\n')}\r\n\r\n`));
+    let got = '';
+    socket.setEncoding('latin1');
+    socket.setTimeout(15_000, () => socket.destroy(new Error('no answer within 15 s')));
+    socket.on('data', (chunk: string) => {
+      got += chunk;
+      const line = /^HTTP\/1\.[01] (\d{3})/.exec(got);
+      if (line) {
+        socket.destroy();
+        resolve(Number(line[1]));
+      }
+    });
+    socket.on('error', reject);
+    socket.on('close', () => reject(new Error(`closed without an answer: ${JSON.stringify(got.slice(0, 200))}`)));
+  });
+}
