@@ -25,8 +25,8 @@ fi
 phase vitest npx vitest run "$@"
 if [ $# -eq 0 ]; then
   phase docs scripts/docs.sh
-  phase pytest-openmpi .venv/bin/python -m pytest -q -p no:cacheprovider python/tests
-  phase pytest-mpich env DASK_PMIX_TEST_IMPL=mpich .venv-mpich/bin/python -m pytest -q -p no:cacheprovider python/tests
+  phase pytest-openmpi .venv/bin/python -m pytest -q -p no:cacheprovider --durations=12 python/tests
+  phase pytest-mpich env DASK_PMIX_TEST_IMPL=mpich .venv-mpich/bin/python -m pytest -q -p no:cacheprovider --durations=12 python/tests
   [ "${DASK_PMIX_PERF_GUARD:-1}" = 0 ] || phase perf-guard node dist/bench/guard.js
   echo "[test] all $SECONDS s" >&2
 fi
