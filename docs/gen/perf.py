@@ -463,6 +463,17 @@ def elastic_kills_text() -> str:
             "logged the restart); what keeps it away is not known yet. "
             for c in d.get("cluster_not_whole", [])
         )
+        + "".join(
+            f"Run {r['run']} failed: {r.get('error', '')[:300]} "
+            for r in d.get("records", [])
+            if r.get("outcome") == "failed"
+        )
+        + (
+            f"After a kill, {cache['shrunk']} generations over the survivors shrank the communicator they kept "
+            f"(`MPI_Comm_shrink`) instead of building one through the sidecar. "
+            if (cache := d.get("comm_cache") or {}).get("shrunk")
+            else ""
+        )
         + f"{_loads(d['load_avg']['start'], d['load_avg']['end']).capitalize()}. "
         "`distributed.deploy.lost-worker-timeout` is put past the run, as above. "
         "Source: `bench/results/elastic-kills.json`.\n"
