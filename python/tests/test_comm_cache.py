@@ -122,21 +122,6 @@ def test_a_job_that_lost_members_named_dead_leaves_its_communicator_to_shrink_fo
     assert c.counts["shrunk"] == 3
 
 
-def test_a_communicator_whose_builder_lost_a_member_shrinks_only_where_every_survivor_holds_it():
-    for b_holds, shrinks in ((["j1"], True), ([], False)):
-        c = CommCache(bound=4)
-        assert c.plan("j1", ["a", "b", "c"])[0]["keep"] == "j1"
-        c.job_ended("j1", False, frozenset({"c"}))  # c died after the construction, before the end
-        c.worker_left("c")
-        c.holds("j2", "a", ["j1"])
-        c.holds("j2", "b", b_holds)  # b may not have finished building it
-        plan, _ = c.plan("j2", ["b", "a"])
-        if shrinks:
-            assert plan == {"use": "j1", "keep": "j2", "shrink": True, "ranks": [1, 0], "live": ["j1", "j2"]}
-        else:
-            assert (plan["use"], plan["keep"]) == (None, "j2"), plan
-
-
 def test_a_failure_that_named_no_dead_or_lost_an_unnamed_member_drops_the_communicator():
     c = CommCache(bound=4)
     c.plan("j1", ["a", "b", "c"])
@@ -350,7 +335,7 @@ def test_a_member_that_dies_leaves_the_survivors_a_communicator_to_shrink(cluste
     # No new group construct after a death (issue 28): the survivors' next job shrinks the
     # communicator they kept with the dead member, and keeps what it shrank to.
     _, client, sidecar = cluster
-    ws = three_not_killed(client)
+    ws = sorted(client.scheduler_info()["workers"])[:3]
     set_cache(client, clear=True)  # no healthy kept communicator over the survivors to derive from
     assert run(client, ws) == [3, 3, 3]
     kept = last_plan(client)[0]
@@ -375,41 +360,6 @@ def test_a_member_that_dies_leaves_the_survivors_a_communicator_to_shrink(cluste
     assert last_plan(client)[1:] == (shrunk, None)
     client.wait_for_workers(4, timeout=60)  # its nanny restarted the killed one
     wait_pool_ready(sidecar, 4)
-
-
-@pytest.mark.skipif(not OPENMPI, reason="MPICH cannot shrink: a failed job's communicator is dropped")
-def test_a_member_that_dies_in_the_job_that_built_the_communicator_leaves_it_to_shrink(cluster):
-    # An elastic job's first generation after earlier kills is over new workers: it builds its
-    # communicator. A death there used to leave the survivors a new group construct.
-    _, client, sidecar = cluster
-    ws = three_not_killed(client)
-    set_cache(client, clear=True)
-    with pytest.raises(MPIJobError) as info:
-        run(client, ws, dies_on_rank_2)
-    assert info.value.kind == "member-lost" and list(info.value.lost_workers) == [ws[2]], info.value
-    built, use, keep = last_plan(client)
-    assert (use, keep) == (None, built)
-    before = held(client)
-    assert run(client, ws[:2], rank_sum, 10) == [21, 21]
-    shrunk, use, keep = last_plan(client)
-    assert (use, keep) == (built, shrunk)
-    after = held(client)
-    assert all(after[w]["shrunk"] == before[w]["shrunk"] + 1 for w in ws[:2]), (before, after)
-    client.wait_for_workers(4, timeout=60)
-    wait_pool_ready(sidecar, 4)
-
-
-# Names of the workers this module killed: a LocalCluster closes for good a worker killed again
-# within distributed.deploy.lost-worker-timeout of its last loss.
-KILLED: set[str] = set()
-
-
-def three_not_killed(client) -> list[str]:
-    """Three workers (sorted) of names not killed before; the third one's name is marked killed."""
-    info = client.scheduler_info()["workers"]
-    ws = sorted(w for w in info if info[w]["name"] not in KILLED)[:3]
-    KILLED.add(info[ws[2]]["name"])
-    return ws
 
 
 def test_a_kept_communicator_in_use_is_not_shared_the_other_job_builds_its_own(cluster):

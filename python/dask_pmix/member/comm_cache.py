@@ -72,13 +72,6 @@ def take(entry_id: str) -> Any:
     return comm
 
 
-def held() -> list[str]:
-    """The ids of the communicators this process keeps (its join says so: a communicator whose
-    builder job failed serves only where every member holds it)."""
-    with _lock:
-        return sorted(_kept)
-
-
 def put(entry_id: str, comm: Any) -> None:
     _hook()
     with _lock:

@@ -29,8 +29,6 @@ def _calls(job_id: str, worker_id: str):
     worker = get_worker()
 
     def join(wait: float, ports: dict | None = None) -> dict:
-        from . import comm_cache
-
         try:
             return _scheduler_call(
                 worker,
@@ -38,7 +36,6 @@ def _calls(job_id: str, worker_id: str):
                 job_id=job_id,
                 worker=worker_id,
                 wait=wait,
-                held=comm_cache.held(),
                 **({"ports": ports} if ports is not None else {}),
             )
         except Exception as e:  # noqa: BLE001

@@ -39,17 +39,15 @@ cluster, when the sidecar restarts, and, least recently used first, beyond
 ``dask-pmix.pool.comm-cache`` entries (idle ones only).
 
 A job over exactly a kept communicator's members (Open MPI) that failed because some of them died
-(the job that built it, or one that used it) leaves it shrinkable instead of dropped, when the
-sidecar named every dead member to the survivors' MPI library (their PMIx connection dropped while
-the job ran: the sidecar then sends the job's end with them as the failed processes, dask_pmix's
-pmix-pool.ts). MPI_Comm_shrink of it is an agreement among the survivors (1.5 ms at 3), with no
-PMIx group construct, and the kept communicator is the only one every survivor still shares: after
-a failure, a new group construct over the survivors was where a second death hung libpmix 5.0.11's
-tracker for good (issue 28). Shrinking needs every living member of the communicator, so it serves
-only a job over exactly its survivors, and, when the job that built it failed, only if every
-survivor says at its join that it holds it (a member may have died before the others finished
-building it); that job's shrunk communicator replaces it (one that fails the same way leaves the
-parent shrinkable with the new dead added).
+leaves it shrinkable instead of dropped, when the sidecar named every dead member to the survivors'
+MPI library (their PMIx connection dropped while the job ran: the sidecar then sends the job's end
+with them as the failed processes, dask_pmix's pmix-pool.ts). MPI_Comm_shrink of it is an
+agreement among the survivors (1.5 ms at 3), with no PMIx group construct, and the kept
+communicator is the only one every survivor still shares: after a failure, a new group construct
+over the survivors was where a second death hung libpmix 5.0.11's tracker for good (issue 28).
+Shrinking needs every living member of the communicator, so it serves only a job over exactly
+its survivors; that job's shrunk communicator replaces it (one that fails the same way leaves
+the parent shrinkable with the new dead added).
 
 The sidecar still admits and freezes every job; it does not see a derived communicator, so the
 plugin tells it that a job built from a kept communicator runs (SidecarPlugin.join_job).
@@ -102,8 +100,6 @@ class CommCache:
         self._on: dict[str, tuple[str, ...]] = {}  # job -> the key of the entry it builds or uses
         self._shrinks: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}  # job -> (parent, shrunk)
         self._whole: dict[str, bool] = {}  # job -> whether it runs over all of its entry's members
-        # job -> member -> the ids it keeps, said at its join, until the job's plan is made
-        self._held: collections.OrderedDict[str, dict[str, frozenset[str]]] = collections.OrderedDict()
         self.counts: collections.Counter[str] = collections.Counter()
         self.history: collections.deque[tuple] = collections.deque(maxlen=HISTORY)
         self.recorded = 0  # entries ever appended to history
@@ -119,7 +115,7 @@ class CommCache:
         if workers and self.bound > 0:
             key = tuple(workers)
             e = self._covering(key)
-            s = self._shrinkable(key, self._held.pop(job_id, {})) if e is None else None
+            s = self._shrinkable(key) if e is None else None
             if s is not None:
                 survivors = tuple(w for w in s.key if w not in s.dead)
                 s.busy, use, keep = job_id, s.id, job_id
@@ -177,27 +173,14 @@ class CommCache:
                     best = e
         return best
 
-    def _shrinkable(self, key: tuple[str, ...], held: dict[str, frozenset[str]]) -> Kept | None:
-        """An idle kept communicator whose living members are exactly ``key``'s workers, each
-        holding it: one whose builder completed, or, when its builder failed (a member died
-        after the construction, before the job's end), one that every member says it holds."""
+    def _shrinkable(self, key: tuple[str, ...]) -> Kept | None:
+        """An idle kept communicator whose living members are exactly ``key``'s workers."""
         want = set(key)
-        if key in self._kept:
-            return None
         for e in self._kept.values():
-            if e.dead and e.busy is None and set(e.key) - e.dead == want:
-                if e.ready or all(e.id in held.get(w, ()) for w in key):
+            if e.dead and e.ready and e.busy is None and set(e.key) - e.dead == want:
+                if key not in self._kept:
                     return e
         return None
-
-    def holds(self, job_id: str, worker: str, ids: list[str]) -> None:
-        """What a member of ``job_id`` keeps, as it says when it joins (before the plan)."""
-        if job_id in self._plans:
-            return
-        self._held.setdefault(job_id, {})[worker] = frozenset(ids)
-        self._held.move_to_end(job_id)
-        while len(self._held) > PLANS_KEPT:
-            self._held.popitem(last=False)
 
     def _room(self) -> bool:
         """Makes room for one more entry (evicting the least recently used idle ones)."""
@@ -215,7 +198,6 @@ class CommCache:
         failed with ``dead`` members (dead, and named to the others' MPI), is left shrinkable
         when the job ran over exactly its members."""
         self._plans.pop(job_id, None)
-        self._held.pop(job_id, None)
         key = self._on.pop(job_id, None)
         shrink = self._shrinks.pop(job_id, None)
         if shrink is not None:
@@ -275,7 +257,6 @@ class CommCache:
             self._drop(key, why)
         self._shrinks.clear()
         self._whole.clear()
-        self._held.clear()
 
     def _drop(self, key: tuple[str, ...], why: str) -> None:
         e = self._kept.pop(key, None)

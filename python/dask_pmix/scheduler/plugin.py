@@ -965,22 +965,12 @@ class SidecarPlugin(SchedulerPlugin):
             await asyncio.wait(removing, timeout=max(0.1, deadline - loop.time()))
         return {"left": left, "members": inside}
 
-    async def join_job(
-        self,
-        job_id: str,
-        worker: str,
-        wait: float = 10.0,
-        ports: dict | None = None,
-        held: list[str] | None = None,
-    ) -> dict:
+    async def join_job(self, job_id: str, worker: str, wait: float = 10.0, ports: dict | None = None) -> dict:
         """An in-process member is there; answers when every member is (ready), or after at most
-        `wait` s (not ready: the member asks again). See join_barrier. ``held``: the ids of the
-        communicators the member keeps (comm_cache)."""
+        `wait` s (not ready: the member asks again). See join_barrier."""
         entry = self.jobs.get(job_id)
         if entry is not None and not entry.active:
             return {"error": f"job {job_id} {entry.state}: {entry.view.get('error') or ''}".rstrip(": "), "status": 409}
-        if held is not None and entry is not None:
-            self.comm_cache.holds(job_id, worker, held)
         answer = await self.barriers.join(job_id, worker, wait, ports)
         return self._comm_plan(job_id, answer, ports is not None) if answer.get("ready") else answer
 
