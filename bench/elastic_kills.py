@@ -223,10 +223,11 @@ def main() -> int:
             rec["outcome"] = "failed"
             rec["error"] = f"{type(box['error']).__name__}: {box['error']}"[:500]
             # For whoever investigates: how the failed generation's members left it.
+            # (None for a generation whose creation was refused: there is no job to read.)
             job_id = getattr(box["error"], "job_id", "")
             try:
-                view = sidecar.job(job_id) if job_id else {}
-                rec["failed_job"] = {
+                view = sidecar.job(job_id) if job_id else None
+                rec["failed_job"] = view and {
                     "id": job_id,
                     "error": view.get("error"),
                     "members": [[m["rank"], m["workerId"], m["state"], m.get("reason")] for m in view["members"]],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 # A schema violation as the sidecar (fastify, ajv) words it: "invalid request: " and then, for
 # each violation, where ("body/timeoutSeconds", "querystring/wait", "body") and what is wrong.
@@ -110,6 +111,14 @@ def _starts(text: str, prefixes: tuple[str, ...]) -> bool:
 def is_worker_gone(reason: str) -> bool:
     """Whether a member's reason says that its worker is gone (WORKER_GONE, a peer's ULFM report)."""
     return _starts(reason, WORKER_GONE) or bool(_PEER_FAILED.match(reason))
+
+
+def lost_members(view: dict, because: Callable[[str], bool] = is_worker_gone) -> frozenset[str]:
+    """The workers of the job ``view``'s members that left it lost, for a reason ``because``
+    accepts (by default: their worker is gone)."""
+    return frozenset(
+        m["workerId"] for m in view.get("members") or () if m.get("state") == "lost" and because(m.get("reason") or "")
+    )
 
 
 def classify(

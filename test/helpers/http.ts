@@ -1,3 +1,5 @@
+import { connect } from 'node:net';
+
 // A small REST client for the tests: real HTTP to a listening sidecar.
 export interface Reply<T = any> {
   status: number;
@@ -55,8 +57,7 @@ export async function until<T>(
  * length. Sending the body too races the refusal: the server answers and closes while the client
  * still writes, and fetch then fails with EPIPE instead of returning the answer.
  */
-export async function statusOfHead(base: string, method: string, path: string, headers: Record<string, string>) {
-  const { connect } = await import('node:net');
+export function statusOfHead(base: string, method: string, path: string, headers: Record<string, string>) {
   const url = new URL(base);
   const head = [
     `${method} ${path} HTTP/1.1`,

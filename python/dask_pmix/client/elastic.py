@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import Failure, MPIJobError, is_worker_gone
+from ..errors import Failure, MPIJobError, lost_members
 from ..protocol import CHANGE_LABEL, ELASTIC_LABEL, GENERATION_LABEL, Call
 from .retries import SETTLE, workers_gone
 from .run import _check_request, _finish, _fresh_view, _start_job, _sync, fetch_results
@@ -161,7 +161,7 @@ async def _drive(client, fn, args, kwargs, state, n, workers, lo: int, hi: int, 
             # The lost workers only: the error's rank may be a survivor whose MPI call failed first.
             # The error names the one that ended the job; another that died meanwhile is in the
             # job's view, and Dask may not have removed it yet (naming it would be refused).
-            lost = set(e.lost_workers or ()) | dead_members(await _fresh_view(client, job.id))
+            lost = set(e.lost_workers or ()) | lost_members(await _fresh_view(client, job.id))
             if lost:
                 await _gone(client, lost)
             alive = set((await client.scheduler.identity()).get("workers") or ())
@@ -195,15 +195,6 @@ async def _drive(client, fn, args, kwargs, state, n, workers, lo: int, hi: int, 
         members = [w for w in ranks if w not in leave] + joining
         change = "; ".join(p for p in (" ".join(f"-{w}" for w in leave), " ".join(f"+{w}" for w in joining)) if p)
         generation += 1
-
-
-def dead_members(view: dict) -> set[str]:
-    """The workers of a failed job's ``view`` that the sidecar says are gone."""
-    return {
-        m["workerId"]
-        for m in view.get("members") or ()
-        if m.get("state") == "lost" and is_worker_gone(m.get("reason") or "")
-    }
 
 
 async def _gone(client, lost: set[str]) -> None:

@@ -123,15 +123,8 @@ def derive(comm: Any, ranks: list[int] | None) -> Any:
 
 def what(plan: dict) -> str:
     """How a job on a kept communicator derives its own, for the stuck-call evidence."""
-    if plan.get("shrink"):
-        return (
-            "MPI_Comm_create_group of a shrunk kept communicator"
-            if plan.get("ranks")
-            else ("MPI_Comm_dup of a shrunk kept communicator")
-        )
-    if plan.get("ranks"):
-        return "MPI_Comm_create_group of a kept communicator"
-    return "MPI_Comm_dup of a kept communicator"
+    kept = "a shrunk kept communicator" if plan.get("shrink") else "a kept communicator"
+    return f"MPI_Comm_create_group of {kept}" if plan.get("ranks") else f"MPI_Comm_dup of {kept}"
 
 
 def count(what: str) -> None:

@@ -216,14 +216,13 @@ def build(p, ranks: list[int], tag: str, plan: dict):
     revoking a communicator while a Dup of it activates is where Open MPI 5.0.x was seen to
     crash (ompi_comm_revoke_local during ompi_comm_activate)."""
     use, keep = plan.get("use"), plan.get("keep")
-    if use is not None and keep is not None and plan.get("shrink"):
-        with tracking.within("MPI_Comm_shrink of a kept communicator"):
-            parent = comm_cache.shrink(comm_cache.take(use))
-        comm_cache.put(keep, parent)
-        comm_cache.count("shrunk")
-        what = comm_cache.what(plan)
-    elif use is not None:
+    if use is not None:
         parent = comm_cache.take(use)
+        if plan.get("shrink") and keep is not None:
+            with tracking.within("MPI_Comm_shrink of a kept communicator"):
+                parent = comm_cache.shrink(parent)
+            comm_cache.put(keep, parent)
+            comm_cache.count("shrunk")
         what = comm_cache.what(plan)
     else:
         with tracking.within("MPI_Comm_create_from_group"):

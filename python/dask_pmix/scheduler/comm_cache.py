@@ -59,7 +59,7 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass
 
-from ..errors import POOL_PROCESS_DIED
+from ..errors import POOL_PROCESS_DIED, lost_members
 
 # Plans remembered for jobs still running (or whose end the plugin has not seen).
 PLANS_KEPT = 4096
@@ -85,11 +85,16 @@ def named_dead(view: dict) -> frozenset[str]:
     shrinkable); empty for any other job."""
     if view.get("impl") != "openmpi" or view.get("mode") != "inprocess":
         return frozenset()
-    return frozenset(
-        m["workerId"]
-        for m in view.get("members") or ()
-        if m.get("state") == "lost" and str(m.get("reason") or "").startswith(POOL_PROCESS_DIED)
-    )
+    return lost_members(view, lambda reason: reason.startswith(POOL_PROCESS_DIED))
+
+
+@dataclass
+class On:
+    """What a planned job does with the cache until its end."""
+
+    key: tuple[str, ...]  # the entry it builds or uses (for a shrink: the one it shrinks to)
+    whole: bool  # it runs over all of that entry's members
+    parent: tuple[str, ...] | None = None  # a shrink: the entry it shrinks
 
 
 class CommCache:
@@ -97,9 +102,7 @@ class CommCache:
         self.bound = max(0, int(bound))
         self._kept: collections.OrderedDict[tuple[str, ...], Kept] = collections.OrderedDict()  # LRU first
         self._plans: collections.OrderedDict[str, dict] = collections.OrderedDict()
-        self._on: dict[str, tuple[str, ...]] = {}  # job -> the key of the entry it builds or uses
-        self._shrinks: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}  # job -> (parent, shrunk)
-        self._whole: dict[str, bool] = {}  # job -> whether it runs over all of its entry's members
+        self._on: dict[str, On] = {}  # planned job -> what it does with the cache
         self.counts: collections.Counter[str] = collections.Counter()
         self.history: collections.deque[tuple] = collections.deque(maxlen=HISTORY)
         self.recorded = 0  # entries ever appended to history
@@ -112,16 +115,16 @@ class CommCache:
         if made is not None:
             return made, False
         use = keep = ranks = None
+        shrink = False
         if workers and self.bound > 0:
             key = tuple(workers)
             e = self._covering(key)
             s = self._shrinkable(key) if e is None else None
             if s is not None:
                 survivors = tuple(w for w in s.key if w not in s.dead)
-                s.busy, use, keep = job_id, s.id, job_id
+                s.busy, use, keep, shrink = job_id, s.id, job_id, True
                 self._kept[survivors] = Kept(job_id, survivors, busy=job_id)
-                self._shrinks[job_id] = (s.key, survivors)
-                self._on[job_id] = survivors
+                self._on[job_id] = On(survivors, whole=True, parent=s.key)
                 self.counts["shrunk"] += 1
                 if survivors != key:
                     ranks = [survivors.index(w) for w in key]
@@ -129,8 +132,7 @@ class CommCache:
                 e.busy, use = job_id, e.id
                 e.uses += 1
                 self._kept.move_to_end(e.key)
-                self._on[job_id] = e.key
-                self._whole[job_id] = set(e.key) == set(key)
+                self._on[job_id] = On(e.key, whole=set(e.key) == set(key))
                 self.counts["reused"] += 1
                 if e.key != key:
                     ranks = [e.key.index(w) for w in key]
@@ -139,8 +141,7 @@ class CommCache:
                 self.counts["busy"] += 1  # another job holds it: this one builds its own
             elif self._room():
                 self._kept[key] = Kept(job_id, key, busy=job_id)
-                self._on[job_id] = key
-                self._whole[job_id] = True
+                self._on[job_id] = On(key, whole=True)
                 keep = job_id
                 self.counts["kept"] += 1
             else:
@@ -148,7 +149,7 @@ class CommCache:
         if use is None:
             self.counts["built"] += 1
         plan: dict = {"use": use, "keep": keep, "live": [e.id for e in self._kept.values()]}
-        if job_id in self._shrinks:
+        if shrink:
             plan["shrink"] = True
         if ranks is not None:
             plan["ranks"] = ranks
@@ -175,12 +176,13 @@ class CommCache:
 
     def _shrinkable(self, key: tuple[str, ...]) -> Kept | None:
         """An idle kept communicator whose living members are exactly ``key``'s workers."""
+        if key in self._kept:
+            return None  # its shrunk one would take the key of a communicator kept already
         want = set(key)
-        for e in self._kept.values():
-            if e.dead and e.ready and e.busy is None and set(e.key) - e.dead == want:
-                if key not in self._kept:
-                    return e
-        return None
+        return next(
+            (e for e in self._kept.values() if e.dead and e.ready and e.busy is None and set(e.key) - e.dead == want),
+            None,
+        )
 
     def _room(self) -> bool:
         """Makes room for one more entry (evicting the least recently used idle ones)."""
@@ -198,38 +200,42 @@ class CommCache:
         failed with ``dead`` members (dead, and named to the others' MPI), is left shrinkable
         when the job ran over exactly its members."""
         self._plans.pop(job_id, None)
-        key = self._on.pop(job_id, None)
-        shrink = self._shrinks.pop(job_id, None)
-        if shrink is not None:
-            parent_key, shrunk_key = shrink
-            self._record(("end", job_id, completed))
-            parent = self._kept.get(parent_key)
-            if parent is not None and parent.busy == job_id:
-                parent.busy = None
-                if completed:
-                    self._drop(parent_key, "shrunk")
-                elif not self._dies(parent, dead):
-                    self._drop(parent_key, "failed")
-            shrunk = self._kept.get(shrunk_key)
-            if shrunk is not None and shrunk.busy == job_id:
-                if completed and not shrunk.left:
-                    shrunk.busy, shrunk.ready = None, True
-                else:
-                    self._drop(shrunk_key, "failed")
+        on = self._on.pop(job_id, None)
+        if on is None:
             return
-        e = self._kept.get(key) if key is not None else None
+        if on.parent is not None:
+            self._shrink_ended(job_id, on, completed, dead)
+            return
+        e = self._kept.get(on.key)
         if e is None or e.busy != job_id:
             return
         self._record(("end", job_id, completed))
-        whole = self._whole.pop(job_id, False)
         if completed and not e.left:
             e.busy, e.ready = None, True
-        elif not completed and whole and self._dies(e, dead):
+        elif not completed and on.whole and self._mark_dead(e, dead):
             e.busy = None
         else:
-            self._drop(key, "failed" if not completed else "member left")  # type: ignore[arg-type]
+            self._drop(on.key, "failed" if not completed else "member left")
 
-    def _dies(self, e: Kept, dead: frozenset[str]) -> bool:
+    def _shrink_ended(self, job_id: str, on: On, completed: bool, dead: frozenset[str]) -> None:
+        """A job that shrank a kept communicator ended: the shrunk one replaces it (completed), or
+        goes, leaving the parent shrinkable with the new dead added when there are some."""
+        self._record(("end", job_id, completed))
+        parent = self._kept.get(on.parent)  # type: ignore[arg-type]
+        if parent is not None and parent.busy == job_id:
+            parent.busy = None
+            if completed:
+                self._drop(parent.key, "shrunk")
+            elif not self._mark_dead(parent, dead):
+                self._drop(parent.key, "failed")
+        shrunk = self._kept.get(on.key)
+        if shrunk is not None and shrunk.busy == job_id:
+            if completed and not shrunk.left:
+                shrunk.busy, shrunk.ready = None, True
+            else:
+                self._drop(on.key, "failed")
+
+    def _mark_dead(self, e: Kept, dead: frozenset[str]) -> bool:
         """Whether ``e`` becomes (or stays) shrinkable with ``dead`` added to its dead: every
         member that left is among them, and some member survives."""
         now = e.dead | (dead & set(e.key))
@@ -255,16 +261,16 @@ class CommCache:
     def clear(self, why: str = "cleared") -> None:
         for key in list(self._kept):
             self._drop(key, why)
-        self._shrinks.clear()
-        self._whole.clear()
+        self._on.clear()
 
     def _drop(self, key: tuple[str, ...], why: str) -> None:
         e = self._kept.pop(key, None)
         if e is not None:
             self.counts[f"dropped: {why}"] += 1
             self._record(("drop", e.id, why))
-            if e.busy is not None and self._on.get(e.busy) == key:
-                del self._on[e.busy]
+            on = self._on.get(e.busy) if e.busy is not None else None
+            if on is not None and on.key == key:
+                del self._on[e.busy]  # type: ignore[arg-type]
 
     def _record(self, what: tuple) -> None:
         self.history.append(what)

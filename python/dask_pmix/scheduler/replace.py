@@ -51,6 +51,8 @@ LOST_CHECK_MARGIN = 1.0
 # A restarted worker is back well within this (1-13 s seen on 2 cores): a cluster's check of its
 # name further ahead than this does not delay its restart.
 BACK_WITHIN = 60.0
+# Names whose last removal is remembered, the oldest forgotten first, whatever the timeout.
+NAMES_KEPT = 4096
 # Replacements at once on one host, and the share of the cluster's workers being replaced at once.
 PER_HOST = 2
 SHARE = 4
@@ -93,8 +95,7 @@ class Replacer:
         horizon = now - lost_worker_timeout() - LOST_CHECK_MARGIN
         for old in [n for n, t in self._removed_at.items() if t < horizon]:
             del self._removed_at[old]
-        excess = len(self._removed_at) - 4096  # bounded whatever the timeout
-        for old in list(self._removed_at)[: max(0, excess)]:
+        for old in list(self._removed_at)[: max(0, len(self._removed_at) - NAMES_KEPT)]:
             del self._removed_at[old]
 
     def _until_restartable(self, worker: str) -> float:

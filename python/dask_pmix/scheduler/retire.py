@@ -6,20 +6,20 @@ pickled (a rank's in-process result may be a lock or a communicator) never moves
 stays closing_gracefully, taking no task. Cancelling the call does not help either: the
 retirement's policy stays in the memory manager and the worker's status is not restored.
 
-So the wait is bounded by progress: when no key of the worker got a copy elsewhere for
-``stall`` seconds, the retirement is withdrawn the way Dask withdraws one that finds no
-recipient (the policy flagged and taken out, which makes ``retire_workers`` restore the worker's
-status and answer without it)."""
+So the wait is bounded by progress: when a whole ``stall`` seconds pass in which no key of the
+worker got a copy elsewhere, the retirement is withdrawn the way Dask withdraws one that finds
+no recipient (the policy flagged and taken out, which makes ``retire_workers`` restore the
+worker's status and answer without it)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 
-logger = logging.getLogger("dask_pmix")
+from distributed.active_memory_manager import RetireWorker
+from distributed.core import Status
 
-# How often the keys left to move are counted.
-POLL = 0.5
+logger = logging.getLogger("dask_pmix")
 
 
 def unique_keys(scheduler, worker: str) -> int:
@@ -30,21 +30,22 @@ def unique_keys(scheduler, worker: str) -> int:
     return sum(1 for ts in ws.has_what if len(ts.who_has or ()) <= 1)
 
 
-def _withdraw(scheduler, worker: str) -> bool:
+async def _withdraw(scheduler, worker: str, task: asyncio.Future, stimulus_id: str) -> None:
+    """Ends the retirement ``task`` of ``worker``, the worker taking tasks again."""
     amm = scheduler.extensions.get("amm")
-    policies = getattr(amm, "policies", None)
-    for policy in list(policies or ()):
-        if type(policy).__name__ == "RetireWorker" and getattr(policy, "address", None) == worker:
-            policy.no_recipients = True
-            policies.discard(policy)  # type: ignore[union-attr]
-            return True
-    return False
-
-
-def _restore(scheduler, worker: str, stimulus_id: str) -> None:
-    """The worker takes tasks again (what retire_workers does when it finds no recipient)."""
-    from distributed.core import Status
-
+    policies = getattr(amm, "policies", None) or set()
+    policy = next((p for p in policies if isinstance(p, RetireWorker) and p.address == worker), None)
+    if policy is not None:
+        # What RetireWorker does itself when it finds no recipient: retire_workers then restores
+        # the worker's status and answers without it.
+        policy.no_recipients = True
+        policies.discard(policy)
+        await asyncio.gather(task, return_exceptions=True)
+        return
+    # Not in the cluster's memory manager (retire_workers runs one of its own when the cluster
+    # runs none): its policy cannot be reached, so the call is cancelled and the status restored.
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
     ws = scheduler.workers.get(worker)
     if ws is not None and ws.status == Status.closing_gracefully:
         scheduler.handle_worker_status_change(Status.running, ws, stimulus_id)
@@ -60,39 +61,32 @@ async def retire(scheduler, worker: str, stimulus_id: str, stall: float, within:
         scheduler.retire_workers([worker], close_workers=False, remove=False, stimulus_id=stimulus_id)
     )
     loop = asyncio.get_running_loop()
-    start = last_progress = loop.time()
+    deadline = loop.time() + within
     left = unique_keys(scheduler, worker)
     why = ""
     try:
-        while not task.done():
-            await asyncio.wait({task}, timeout=POLL)
-            now = loop.time()
-            count = unique_keys(scheduler, worker)
-            if count < left:
-                left, last_progress = count, now
+        while True:
+            await asyncio.wait({task}, timeout=max(0.0, min(stall, deadline - loop.time())))
             if task.done():
                 break
-            if now - last_progress > stall or now - start > within:
+            now_left = unique_keys(scheduler, worker)
+            if loop.time() >= deadline:
+                why = f"moving its data took longer than {within:.0f} s"
+            elif now_left >= left:
                 why = (
-                    f"{left} of its keys could not be copied to another worker in {now - last_progress:.0f} s "
+                    f"{now_left} of its keys could not be copied to another worker in {stall:.0f} s "
                     "(a value that cannot be pickled, or no room elsewhere)"
-                    if now - last_progress > stall
-                    else f"moving its data took longer than {within:.0f} s"
                 )
-                logger.info("dask-pmix: retirement of %s withdrawn: %s", worker, why)
-                if not _withdraw(scheduler, worker):
-                    # Not in the cluster's memory manager (one retire_workers started for itself
-                    # when the cluster runs none): its policy cannot be reached.
-                    task.cancel()
-                    await asyncio.gather(task, return_exceptions=True)
-                    _restore(scheduler, worker, stimulus_id)
-                    return False, why
-                break
-        retired = await task
+            else:
+                left = now_left
+                continue
+            logger.info("dask-pmix: retirement of %s withdrawn: %s", worker, why)
+            await _withdraw(scheduler, worker, task, stimulus_id)
+            return False, why
+        retired = task.result()
     except asyncio.CancelledError:
-        _withdraw(scheduler, worker)
-        task.cancel()
+        await asyncio.shield(_withdraw(scheduler, worker, task, stimulus_id))
         raise
     if worker in retired:
         return True, ""
-    return False, why or "Dask found no worker to take its data"
+    return False, "Dask found no worker to take its data"
